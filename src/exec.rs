@@ -1,0 +1,317 @@
+//! Commands and their results: `ExecRequest`, `ExitStatus`, `ExecOutput`.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::path::SandboxPath;
+
+/// The per-stream output cap used when neither the request nor the spec sets one: 16 MiB.
+pub const DEFAULT_OUTPUT_LIMIT: usize = 16 * 1024 * 1024;
+
+/// A command to run inside a sandbox.
+///
+/// ```
+/// use sandcell::ExecRequest;
+/// use std::time::Duration;
+///
+/// let req = ExecRequest::shell("ls -la | head -5")
+///     .cwd("src".parse()?)
+///     .env("LC_ALL", "C")
+///     .timeout(Duration::from_secs(30))
+///     .output_limit(64 * 1024);
+/// assert_eq!(req.argv, ["sh", "-c", "ls -la | head -5"]);
+/// # Ok::<(), sandcell::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ExecRequest {
+    /// The program and its arguments; `argv[0]` is looked up on the sandbox's `PATH`.
+    pub argv: Vec<String>,
+    /// Working directory; the spec's `workdir` when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cwd: Option<SandboxPath>,
+    /// Extra environment variables, on top of the spec's.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Bytes written to stdin, which is then closed. When `None`, stdin stays open
+    /// through [`Process::take_stdin`](crate::Process::take_stdin) until the writer is dropped.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stdin: Option<Bytes>,
+    /// Kill the process (and its children) after this long; the spec's default when `None`.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::spec::duration_secs_opt"
+    )]
+    pub timeout: Option<Duration>,
+    /// Run as this user, where the backend supports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// Cap on collected output per stream; see [`DEFAULT_OUTPUT_LIMIT`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_limit: Option<usize>,
+}
+
+impl ExecRequest {
+    /// Runs `argv` directly, without a shell.
+    pub fn new<I, S>(argv: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        ExecRequest {
+            argv: argv.into_iter().map(Into::into).collect(),
+            cwd: None,
+            env: BTreeMap::new(),
+            stdin: None,
+            timeout: None,
+            user: None,
+            output_limit: None,
+        }
+    }
+
+    /// Runs `script` with `sh -c`.
+    pub fn shell(script: impl Into<String>) -> Self {
+        ExecRequest::new(["sh".to_owned(), "-c".to_owned(), script.into()])
+    }
+
+    /// Sets the working directory.
+    pub fn cwd(mut self, cwd: SandboxPath) -> Self {
+        self.cwd = Some(cwd);
+        self
+    }
+
+    /// Adds an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the bytes fed to stdin.
+    pub fn stdin(mut self, data: impl Into<Bytes>) -> Self {
+        self.stdin = Some(data.into());
+        self
+    }
+
+    /// Sets the timeout.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Sets the user.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Sets the per-stream output cap.
+    pub fn output_limit(mut self, bytes: usize) -> Self {
+        self.output_limit = Some(bytes);
+        self
+    }
+
+    /// Checks the request: a non-empty program, no NUL bytes, valid env names.
+    /// Backends call this at the top of `exec`.
+    pub fn validate(&self) -> Result<()> {
+        match self.argv.first() {
+            None => return Err(Error::invalid_input("exec needs a program: argv is empty")),
+            Some(p) if p.is_empty() => {
+                return Err(Error::invalid_input(
+                    "exec needs a program: argv[0] is empty",
+                ))
+            }
+            Some(_) => {}
+        }
+        if let Some(arg) = self.argv.iter().find(|a| a.contains('\0')) {
+            return Err(Error::invalid_input(format!(
+                "argument {arg:?} contains a NUL byte"
+            )));
+        }
+        for (k, v) in &self.env {
+            if k.is_empty() || k.contains(['=', '\0']) || v.contains('\0') {
+                return Err(Error::invalid_input(format!(
+                    "invalid environment variable {k:?}"
+                )));
+            }
+        }
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(Error::invalid_input(
+                "exec timeout must be greater than zero",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// How a process ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ExitStatus {
+    /// The exit code, if it exited normally.
+    pub code: Option<i32>,
+    /// The signal that ended it, if one did.
+    pub signal: Option<i32>,
+    /// Whether the backend killed it because its timeout passed.
+    pub timed_out: bool,
+}
+
+impl ExitStatus {
+    /// A normal exit with `code`.
+    pub fn exited(code: i32) -> Self {
+        ExitStatus {
+            code: Some(code),
+            signal: None,
+            timed_out: false,
+        }
+    }
+
+    /// Ended by `signal`.
+    pub fn signaled(signal: i32) -> Self {
+        ExitStatus {
+            code: None,
+            signal: Some(signal),
+            timed_out: false,
+        }
+    }
+
+    /// Marks that the timeout caused the end.
+    pub fn with_timed_out(mut self, timed_out: bool) -> Self {
+        self.timed_out = timed_out;
+        self
+    }
+
+    /// Exited with code 0.
+    pub fn success(&self) -> bool {
+        self.code == Some(0) && !self.timed_out
+    }
+}
+
+/// The collected result of a finished command.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct ExecOutput {
+    /// How it ended.
+    pub status: ExitStatus,
+    /// Standard output, at most the output limit.
+    pub stdout: Bytes,
+    /// Standard error, at most the output limit.
+    pub stderr: Bytes,
+    /// Whether stdout was longer than the limit (the rest was read and dropped).
+    pub stdout_truncated: bool,
+    /// Whether stderr was longer than the limit (the rest was read and dropped).
+    pub stderr_truncated: bool,
+    /// Wall time from start to exit.
+    #[serde(with = "duration_secs")]
+    pub duration: Duration,
+}
+
+impl ExecOutput {
+    /// The exit code, if it exited normally.
+    pub fn exit_code(&self) -> Option<i32> {
+        self.status.code
+    }
+
+    /// The signal that ended it, if any.
+    pub fn signal(&self) -> Option<i32> {
+        self.status.signal
+    }
+
+    /// Exited with code 0 and did not time out.
+    pub fn success(&self) -> bool {
+        self.status.success()
+    }
+
+    /// Stdout as text (invalid UTF-8 replaced).
+    pub fn stdout_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.stdout)
+    }
+
+    /// Stderr as text (invalid UTF-8 replaced).
+    pub fn stderr_str(&self) -> std::borrow::Cow<'_, str> {
+        String::from_utf8_lossy(&self.stderr)
+    }
+
+    /// `Ok(self)` if it succeeded, else an error carrying the code and the end of stderr.
+    pub fn check(self) -> Result<Self> {
+        if self.success() {
+            return Ok(self);
+        }
+        let stderr = self.stderr_str();
+        let tail: String = {
+            let chars: Vec<char> = stderr.trim_end().chars().collect();
+            chars[chars.len().saturating_sub(500)..].iter().collect()
+        };
+        let how = if self.status.timed_out {
+            "timed out".to_owned()
+        } else if let Some(sig) = self.status.signal {
+            format!("was killed by signal {sig}")
+        } else {
+            format!("exited with code {}", self.status.code.unwrap_or(-1))
+        };
+        let kind = if self.status.timed_out {
+            crate::ErrorKind::Timeout
+        } else {
+            crate::ErrorKind::Backend
+        };
+        Err(Error::new(kind, format!("command {how}: {tail}")))
+    }
+}
+
+mod duration_secs {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn validate_rejects_bad_requests() {
+        let empty: Vec<String> = vec![];
+        assert_eq!(
+            ExecRequest::new(empty).validate().unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+        assert!(ExecRequest::new([""]).validate().is_err());
+        assert!(ExecRequest::new(["echo", "a\0b"]).validate().is_err());
+        assert!(ExecRequest::new(["echo"])
+            .env("A=B", "1")
+            .validate()
+            .is_err());
+        assert!(ExecRequest::new(["echo"])
+            .timeout(Duration::ZERO)
+            .validate()
+            .is_err());
+        assert!(ExecRequest::shell("true").validate().is_ok());
+    }
+
+    #[test]
+    fn check_reports_code_and_stderr() {
+        let out = ExecOutput {
+            status: ExitStatus::exited(3),
+            stdout: Bytes::new(),
+            stderr: Bytes::from_static(b"boom\n"),
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration: Duration::from_millis(5),
+        };
+        let err = out.check().unwrap_err();
+        assert_eq!(err.to_string(), "command exited with code 3: boom");
+    }
+}

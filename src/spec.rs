@@ -1,0 +1,379 @@
+//! `SandboxSpec`: the portable, serde-friendly description of a sandbox to create.
+//!
+//! A spec names a template and says what the sandbox may use; each backend maps the
+//! template name to its own thing (a directory, an image, a remote template id).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::path::SandboxPath;
+
+/// What to create: a template plus environment, limits, network and mounts.
+///
+/// Build one with [`SandboxSpec::new`] and the `with_*` methods, or deserialize it from a
+/// config file; unknown fields are rejected so typos do not pass silently.
+///
+/// ```
+/// use sandcell::{SandboxSpec, Network};
+/// use std::time::Duration;
+///
+/// let spec = SandboxSpec::new("python")
+///     .with_env("PYTHONUNBUFFERED", "1")
+///     .with_label("team", "search")
+///     .with_network(Network::None)
+///     .with_command_timeout(Duration::from_secs(60));
+/// let json = serde_json::to_string(&spec)?;
+/// let back: SandboxSpec = serde_json::from_str(&json)?;
+/// assert_eq!(back, spec);
+/// # Ok::<(), serde_json::Error>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SandboxSpec {
+    /// The template name, resolved by the backend (`"default"` if not set).
+    #[serde(default = "default_template")]
+    pub template: String,
+    /// Environment variables for every command (on top of a minimal, clean base).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// The working directory for commands, relative to the workspace root.
+    #[serde(
+        default = "SandboxPath::root",
+        skip_serializing_if = "SandboxPath::is_root"
+    )]
+    pub workdir: SandboxPath,
+    /// Labels carried by the backend resource, used for listing and reconciliation.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Resource limits.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Network policy.
+    #[serde(default)]
+    pub network: Network,
+    /// Host directories made visible inside the sandbox.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
+    /// The user commands run as, where the backend supports choosing one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The timeout applied to commands that do not set their own.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "crate::spec::duration_secs_opt"
+    )]
+    pub command_timeout: Option<Duration>,
+}
+
+fn default_template() -> String {
+    "default".to_owned()
+}
+
+impl Default for SandboxSpec {
+    fn default() -> Self {
+        SandboxSpec::new(default_template())
+    }
+}
+
+impl SandboxSpec {
+    /// A spec for `template` with no env, labels, mounts or limits and no network.
+    pub fn new(template: impl Into<String>) -> Self {
+        SandboxSpec {
+            template: template.into(),
+            env: BTreeMap::new(),
+            workdir: SandboxPath::root(),
+            labels: BTreeMap::new(),
+            limits: Limits::default(),
+            network: Network::default(),
+            mounts: Vec::new(),
+            user: None,
+            command_timeout: None,
+        }
+    }
+
+    /// Adds an environment variable.
+    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Adds a label.
+    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.labels.insert(key.into(), value.into());
+        self
+    }
+
+    /// Sets the working directory.
+    pub fn with_workdir(mut self, workdir: SandboxPath) -> Self {
+        self.workdir = workdir;
+        self
+    }
+
+    /// Sets the limits.
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Sets the network policy.
+    pub fn with_network(mut self, network: Network) -> Self {
+        self.network = network;
+        self
+    }
+
+    /// Adds a host mount.
+    pub fn with_mount(mut self, mount: Mount) -> Self {
+        self.mounts.push(mount);
+        self
+    }
+
+    /// Sets the user commands run as.
+    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+        self.user = Some(user.into());
+        self
+    }
+
+    /// Sets the default command timeout.
+    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+        self.command_timeout = Some(timeout);
+        self
+    }
+
+    /// Checks what can be checked without a backend: names, env keys, labels, mounts.
+    ///
+    /// Backends call this at the top of `create`, so a bad spec is an
+    /// [`ErrorKind::InvalidInput`](crate::ErrorKind::InvalidInput) before anything is made.
+    pub fn validate(&self) -> Result<()> {
+        if self.template.is_empty() || self.template.contains(['\0', '/']) {
+            return Err(Error::invalid_input(format!(
+                "invalid template name {:?}: it must be non-empty without '/' or NUL",
+                self.template
+            )));
+        }
+        for key in self.env.keys() {
+            if key.is_empty() || key.contains(['=', '\0']) {
+                return Err(Error::invalid_input(format!(
+                    "invalid environment variable name {key:?}"
+                )));
+            }
+        }
+        for (key, value) in &self.env {
+            if value.contains('\0') {
+                return Err(Error::invalid_input(format!(
+                    "environment variable {key} contains a NUL byte"
+                )));
+            }
+        }
+        for key in self.labels.keys() {
+            if key.is_empty() || key.contains('\0') {
+                return Err(Error::invalid_input(format!("invalid label name {key:?}")));
+            }
+        }
+        for mount in &self.mounts {
+            if !mount.host.is_absolute() {
+                return Err(Error::invalid_input(format!(
+                    "mount source {} must be an absolute host path",
+                    mount.host.display()
+                )));
+            }
+            if mount.target.is_root() {
+                return Err(Error::invalid_input(
+                    "a mount cannot replace the workspace root",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Resource limits; `None` means "backend default".
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Limits {
+    /// CPU limit in thousandths of a core (1500 = one and a half cores).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_millis: Option<u32>,
+    /// Memory limit in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_bytes: Option<u64>,
+    /// Maximum number of processes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pids: Option<u32>,
+    /// Maximum workspace size in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_bytes: Option<u64>,
+    /// Default cap on collected output per stream, in bytes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_bytes: Option<usize>,
+}
+
+impl Limits {
+    /// No limits set.
+    pub fn new() -> Self {
+        Self::default()
+    }
+    /// Sets the CPU limit in thousandths of a core.
+    pub fn cpu_millis(mut self, v: u32) -> Self {
+        self.cpu_millis = Some(v);
+        self
+    }
+    /// Sets the memory limit in bytes.
+    pub fn memory_bytes(mut self, v: u64) -> Self {
+        self.memory_bytes = Some(v);
+        self
+    }
+    /// Sets the process limit.
+    pub fn pids(mut self, v: u32) -> Self {
+        self.pids = Some(v);
+        self
+    }
+    /// Sets the workspace size limit in bytes.
+    pub fn disk_bytes(mut self, v: u64) -> Self {
+        self.disk_bytes = Some(v);
+        self
+    }
+    /// Sets the default output cap per stream in bytes.
+    pub fn output_bytes(mut self, v: usize) -> Self {
+        self.output_bytes = Some(v);
+        self
+    }
+}
+
+/// Network policy for a sandbox. The default is no network.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "mode", content = "hosts")]
+#[non_exhaustive]
+pub enum Network {
+    /// No network at all (loopback only where the backend can isolate).
+    #[default]
+    None,
+    /// Unrestricted network.
+    Full,
+    /// Only these hosts (names or addresses, optionally `host:port`).
+    Allowlist(Vec<String>),
+}
+
+/// A host directory made visible inside the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Mount {
+    /// The absolute host path.
+    pub host: PathBuf,
+    /// Where it appears, relative to the workspace root.
+    pub target: SandboxPath,
+    /// Whether the sandbox may only read it (the default).
+    #[serde(default = "yes")]
+    pub read_only: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+impl Mount {
+    /// A read-only mount of `host` at `target` (seed 000's knowledge directory).
+    pub fn read_only(host: impl Into<PathBuf>, target: SandboxPath) -> Self {
+        Mount {
+            host: host.into(),
+            target,
+            read_only: true,
+        }
+    }
+    /// A read-write mount of `host` at `target`.
+    pub fn read_write(host: impl Into<PathBuf>, target: SandboxPath) -> Self {
+        Mount {
+            host: host.into(),
+            target,
+            read_only: false,
+        }
+    }
+}
+
+/// Serde helper: `Option<Duration>` as fractional seconds, readable in YAML/TOML configs.
+pub(crate) mod duration_secs_opt {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub(crate) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_f64(d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        let secs: Option<f64> = Option::deserialize(d)?;
+        secs.map(|s| {
+            Duration::try_from_secs_f64(s)
+                .map_err(|_| serde::de::Error::custom(format!("invalid duration {s} seconds")))
+        })
+        .transpose()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn defaults_from_empty_json() {
+        let spec: SandboxSpec = serde_json::from_str("{}").unwrap();
+        assert_eq!(spec, SandboxSpec::default());
+        assert_eq!(spec.network, Network::None);
+    }
+
+    #[test]
+    fn unknown_fields_are_rejected() {
+        assert!(serde_json::from_str::<SandboxSpec>(r#"{"tempalte":"x"}"#).is_err());
+    }
+
+    #[test]
+    fn network_and_timeout_round_trip() {
+        let spec = SandboxSpec::new("t")
+            .with_network(Network::Allowlist(vec!["pypi.org:443".into()]))
+            .with_command_timeout(Duration::from_millis(1500));
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(json["network"]["mode"], "allowlist");
+        assert_eq!(json["command_timeout"], 1.5);
+        let back: SandboxSpec = serde_json::from_value(json).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn validate_rejects_bad_specs() {
+        let bad = [
+            SandboxSpec::new(""),
+            SandboxSpec::new("a/b"),
+            SandboxSpec::new("t").with_env("A=B", "x"),
+            SandboxSpec::new("t").with_env("A", "x\0y"),
+            SandboxSpec::new("t")
+                .with_mount(Mount::read_only("relative", SandboxPath::new("k").unwrap())),
+            SandboxSpec::new("t").with_mount(Mount::read_only("/data", SandboxPath::root())),
+        ];
+        for spec in bad {
+            assert_eq!(
+                spec.validate().unwrap_err().kind(),
+                ErrorKind::InvalidInput,
+                "{spec:?}"
+            );
+        }
+        SandboxSpec::new("t")
+            .with_mount(Mount::read_only(
+                "/data",
+                SandboxPath::new("files").unwrap(),
+            ))
+            .validate()
+            .unwrap();
+    }
+}
