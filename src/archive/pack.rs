@@ -1,0 +1,185 @@
+//! Packing a host directory or a backend's tar stream into a normalized tar stream.
+//!
+//! Normalized means: only files, directories, symlinks and hard links; modes masked to
+//! `0o777`; no owners; paths relative and checked. Symlinks are stored, never followed.
+
+use std::fs;
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+
+use super::{ArchiveLimits, EntryChecker};
+use crate::error::{Error, Result};
+
+/// What a pack wrote.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PackStats {
+    /// Entries written.
+    pub entries: u64,
+    /// File content bytes written.
+    pub content_bytes: u64,
+    /// Sockets, FIFOs and devices left out.
+    pub skipped: u64,
+}
+
+fn header(kind: tar::EntryType, mode: u32, size: u64, mtime: u64) -> tar::Header {
+    let mut h = tar::Header::new_gnu();
+    h.set_entry_type(kind);
+    h.set_mode(mode & 0o777);
+    h.set_size(size);
+    h.set_mtime(mtime);
+    h.set_uid(0);
+    h.set_gid(0);
+    h
+}
+
+/// Writes the contents of `dir` (not `dir` itself) as a normalized tar stream to `out`.
+///
+/// Entries come in sorted order, so the same tree gives the same stream. Symlinks are
+/// stored as links; special files are skipped and counted; names must be UTF-8.
+pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
+    let mut builder = tar::Builder::new(out);
+    builder.mode(tar::HeaderMode::Deterministic);
+    let mut stats = PackStats::default();
+    let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let full_dir = dir.join(&rel_dir);
+        let mut names: Vec<_> = fs::read_dir(&full_dir)
+            .map_err(|e| Error::io(format_args!("listing {}", full_dir.display()), e))?
+            .map(|r| r.map(|e| e.file_name()))
+            .collect::<std::io::Result<_>>()
+            .map_err(|e| Error::io(format_args!("listing {}", full_dir.display()), e))?;
+        names.sort();
+        // Subdirectories are pushed in reverse so they pop in sorted order.
+        let mut subdirs = Vec::new();
+        for name in names {
+            let rel = rel_dir.join(&name);
+            let full = dir.join(&rel);
+            if rel.to_str().is_none() {
+                return Err(Error::invalid_input(format!(
+                    "cannot archive {}: the name is not UTF-8",
+                    rel.display()
+                )));
+            }
+            let meta = fs::symlink_metadata(&full)
+                .map_err(|e| Error::io(format_args!("inspecting {}", rel.display()), e))?;
+            let mtime = meta.mtime().max(0) as u64;
+            let mode = meta.permissions().mode();
+            let ft = meta.file_type();
+            if ft.is_dir() {
+                let mut h = header(tar::EntryType::Directory, mode, 0, mtime);
+                builder
+                    .append_data(&mut h, &rel, std::io::empty())
+                    .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
+                subdirs.push(rel);
+            } else if ft.is_file() {
+                let file = fs::File::open(&full)
+                    .map_err(|e| Error::io(format_args!("opening {}", rel.display()), e))?;
+                let mut h = header(tar::EntryType::Regular, mode, meta.len(), mtime);
+                // A file that changes size while being read would corrupt the stream;
+                // `take` keeps the entry at its declared size, `append_data` pads short reads.
+                builder
+                    .append_data(&mut h, &rel, file.take(meta.len()))
+                    .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
+                stats.content_bytes += meta.len();
+            } else if ft.is_symlink() {
+                let target = fs::read_link(&full)
+                    .map_err(|e| Error::io(format_args!("reading symlink {}", rel.display()), e))?;
+                let mut h = header(tar::EntryType::Symlink, 0o777, 0, mtime);
+                builder.append_link(&mut h, &rel, &target).map_err(|e| {
+                    Error::io(format_args!("archiving symlink {}", rel.display()), e)
+                })?;
+            } else {
+                tracing::warn!(path = %rel.display(), "skipping special file (socket, FIFO or device) while archiving");
+                stats.skipped += 1;
+                continue;
+            }
+            stats.entries += 1;
+        }
+        stack.extend(subdirs.into_iter().rev());
+    }
+    builder
+        .into_inner()
+        .map_err(|e| Error::io("finishing the archive", e))?
+        .flush()
+        .map_err(|e| Error::io("flushing the archive", e))?;
+    Ok(stats)
+}
+
+/// Re-writes a backend's tar stream in normalized form, checking every entry against
+/// `limits` (a backend's export is not trusted more than any other archive).
+pub fn normalize_tar<R: Read, W: Write>(
+    reader: R,
+    out: W,
+    limits: &ArchiveLimits,
+) -> Result<PackStats> {
+    let mut checker = EntryChecker::new(*limits);
+    let mut archive = tar::Archive::new(super::CappedReader {
+        inner: reader,
+        left: limits.max_stream_bytes(),
+    });
+    let mut builder = tar::Builder::new(out);
+    let mut stats = PackStats::default();
+    let entries = archive
+        .entries()
+        .map_err(|e| super::parse_error("reading archive", e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| super::parse_error("reading archive entry", e))?;
+        let h = entry.header();
+        let kind = h.entry_type();
+        if matches!(
+            kind,
+            tar::EntryType::Char | tar::EntryType::Block | tar::EntryType::Fifo
+        ) {
+            stats.skipped += 1;
+            continue;
+        }
+        let mode = h
+            .mode()
+            .map_err(|e| super::parse_error("reading entry mode", e))?
+            & 0o777;
+        let mtime = h.mtime().unwrap_or(0);
+        let size = entry.size();
+        let path = entry.path_bytes().into_owned();
+        let link = entry.link_name_bytes().map(|l| l.into_owned());
+        let Some(checked) = checker.check(kind, &path, link.as_deref(), mode, size, mtime)? else {
+            continue;
+        };
+        let rel = checked.path.as_str();
+        match &checked.kind {
+            super::EntryKind::File => {
+                let mut out_h = header(tar::EntryType::Regular, mode, size, mtime);
+                builder
+                    .append_data(&mut out_h, rel, entry)
+                    .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
+                stats.content_bytes += size;
+            }
+            super::EntryKind::Dir => {
+                let mut out_h = header(tar::EntryType::Directory, mode, 0, mtime);
+                builder
+                    .append_data(&mut out_h, rel, std::io::empty())
+                    .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
+            }
+            super::EntryKind::Symlink(target) => {
+                let mut out_h = header(tar::EntryType::Symlink, 0o777, 0, mtime);
+                builder
+                    .append_link(&mut out_h, rel, target)
+                    .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
+            }
+            super::EntryKind::HardLink(target) => {
+                let mut out_h = header(tar::EntryType::Link, mode, 0, mtime);
+                builder
+                    .append_link(&mut out_h, rel, target.as_str())
+                    .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
+            }
+        }
+        stats.entries += 1;
+    }
+    builder
+        .into_inner()
+        .map_err(|e| Error::io("finishing the archive", e))?
+        .flush()
+        .map_err(|e| Error::io("flushing the archive", e))?;
+    Ok(stats)
+}

@@ -1,0 +1,553 @@
+//! The snapshot format: a normalized tar stream compressed with zstd, plus a JSON manifest.
+//!
+//! A snapshot blob is portable — taken on one backend, restorable on any other — because
+//! it is built from the same normalized tar every backend exports and imports through
+//! the checks of [`crate::archive`]. The [`SnapshotManifest`] carries the blob's sha256.
+//!
+//! Verification gates every restore: the blob is hashed as it is decompressed, and the
+//! unpacked tree (or the backend import) is only committed if the hash matched and the
+//! stream ended cleanly. Decompression, hashing and writing run on separate threads, so
+//! verification costs no second pass over the blob.
+//!
+//! ```
+//! use sandcell::archive::ArchiveLimits;
+//! use sandcell::snapshot::{self, PackOptions, SnapshotManifest};
+//!
+//! let src = tempfile::tempdir()?;
+//! std::fs::write(src.path().join("notes.md"), "# hello")?;
+//! let mut blob = Vec::new();
+//! let packed = snapshot::pack_dir(src.path(), &mut blob, &PackOptions::default())?;
+//! let manifest = SnapshotManifest::new(&packed, "local", "default");
+//!
+//! let dest = tempfile::tempdir()?;
+//! let restored = dest.path().join("restored");
+//! snapshot::unpack_to_dir(std::io::Cursor::new(blob), &manifest, &restored, &ArchiveLimits::default())?;
+//! assert_eq!(std::fs::read_to_string(restored.join("notes.md"))?, "# hello");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::io::{self, BufReader, Read, Write};
+use std::path::Path;
+use std::sync::mpsc;
+
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::archive::{self, ArchiveLimits, ImportOptions, UnpackStats};
+use crate::backend::{ByteStream, SandboxBackend};
+use crate::error::{Error, ErrorKind, Result};
+use crate::path::SandboxPath;
+use crate::sandbox::SandboxId;
+
+/// The manifest format version this crate writes and reads.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// How to compress a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PackOptions {
+    /// zstd level (1 is fast and is what the benches compare against `zstd -1`).
+    pub level: i32,
+    /// zstd worker threads; 0 compresses on the calling thread.
+    pub workers: u32,
+}
+
+impl Default for PackOptions {
+    /// Level 1, one worker per available core.
+    fn default() -> Self {
+        PackOptions {
+            level: 1,
+            workers: std::thread::available_parallelism()
+                .map(|n| n.get() as u32)
+                .unwrap_or(1),
+        }
+    }
+}
+
+/// What packing produced: sizes, entry count and the blob's hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PackedBlob {
+    /// Bytes of the uncompressed tar stream.
+    pub tar_bytes: u64,
+    /// Bytes of the compressed blob.
+    pub size_bytes: u64,
+    /// Entries in the archive.
+    pub entry_count: u64,
+    /// File content bytes in the archive.
+    pub content_bytes: u64,
+    /// Lower-case hex sha256 of the compressed blob.
+    pub sha256: String,
+}
+
+/// The JSON document stored beside each blob.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct SnapshotManifest {
+    /// Always [`FORMAT_VERSION`] for manifests this crate writes.
+    pub format_version: u32,
+    /// Snapshot id (a UUID).
+    pub id: String,
+    /// The sandbox it was taken from, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sandbox_id: Option<SandboxId>,
+    /// The backend it was taken on.
+    pub backend: String,
+    /// The template the sandbox was created from.
+    pub template: String,
+    /// The snapshot this one is incremental to, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<String>,
+    /// When it was taken.
+    pub created_at: DateTime<Utc>,
+    /// Compressed blob size in bytes.
+    pub size_bytes: u64,
+    /// Uncompressed tar size in bytes.
+    pub tar_bytes: u64,
+    /// Entries in the archive.
+    pub entry_count: u64,
+    /// Lower-case hex sha256 of the compressed blob.
+    pub sha256: String,
+    /// Always `"zstd"` for this format version.
+    pub compression: String,
+}
+
+impl SnapshotManifest {
+    /// A manifest with a fresh id for a blob just packed.
+    pub fn new(blob: &PackedBlob, backend: impl Into<String>, template: impl Into<String>) -> Self {
+        SnapshotManifest {
+            format_version: FORMAT_VERSION,
+            id: uuid::Uuid::new_v4().to_string(),
+            sandbox_id: None,
+            backend: backend.into(),
+            template: template.into(),
+            parent: None,
+            created_at: Utc::now(),
+            size_bytes: blob.size_bytes,
+            tar_bytes: blob.tar_bytes,
+            entry_count: blob.entry_count,
+            sha256: blob.sha256.clone(),
+            compression: "zstd".to_owned(),
+        }
+    }
+
+    /// Records the sandbox it came from.
+    pub fn with_sandbox(mut self, id: SandboxId) -> Self {
+        self.sandbox_id = Some(id);
+        self
+    }
+
+    /// Records the parent snapshot (incremental snapshots).
+    pub fn with_parent(mut self, parent: impl Into<String>) -> Self {
+        self.parent = Some(parent.into());
+        self
+    }
+
+    /// The manifest as pretty JSON.
+    pub fn to_json(&self) -> Result<String> {
+        serde_json::to_string_pretty(self)
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding snapshot manifest", e))
+    }
+
+    /// Parses and validates a manifest: known version and compression, a well-formed hash.
+    pub fn from_json(json: &str) -> Result<Self> {
+        let m: SnapshotManifest = serde_json::from_str(json).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("snapshot manifest is not valid: {e}"),
+                e,
+            )
+        })?;
+        m.validate()?;
+        Ok(m)
+    }
+
+    /// Checks the version, compression and hash fields.
+    pub fn validate(&self) -> Result<()> {
+        if self.format_version != FORMAT_VERSION {
+            return Err(Error::unsupported(format!(
+                "snapshot format version {} is not supported (this build reads version {FORMAT_VERSION})",
+                self.format_version
+            )));
+        }
+        if self.compression != "zstd" {
+            return Err(Error::unsupported(format!(
+                "snapshot compression {:?} is not supported",
+                self.compression
+            )));
+        }
+        self.expected_hash().map(|_| ())
+    }
+
+    fn expected_hash(&self) -> Result<[u8; 32]> {
+        let mut out = [0u8; 32];
+        hex::decode_to_slice(&self.sha256, &mut out).map_err(|_| {
+            Error::corrupt(format!(
+                "snapshot manifest {} has a malformed sha256 {:?}",
+                self.id, self.sha256
+            ))
+        })?;
+        Ok(out)
+    }
+}
+
+/// Counts what passes through a writer and hashes it.
+struct HashingWriter<W> {
+    inner: W,
+    hasher: Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for HashingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hasher.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Counts what passes through a writer.
+struct CountingWriter<W> {
+    inner: W,
+    bytes: u64,
+}
+
+impl<W: Write> Write for CountingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+/// Runs `fill` against a zstd encoder over `out`, returning sizes and hash.
+fn compress<W, F>(out: W, opts: &PackOptions, fill: F) -> Result<PackedBlob>
+where
+    W: Write,
+    F: FnOnce(&mut dyn Write) -> Result<archive::PackStats>,
+{
+    let hashing = HashingWriter {
+        inner: out,
+        hasher: Sha256::new(),
+        bytes: 0,
+    };
+    let mut encoder = zstd::stream::write::Encoder::new(hashing, opts.level)
+        .map_err(|e| Error::io("starting zstd", e))?;
+    encoder
+        .include_checksum(true)
+        .map_err(|e| Error::io("configuring zstd", e))?;
+    if opts.workers > 0 {
+        encoder
+            .multithread(opts.workers)
+            .map_err(|e| Error::io("enabling multithreaded zstd", e))?;
+    }
+    let mut counting = CountingWriter {
+        inner: encoder,
+        bytes: 0,
+    };
+    let stats = fill(&mut counting)?;
+    let tar_bytes = counting.bytes;
+    let mut hashing = counting
+        .inner
+        .finish()
+        .map_err(|e| Error::io("finishing zstd", e))?;
+    hashing
+        .flush()
+        .map_err(|e| Error::io("flushing snapshot blob", e))?;
+    Ok(PackedBlob {
+        tar_bytes,
+        size_bytes: hashing.bytes,
+        entry_count: stats.entries,
+        content_bytes: stats.content_bytes,
+        sha256: hex::encode(hashing.hasher.finalize()),
+    })
+}
+
+/// Packs the contents of `dir` into a compressed blob written to `out` (blocking).
+pub fn pack_dir<W: Write>(dir: &Path, out: W, opts: &PackOptions) -> Result<PackedBlob> {
+    compress(out, opts, |w| archive::pack_dir_tar(dir, w))
+}
+
+/// Packs a backend's tar stream into a compressed blob written to `out` (blocking),
+/// normalizing and checking every entry on the way.
+pub fn pack_tar<R: Read, W: Write>(
+    tar: R,
+    out: W,
+    opts: &PackOptions,
+    limits: &ArchiveLimits,
+) -> Result<PackedBlob> {
+    compress(out, opts, |w| archive::normalize_tar(tar, w, limits))
+}
+
+enum Chunk {
+    Data(Vec<u8>),
+    Done,
+    Failed(Error),
+}
+
+/// A reader over the tar stream inside a blob, decompressed on its own thread.
+///
+/// It yields an error instead of end-of-file if the blob does not hash to the expected
+/// value, does not decompress, or expands beyond the limits' stream size.
+#[derive(Debug)]
+pub struct VerifiedTarReader {
+    rx: mpsc::Receiver<Chunk>,
+    current: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+impl std::fmt::Debug for Chunk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Chunk::Data(d) => write!(f, "Data({} bytes)", d.len()),
+            Chunk::Done => f.write_str("Done"),
+            Chunk::Failed(e) => write!(f, "Failed({e})"),
+        }
+    }
+}
+
+impl Read for VerifiedTarReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        loop {
+            if self.pos < self.current.len() {
+                let n = buf.len().min(self.current.len() - self.pos);
+                buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
+                self.pos += n;
+                return Ok(n);
+            }
+            if self.done {
+                return Ok(0);
+            }
+            match self.rx.recv() {
+                Ok(Chunk::Data(d)) => {
+                    self.current = d;
+                    self.pos = 0;
+                }
+                Ok(Chunk::Done) => self.done = true,
+                Ok(Chunk::Failed(e)) => return Err(e.into_io()),
+                // The decoder thread always ends with Done or Failed; anything else is a bug
+                // or a panic, and must not look like a clean end.
+                Err(_) => {
+                    return Err(Error::corrupt(
+                        "snapshot decoder stopped before the end of the blob",
+                    )
+                    .into_io())
+                }
+            }
+        }
+    }
+}
+
+/// Starts decompressing `blob` on a new thread; see [`VerifiedTarReader`].
+pub fn verified_tar_reader<R: Read + Send + 'static>(
+    blob: R,
+    manifest: &SnapshotManifest,
+    limits: &ArchiveLimits,
+) -> Result<VerifiedTarReader> {
+    manifest.validate()?;
+    let expected = manifest.expected_hash()?;
+    let max = limits.max_stream_bytes();
+    let (tx, rx) = mpsc::sync_channel(8);
+    std::thread::Builder::new()
+        .name("sandcell-unzstd".into())
+        .spawn(move || {
+            let last = match decode(blob, expected, max, &tx) {
+                Ok(()) => Chunk::Done,
+                Err(e) => Chunk::Failed(e),
+            };
+            let _ = tx.send(last);
+        })
+        .map_err(|e| Error::io("starting the snapshot decoder thread", e))?;
+    Ok(VerifiedTarReader {
+        rx,
+        current: Vec::new(),
+        pos: 0,
+        done: false,
+    })
+}
+
+struct HashingReader<R> {
+    inner: R,
+    hasher: Sha256,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hasher.update(&buf[..n]);
+        Ok(n)
+    }
+}
+
+const CHUNK: usize = 1 << 20;
+
+fn decode<R: Read>(
+    blob: R,
+    expected: [u8; 32],
+    max: u64,
+    tx: &mpsc::SyncSender<Chunk>,
+) -> Result<()> {
+    let hashing = HashingReader {
+        inner: blob,
+        hasher: Sha256::new(),
+    };
+    let mut decoder =
+        zstd::stream::read::Decoder::with_buffer(BufReader::with_capacity(CHUNK, hashing))
+            .map_err(|e| Error::io("starting zstd", e))?;
+    let corrupt = |e: io::Error| {
+        if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
+            Error::io("reading snapshot blob", e)
+        } else {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("snapshot blob is corrupt: {e}"),
+                e,
+            )
+        }
+    };
+    let mut total = 0u64;
+    loop {
+        let mut buf = vec![0u8; CHUNK];
+        let mut filled = 0;
+        while filled < buf.len() {
+            match decoder.read(&mut buf[filled..]) {
+                Ok(0) => break,
+                Ok(n) => filled += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(corrupt(e)),
+            }
+        }
+        if filled == 0 {
+            break;
+        }
+        total += filled as u64;
+        if total > max {
+            return Err(Error::limit_exceeded(format!(
+                "snapshot expands to more than {max} bytes (decompression bomb?)"
+            )));
+        }
+        buf.truncate(filled);
+        if tx.send(Chunk::Data(buf)).is_err() {
+            // The reader gave up (an entry was rejected); nothing left to do.
+            return Ok(());
+        }
+    }
+    // Hash whatever follows the last frame too, so trailing garbage fails verification.
+    let mut rest = decoder.finish();
+    io::copy(&mut rest, &mut io::sink()).map_err(corrupt)?;
+    let actual = rest.into_inner().hasher.finalize();
+    if actual.as_slice() != expected {
+        return Err(Error::corrupt(format!(
+            "snapshot blob hash mismatch: expected {}, got {}",
+            hex::encode(expected),
+            hex::encode(actual)
+        )));
+    }
+    Ok(())
+}
+
+/// Restores a blob into the host directory `dest` (blocking). `dest` is replaced only
+/// if the blob verifies and every entry passes the checks; otherwise it is untouched.
+pub fn unpack_to_dir<R: Read + Send + 'static>(
+    blob: R,
+    manifest: &SnapshotManifest,
+    dest: &Path,
+    limits: &ArchiveLimits,
+) -> Result<UnpackStats> {
+    let reader = verified_tar_reader(blob, manifest, limits)?;
+    archive::unpack_to_dir(reader, dest, limits)
+}
+
+/// Snapshots `path` of a sandbox: exports it from the backend, normalizes, compresses
+/// and writes the blob to `out`. Returns the manifest and the writer.
+pub async fn capture<B, W>(
+    backend: &B,
+    id: &SandboxId,
+    path: &SandboxPath,
+    out: W,
+    opts: &PackOptions,
+) -> Result<(SnapshotManifest, W)>
+where
+    B: SandboxBackend + ?Sized,
+    W: Write + Send + 'static,
+{
+    let info = backend.inspect(id).await?;
+    let stream = backend.export_tar(id, path).await?;
+    let reader = stream_to_reader(stream);
+    let opts = *opts;
+    let limits = ArchiveLimits::default();
+    let (blob, out) = tokio::task::spawn_blocking(move || {
+        let mut out = out;
+        let blob = pack_tar(reader, &mut out, &opts, &limits)?;
+        Ok::<_, Error>((blob, out))
+    })
+    .await
+    .map_err(|e| Error::with_source(ErrorKind::Backend, "snapshot task failed", e))??;
+    let manifest =
+        SnapshotManifest::new(&blob, backend.name(), info.template).with_sandbox(id.clone());
+    Ok((manifest, out))
+}
+
+/// Restores a blob into `path` of a sandbox through the backend's `import_tar`. The
+/// backend's import is atomic, so a blob that fails verification or the checks leaves
+/// the workspace unchanged.
+pub async fn restore<B, R>(
+    backend: &B,
+    id: &SandboxId,
+    path: &SandboxPath,
+    blob: R,
+    manifest: &SnapshotManifest,
+    opts: ImportOptions,
+) -> Result<()>
+where
+    B: SandboxBackend + ?Sized,
+    R: Read + Send + 'static,
+{
+    let reader = verified_tar_reader(blob, manifest, &opts.limits)?;
+    backend
+        .import_tar(id, path, reader_to_stream(reader), opts)
+        .await
+}
+
+/// Turns an async byte stream into a blocking reader, for use inside `spawn_blocking`.
+pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
+    let stream = stream.map(|r| r.map_err(Error::into_io));
+    tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream))
+}
+
+/// Turns a blocking reader into an async byte stream, reading on a blocking thread.
+pub fn reader_to_stream<R: Read + Send + 'static>(mut reader: R) -> ByteStream {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || loop {
+        let mut buf = vec![0u8; 256 * 1024];
+        match reader.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                buf.truncate(n);
+                if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                let _ = tx.blocking_send(Err(Error::io("reading archive", e)));
+                return;
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
+}
