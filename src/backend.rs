@@ -1,0 +1,286 @@
+//! `SandboxBackend`: the contract every backend implements, and its `# Behavior` lists.
+//!
+//! The trait is minimal and object-safe; `Box<dyn SandboxBackend>` and
+//! `Arc<dyn SandboxBackend>` implement it too, so a backend can be picked at run time.
+//! Everything built on top (run-and-collect, directory upload, glob, grep, edits) lives
+//! in [`SandboxBackendExt`](crate::SandboxBackendExt). Each `# Behavior` item is checked
+//! by the conformance suite in [`testing`](crate::testing) (feature `testing`).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::stream::BoxStream;
+
+use crate::archive::ImportOptions;
+use crate::capabilities::Capabilities;
+use crate::error::Result;
+use crate::exec::ExecRequest;
+use crate::fs::{DirEntry, FileInfo};
+use crate::path::SandboxPath;
+use crate::process::Process;
+use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo};
+use crate::spec::SandboxSpec;
+
+/// A stream of bytes, used for tar archives in and out of sandboxes.
+pub type ByteStream = BoxStream<'static, Result<Bytes>>;
+
+/// The contract a sandbox backend implements.
+///
+/// Common behavior for every method taking an id: an unknown or destroyed sandbox is
+/// [`ErrorKind::NotFound`](crate::ErrorKind::NotFound). For every method taking a
+/// [`SandboxPath`]: the path is resolved inside the workspace; symlinks are followed only
+/// while the resolution stays inside, and a resolution that would leave the workspace
+/// is [`ErrorKind::PermissionDenied`](crate::ErrorKind::PermissionDenied) with nothing
+/// read or written outside.
+#[async_trait]
+pub trait SandboxBackend: Send + Sync + 'static {
+    /// A short name for logs, manifests and errors (`"local"`, `"docker"`, `"mock"`).
+    fn name(&self) -> &str;
+
+    /// What this backend supports.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Creates a sandbox from `spec`.
+    ///
+    /// # Behavior
+    /// - An invalid spec is `InvalidInput` and creates nothing.
+    /// - An unknown template is `NotFound` and creates nothing.
+    /// - The new sandbox is `Running`, carries the spec's labels, and has an id no other
+    ///   live sandbox of this backend has.
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo>;
+
+    /// Reports on one sandbox.
+    ///
+    /// # Behavior
+    /// - Returns what `create` returned, with the current status.
+    /// - A destroyed sandbox is `NotFound`.
+    async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo>;
+
+    /// Lists live sandboxes whose labels match `selector`.
+    ///
+    /// # Behavior
+    /// - Only sandboxes matching every condition of the selector are listed.
+    /// - Destroyed sandboxes are not listed.
+    async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>>;
+
+    /// Destroys a sandbox: its processes, its workspace, everything it holds.
+    ///
+    /// # Behavior
+    /// - Idempotent: destroying an unknown or already destroyed sandbox succeeds.
+    /// - Afterwards `inspect` is `NotFound` and `list` does not show it.
+    async fn destroy(&self, id: &SandboxId) -> Result<()>;
+
+    /// Freezes every process of the sandbox. Needs [`Capabilities::pause`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`.
+    /// - Afterwards the status is `Paused`; files can still be read.
+    async fn pause(&self, id: &SandboxId) -> Result<()> {
+        let _ = id;
+        Err(crate::Error::unsupported(format!(
+            "backend {} does not support pause",
+            self.name()
+        )))
+    }
+
+    /// Thaws a paused sandbox. Needs [`Capabilities::pause`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`.
+    /// - Afterwards the status is `Running`; resuming a running sandbox succeeds.
+    async fn resume(&self, id: &SandboxId) -> Result<()> {
+        let _ = id;
+        Err(crate::Error::unsupported(format!(
+            "backend {} does not support resume",
+            self.name()
+        )))
+    }
+
+    /// Kills every process and recreates the runtime, keeping the workspace. Needs
+    /// [`Capabilities::reset`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`.
+    /// - Files in the workspace are unchanged; the status is `Running`.
+    async fn reset(&self, id: &SandboxId) -> Result<()> {
+        let _ = id;
+        Err(crate::Error::unsupported(format!(
+            "backend {} does not support reset",
+            self.name()
+        )))
+    }
+
+    /// Starts a command.
+    ///
+    /// # Behavior
+    /// - An invalid request (empty argv, NUL bytes) is `InvalidInput`.
+    /// - A paused sandbox is `InvalidState`.
+    /// - `cwd` outside the workspace or missing is `InvalidInput`/`NotFound`/`PermissionDenied`.
+    /// - Stdout and stderr stream separately; `request.stdin` is written then closed.
+    /// - The environment holds the spec's env plus the request's, no host variables.
+    /// - When `request.timeout` (or the spec's default) passes, the process and its
+    ///   children are killed and `wait` reports `timed_out`.
+    /// - `Process::kill` ends the process and its children.
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process>;
+
+    /// Reads a whole file.
+    ///
+    /// # Behavior
+    /// - A missing file is `NotFound`; a directory is `InvalidInput`.
+    async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes>;
+
+    /// Writes a whole file, creating missing parent directories and replacing the file
+    /// if it exists.
+    ///
+    /// # Behavior
+    /// - Writing the root or over a directory is `InvalidInput`.
+    /// - Reading the file back gives exactly `data`.
+    async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()>;
+
+    /// Metadata of a path, without following a final symlink.
+    ///
+    /// # Behavior
+    /// - A missing path is `NotFound`.
+    /// - A symlink is reported as [`FileKind::Symlink`](crate::FileKind::Symlink) with its target.
+    async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo>;
+
+    /// Lists a directory, sorted by name.
+    ///
+    /// # Behavior
+    /// - A missing directory is `NotFound`; a file is `InvalidInput`.
+    /// - Entries' paths are the directory's path joined with their name.
+    async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>>;
+
+    /// Removes a file, symlink or directory (a non-empty directory only when `recursive`).
+    ///
+    /// # Behavior
+    /// - A missing path is `NotFound`; the root is `InvalidInput`.
+    /// - A non-empty directory without `recursive` is `InvalidInput` and removes nothing.
+    /// - A symlink is removed itself; its target is untouched.
+    async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()>;
+
+    /// Creates a directory and any missing parents; succeeds if it exists.
+    ///
+    /// # Behavior
+    /// - A file in the way is `AlreadyExists`.
+    async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()>;
+
+    /// Renames a file or directory, replacing a file at `to`.
+    ///
+    /// # Behavior
+    /// - A missing `from` is `NotFound`; renaming the root is `InvalidInput`.
+    /// - Moving a directory into itself is `InvalidInput`.
+    async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()>;
+
+    /// Exports `path` (a directory) as an uncompressed tar stream whose entries are
+    /// relative to `path`.
+    ///
+    /// # Behavior
+    /// - Symlinks are exported as symlinks, never followed.
+    /// - Only files, directories and links are exported; modes are masked to `0o777`.
+    /// - A missing directory is `NotFound`.
+    async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream>;
+
+    /// Imports an uncompressed tar stream into the directory `path` (created if missing).
+    ///
+    /// # Behavior
+    /// - Every entry is checked with [`crate::archive::EntryChecker`] and `options.limits`;
+    ///   the first hostile entry fails the import with its typed error.
+    /// - An error item in `tar` fails the import with that error.
+    /// - Atomic: on any error, the workspace is exactly as before the call.
+    /// - [`ImportMode::Replace`](crate::archive::ImportMode::Replace) leaves `path` holding
+    ///   exactly the archive's entries; `Merge` keeps what the archive does not replace.
+    /// - Entries beneath a symlink already in the workspace are `PermissionDenied`.
+    async fn import_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: ImportOptions,
+    ) -> Result<()>;
+}
+
+macro_rules! forward_backend {
+    ($ty:ty) => {
+        #[async_trait]
+        impl<T: SandboxBackend + ?Sized> SandboxBackend for $ty {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            fn capabilities(&self) -> Capabilities {
+                (**self).capabilities()
+            }
+            async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+                (**self).create(spec).await
+            }
+            async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
+                (**self).inspect(id).await
+            }
+            async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
+                (**self).list(selector).await
+            }
+            async fn destroy(&self, id: &SandboxId) -> Result<()> {
+                (**self).destroy(id).await
+            }
+            async fn pause(&self, id: &SandboxId) -> Result<()> {
+                (**self).pause(id).await
+            }
+            async fn resume(&self, id: &SandboxId) -> Result<()> {
+                (**self).resume(id).await
+            }
+            async fn reset(&self, id: &SandboxId) -> Result<()> {
+                (**self).reset(id).await
+            }
+            async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
+                (**self).exec(id, request).await
+            }
+            async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+                (**self).read(id, path).await
+            }
+            async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
+                (**self).write(id, path, data).await
+            }
+            async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
+                (**self).stat(id, path).await
+            }
+            async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>> {
+                (**self).list_dir(id, path).await
+            }
+            async fn remove(
+                &self,
+                id: &SandboxId,
+                path: &SandboxPath,
+                recursive: bool,
+            ) -> Result<()> {
+                (**self).remove(id, path, recursive).await
+            }
+            async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
+                (**self).mkdir(id, path).await
+            }
+            async fn rename(
+                &self,
+                id: &SandboxId,
+                from: &SandboxPath,
+                to: &SandboxPath,
+            ) -> Result<()> {
+                (**self).rename(id, from, to).await
+            }
+            async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
+                (**self).export_tar(id, path).await
+            }
+            async fn import_tar(
+                &self,
+                id: &SandboxId,
+                path: &SandboxPath,
+                tar: ByteStream,
+                options: ImportOptions,
+            ) -> Result<()> {
+                (**self).import_tar(id, path, tar, options).await
+            }
+        }
+    };
+}
+
+forward_backend!(Box<T>);
+forward_backend!(Arc<T>);

@@ -1,0 +1,343 @@
+//! `SandboxBackendExt`: conveniences built only on the `SandboxBackend` contract.
+//!
+//! Implemented for every backend by a blanket impl; do not implement it yourself.
+//! Because these helpers only call trait methods, they behave the same on every backend
+//! and the conformance suite checks them once.
+
+use std::io::Write;
+use std::path::Path;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+
+use crate::archive::{self, ArchiveLimits, ImportOptions};
+use crate::backend::{ByteStream, SandboxBackend};
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::{ExecOutput, ExecRequest, DEFAULT_OUTPUT_LIMIT};
+use crate::fs::{DirEntry, FileKind};
+use crate::path::SandboxPath;
+use crate::sandbox::SandboxId;
+
+/// A language [`SandboxBackendExt::execute_code`] can run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Language {
+    /// POSIX `sh`.
+    Sh,
+    /// `bash`.
+    Bash,
+    /// `python3`.
+    Python,
+    /// `node`.
+    Node,
+}
+
+impl Language {
+    /// The command that reads a program from stdin.
+    fn argv(self) -> &'static [&'static str] {
+        match self {
+            Language::Sh => &["sh", "-s"],
+            Language::Bash => &["bash", "-s"],
+            Language::Python => &["python3", "-"],
+            Language::Node => &["node", "-"],
+        }
+    }
+}
+
+/// One line that matched in [`SandboxBackendExt::grep`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GrepMatch {
+    /// The file.
+    pub path: SandboxPath,
+    /// 1-based line number.
+    pub line_number: usize,
+    /// The line, without its line ending.
+    pub line: String,
+}
+
+/// What [`SandboxBackendExt::edit_file`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum EditOutcome {
+    /// The file did not exist (or was empty) and now holds the new text.
+    Created,
+    /// The old text was replaced.
+    Replaced,
+}
+
+/// Files larger than this are skipped by `grep` (agents grep source, not data dumps).
+pub const GREP_MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+
+/// Conveniences for every [`SandboxBackend`]. Do not implement: a blanket impl covers
+/// every backend, including `Box<dyn SandboxBackend>`.
+#[async_trait]
+pub trait SandboxBackendExt: SandboxBackend {
+    /// Runs a command to completion and collects its output, capped at the request's
+    /// `output_limit` (default [`DEFAULT_OUTPUT_LIMIT`]) per stream.
+    async fn run(&self, id: &SandboxId, request: ExecRequest) -> Result<ExecOutput> {
+        let limit = request.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
+        self.exec(id, request).await?.collect(limit).await
+    }
+
+    /// Runs `script` with `sh -c` and collects its output.
+    async fn run_shell(&self, id: &SandboxId, script: &str) -> Result<ExecOutput> {
+        self.run(id, ExecRequest::shell(script)).await
+    }
+
+    /// Runs `code` in `language`, feeding the program on stdin. Needs
+    /// [`Capabilities::shell`](crate::Capabilities::shell) (and `python` for Python).
+    async fn execute_code(
+        &self,
+        id: &SandboxId,
+        language: Language,
+        code: &str,
+    ) -> Result<ExecOutput> {
+        let caps = self.capabilities();
+        let supported = match language {
+            Language::Python => caps.python,
+            _ => caps.shell,
+        };
+        if !supported {
+            return Err(Error::unsupported(format!(
+                "backend {} cannot run {language:?} code",
+                self.name()
+            )));
+        }
+        let request = ExecRequest::new(language.argv().iter().copied()).stdin(code.to_owned());
+        self.run(id, request).await
+    }
+
+    /// Reads a file as UTF-8 text; invalid UTF-8 is `InvalidInput`.
+    async fn read_to_string(&self, id: &SandboxId, path: &SandboxPath) -> Result<String> {
+        let data = self.read(id, path).await?;
+        String::from_utf8(data.to_vec())
+            .map_err(|_| Error::invalid_input(format!("{path} is not valid UTF-8 text")))
+    }
+
+    /// Writes text to a file, creating parent directories.
+    async fn write_string(&self, id: &SandboxId, path: &SandboxPath, text: &str) -> Result<()> {
+        self.write(id, path, Bytes::copy_from_slice(text.as_bytes()))
+            .await
+    }
+
+    /// Whether a path exists (a dangling symlink exists).
+    async fn exists(&self, id: &SandboxId, path: &SandboxPath) -> Result<bool> {
+        match self.stat(id, path).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Replaces the one occurrence of `old` with `new` in a text file.
+    ///
+    /// An empty `old` creates the file with `new` (an existing non-empty file is
+    /// `AlreadyExists`). Otherwise `old` must occur exactly once: zero or several
+    /// occurrences are `InvalidInput` with the count, and the file is left unchanged.
+    async fn edit_file(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        old: &str,
+        new: &str,
+    ) -> Result<EditOutcome> {
+        if old.is_empty() {
+            match self.read(id, path).await {
+                Ok(existing) if !existing.is_empty() => {
+                    return Err(Error::new(
+                        ErrorKind::AlreadyExists,
+                        format!("{path} already exists and is not empty; pass the text to replace to edit it"),
+                    ))
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+            self.write_string(id, path, new).await?;
+            return Ok(EditOutcome::Created);
+        }
+        let text = self.read_to_string(id, path).await?;
+        let count = text.matches(old).count();
+        match count {
+            1 => {
+                let updated = text.replacen(old, new, 1);
+                self.write_string(id, path, &updated).await?;
+                Ok(EditOutcome::Replaced)
+            }
+            0 => Err(Error::invalid_input(format!(
+                "the text to replace was not found in {path}; it must match exactly, including whitespace"
+            ))),
+            n => Err(Error::invalid_input(format!(
+                "the text to replace occurs {n} times in {path}; include more surrounding text so it matches exactly once"
+            ))),
+        }
+    }
+
+    /// Every entry beneath `root`, depth first in name order. Symlinks are listed, not
+    /// followed.
+    async fn walk(&self, id: &SandboxId, root: &SandboxPath) -> Result<Vec<DirEntry>> {
+        let mut out = Vec::new();
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            let entries = self.list_dir(id, &dir).await?;
+            let subdirs: Vec<_> = entries
+                .iter()
+                .filter(|e| e.kind == FileKind::Dir)
+                .map(|e| e.path.clone())
+                .collect();
+            out.extend(entries);
+            stack.extend(subdirs.into_iter().rev());
+        }
+        Ok(out)
+    }
+
+    /// Paths matching a glob pattern relative to the workspace root (`*.py`,
+    /// `src/**/*.rs`); `*` does not cross `/`, `**` does. Sorted.
+    async fn glob(&self, id: &SandboxId, pattern: &str) -> Result<Vec<SandboxPath>> {
+        let matcher = globset::GlobBuilder::new(pattern.trim_start_matches("./"))
+            .literal_separator(true)
+            .build()
+            .map_err(|e| Error::invalid_input(format!("invalid glob pattern {pattern:?}: {e}")))?
+            .compile_matcher();
+        let mut found: Vec<SandboxPath> = self
+            .walk(id, &SandboxPath::root())
+            .await?
+            .into_iter()
+            .filter(|e| matcher.is_match(e.path.as_str()))
+            .map(|e| e.path)
+            .collect();
+        found.sort();
+        Ok(found)
+    }
+
+    /// Lines matching a regular expression in the files beneath `root`. Binary files
+    /// (containing NUL) and files over [`GREP_MAX_FILE_BYTES`] are skipped.
+    async fn grep(
+        &self,
+        id: &SandboxId,
+        root: &SandboxPath,
+        pattern: &str,
+    ) -> Result<Vec<GrepMatch>> {
+        let re = regex::Regex::new(pattern).map_err(|e| {
+            Error::invalid_input(format!("invalid regular expression {pattern:?}: {e}"))
+        })?;
+        let files = match self.stat(id, root).await?.kind {
+            FileKind::File => vec![DirEntry::new(root.clone(), FileKind::File, 0)],
+            _ => self.walk(id, root).await?,
+        };
+        let mut matches = Vec::new();
+        for entry in files.into_iter().filter(|e| e.kind == FileKind::File) {
+            if entry.size > GREP_MAX_FILE_BYTES {
+                continue;
+            }
+            let data = self.read(id, &entry.path).await?;
+            if data.contains(&0) {
+                continue;
+            }
+            let text = String::from_utf8_lossy(&data);
+            for (i, line) in text.lines().enumerate() {
+                if re.is_match(line) {
+                    matches.push(GrepMatch {
+                        path: entry.path.clone(),
+                        line_number: i + 1,
+                        line: line.to_owned(),
+                    });
+                }
+            }
+        }
+        Ok(matches)
+    }
+
+    /// Copies a host directory's contents into `dest` in the sandbox (merging), through
+    /// `import_tar`. Symlinks on the host are copied as symlinks, never followed.
+    async fn upload_dir(&self, id: &SandboxId, host_dir: &Path, dest: &SandboxPath) -> Result<()> {
+        let meta = tokio::fs::metadata(host_dir)
+            .await
+            .map_err(|e| Error::io(format_args!("reading {}", host_dir.display()), e))?;
+        if !meta.is_dir() {
+            return Err(Error::invalid_input(format!(
+                "{} is not a directory",
+                host_dir.display()
+            )));
+        }
+        let stream = pack_to_stream(host_dir.to_path_buf());
+        self.import_tar(id, dest, stream, ImportOptions::merge())
+            .await
+    }
+
+    /// Copies the sandbox directory `src` to the host directory `host_dest`, which is
+    /// replaced only once everything arrived and passed the archive checks.
+    async fn download_dir(
+        &self,
+        id: &SandboxId,
+        src: &SandboxPath,
+        host_dest: &Path,
+    ) -> Result<()> {
+        let stream = self.export_tar(id, src).await?;
+        let reader = crate::snapshot::stream_to_reader(stream);
+        let dest = host_dest.to_path_buf();
+        tokio::task::spawn_blocking(move || {
+            archive::unpack_to_dir(reader, &dest, &ArchiveLimits::default())
+        })
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Backend, "download task failed", e))??;
+        Ok(())
+    }
+}
+
+impl<T: SandboxBackend + ?Sized> SandboxBackendExt for T {}
+
+/// Packs a host directory into a tar stream on a blocking thread.
+fn pack_to_stream(dir: std::path::PathBuf) -> ByteStream {
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut writer = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let result = archive::pack_dir_tar(&dir, &mut writer)
+            .and_then(|_| writer.flush().map_err(|e| Error::io("sending archive", e)));
+        if let Err(e) = result {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    use futures::StreamExt;
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
+}
+
+const CHUNK: usize = 256 * 1024;
+
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::BrokenPipe,
+                "the importer stopped reading",
+            )
+        })
+    }
+}

@@ -1,0 +1,69 @@
+//! sandcell: isolated workspaces ("sandboxes") for AI coding and CLI agents.
+//!
+//! An agent framework needs somewhere to run commands and edit files that is not the
+//! host it runs on, that survives a restart, and that behaves the same whether it is a
+//! directory on this machine, a Docker container or a remote VM. sandcell gives one
+//! contract for all of them:
+//!
+//! - [`SandboxBackend`]: the minimal, object-safe trait a backend implements —
+//!   lifecycle, processes, files and tar archives — each method with a `# Behavior` list.
+//! - [`SandboxBackendExt`]: conveniences on top (run-and-collect, text files,
+//!   `edit_file`, glob, grep, directory upload and download, `execute_code`).
+//! - [`snapshot`]: the portable snapshot format (normalized tar + zstd + a manifest with
+//!   sha256), verified before anything is committed.
+//! - [`archive`]: the checks every archive import obeys (no `..`, no absolute paths, no
+//!   writes through symlinks, no devices, caps on size, entries, depth and names).
+//! - [`testing`] (feature `testing`): an in-memory [`testing::MockBackend`] and the
+//!   conformance suite every backend runs.
+//!
+//! | feature | what it adds |
+//! |---|---|
+//! | `testing` | `MockBackend` and the conformance suite |
+//!
+//! # Example
+//!
+//! ```
+//! # #[cfg(feature = "testing")]
+//! # async fn demo() -> sandcell::Result<()> {
+//! use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec};
+//! use sandcell::testing::MockBackend;
+//!
+//! let backend = MockBackend::new();
+//! let sandbox = backend.create(&SandboxSpec::new("default")).await?;
+//! let path = "src/main.py".parse()?;
+//! backend.write_string(&sandbox.id, &path, "print('hi')\n").await?;
+//! backend.edit_file(&sandbox.id, &path, "'hi'", "'hello'").await?;
+//! assert_eq!(backend.read_to_string(&sandbox.id, &path).await?, "print('hello')\n");
+//! assert_eq!(backend.glob(&sandbox.id, "**/*.py").await?, vec![path]);
+//! backend.destroy(&sandbox.id).await?;
+//! # Ok(())
+//! # }
+//! # #[cfg(feature = "testing")]
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+//! ```
+
+pub mod archive;
+mod backend;
+mod capabilities;
+mod error;
+mod exec;
+mod ext;
+mod fs;
+mod path;
+mod process;
+mod sandbox;
+pub mod snapshot;
+mod spec;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use backend::{ByteStream, SandboxBackend};
+pub use capabilities::Capabilities;
+pub use error::{Error, ErrorKind, Result};
+pub use exec::{ExecOutput, ExecRequest, ExitStatus, DEFAULT_OUTPUT_LIMIT};
+pub use ext::{EditOutcome, GrepMatch, Language, SandboxBackendExt, GREP_MAX_FILE_BYTES};
+pub use fs::{DirEntry, FileInfo, FileKind};
+pub use path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
+pub use process::{OutputStream, Process, ProcessControl, ProcessEvent, ProcessStdin};
+pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
+pub use spec::{Limits, Mount, Network, SandboxSpec};
