@@ -1,0 +1,26 @@
+//! The testing kit (feature `testing`): [`MockBackend`], the conformance suite, and a
+//! raw tar builder for hostile archives.
+//!
+//! A backend's `tests/conformance.rs` is a few lines:
+//!
+//! ```
+//! # async fn demo() {
+//! let backend = sandcell::testing::MockBackend::new();
+//! sandcell::testing::conformance::run_all(&backend).await;
+//! # }
+//! # tokio::runtime::Runtime::new().unwrap().block_on(demo());
+//! ```
+//!
+//! The suite creates sandboxes from the template `"default"` (which may hold files; cases
+//! work in directories of their own), labels them `sandcell.test=conformance`, and
+//! destroys them even when a case fails.
+
+// This module is a test kit: a failed expectation is reported by panicking, like `assert!`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+pub mod conformance;
+mod mock;
+mod tar_builder;
+
+pub use mock::{MockBackend, MockCall, MockReply};
+pub use tar_builder::RawTar;

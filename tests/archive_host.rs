@@ -1,0 +1,307 @@
+//! Hostile archives against the host-directory unpacker: every one fails with its typed
+//! error, the destination keeps its old contents, nothing appears outside it, and no
+//! staging directory is left behind.
+
+#![cfg(feature = "testing")]
+
+use std::fs;
+use std::path::Path;
+
+use bytes::Bytes;
+use sandcell::archive::{self, ArchiveLimits};
+use sandcell::snapshot::{self, PackOptions, SnapshotManifest};
+use sandcell::testing::RawTar;
+use sandcell::ErrorKind;
+
+/// A parent directory holding `dest` (with an old file) and an empty `outside`.
+fn layout() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let root = tempfile::tempdir().unwrap();
+    let dest = root.path().join("dest");
+    let outside = root.path().join("outside");
+    fs::create_dir(&dest).unwrap();
+    fs::write(dest.join("old.txt"), "old").unwrap();
+    fs::create_dir(&outside).unwrap();
+    (root, dest, outside)
+}
+
+fn assert_untouched(root: &Path, dest: &Path, outside: &Path, what: &str) {
+    assert_eq!(
+        fs::read_to_string(dest.join("old.txt")).unwrap(),
+        "old",
+        "{what}: dest changed"
+    );
+    assert_eq!(
+        fs::read_dir(dest).unwrap().count(),
+        1,
+        "{what}: dest gained entries"
+    );
+    assert_eq!(
+        fs::read_dir(outside).unwrap().count(),
+        0,
+        "{what}: something was written outside"
+    );
+    let names: Vec<_> = fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names.len(), 2, "{what}: leftovers beside dest: {names:?}");
+}
+
+#[test]
+fn hostile_entries_leave_everything_untouched() {
+    // Absolute targets name a sibling "outside" directory; each case's own layout has a
+    // path of the same length, patched into the headers below.
+    let (_template_root, _, outside) = layout();
+    let out = outside.to_str().unwrap().to_owned();
+    let d = ArchiveLimits::default;
+    let cases: Vec<(&str, Bytes, ArchiveLimits, ErrorKind)> = vec![
+        (
+            "dot-dot",
+            RawTar::new()
+                .file("ok", b"1")
+                .file("../outside/x", b"x")
+                .finish(),
+            d(),
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "absolute",
+            RawTar::new().file(&format!("{out}/abs"), b"x").finish(),
+            d(),
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "symlink then file",
+            RawTar::new().symlink("a", &out).file("a/x", b"x").finish(),
+            d(),
+            ErrorKind::PermissionDenied,
+        ),
+        (
+            "link to .. then nested dir",
+            RawTar::new()
+                .symlink("up", "..")
+                .dir("up/outside")
+                .file("up/outside/x", b"x")
+                .finish(),
+            d(),
+            ErrorKind::PermissionDenied,
+        ),
+        (
+            "hard link out",
+            RawTar::new().hard_link("h", "../outside/x").finish(),
+            d(),
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "hard link absolute",
+            RawTar::new().hard_link("h", "/etc/passwd").finish(),
+            d(),
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "char device",
+            RawTar::new()
+                .entry(tar::EntryType::Char, "tty", "", 0o666, b"")
+                .finish(),
+            d(),
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "fifo",
+            RawTar::new()
+                .entry(tar::EntryType::Fifo, "p", "", 0o644, b"")
+                .finish(),
+            d(),
+            ErrorKind::InvalidInput,
+        ),
+        (
+            "setuid",
+            RawTar::new()
+                .entry(tar::EntryType::Regular, "s", "", 0o4755, b"x")
+                .finish(),
+            d(),
+            ErrorKind::PermissionDenied,
+        ),
+        (
+            "entry count",
+            (0..50)
+                .fold(RawTar::new(), |t, i| t.file(&format!("f{i}"), b""))
+                .finish(),
+            d().max_entries(49),
+            ErrorKind::LimitExceeded,
+        ),
+        (
+            "byte cap",
+            RawTar::new().file_header_only("big", 1 << 40).finish(),
+            d().max_bytes(1 << 20),
+            ErrorKind::LimitExceeded,
+        ),
+        (
+            "truncated",
+            RawTar::new().file("t", &[1u8; 4096]).finish().slice(..2048),
+            d(),
+            ErrorKind::Corrupt,
+        ),
+    ];
+    for (what, tar, limits, kind) in cases {
+        // Each case gets a fresh layout; re-aim absolute targets at its own outside dir.
+        let (root, dest, outside_here) = layout();
+        let tar = Bytes::from(replace_all(
+            &tar,
+            out.as_bytes(),
+            outside_here.to_str().unwrap().as_bytes(),
+        ));
+        let err = archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &limits).unwrap_err();
+        assert_eq!(err.kind(), kind, "{what}: {err}");
+        assert_untouched(root.path(), &dest, &outside_here, what);
+    }
+}
+
+/// Replaces `from` with `to` inside tar headers (same length required by the format's
+/// fixed fields, so both paths come from `tempdir()` and have equal length).
+fn replace_all(data: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    if from.len() != to.len() {
+        return data.to_vec();
+    }
+    let mut out = data.to_vec();
+    let mut i = 0;
+    while i + from.len() <= out.len() {
+        if &out[i..i + from.len()] == from {
+            out[i..i + from.len()].copy_from_slice(to);
+            // Fix the header checksum of the block this hit lies in.
+            let block = i / 512 * 512;
+            fix_checksum(&mut out[block..block + 512]);
+            i += from.len();
+        } else {
+            i += 1;
+        }
+    }
+    out
+}
+
+fn fix_checksum(block: &mut [u8]) {
+    let mut header = tar::Header::new_old();
+    header.as_mut_bytes().copy_from_slice(block);
+    header.set_cksum();
+    block.copy_from_slice(header.as_bytes());
+}
+
+#[test]
+fn corrupt_and_bomb_blobs_leave_dest_untouched() {
+    let (root, dest, outside) = layout();
+    let src = tempfile::tempdir().unwrap();
+    fs::write(src.path().join("a.txt"), vec![b'a'; 100_000]).unwrap();
+    let mut blob = Vec::new();
+    let packed = snapshot::pack_dir(src.path(), &mut blob, &PackOptions::default()).unwrap();
+    let manifest = SnapshotManifest::new(&packed, "test", "default");
+
+    let mut flipped = blob.clone();
+    let mid = flipped.len() / 2;
+    flipped[mid] ^= 0x55;
+    let err = snapshot::unpack_to_dir(
+        std::io::Cursor::new(flipped),
+        &manifest,
+        &dest,
+        &ArchiveLimits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert_untouched(root.path(), &dest, &outside, "flipped byte");
+
+    let mut trailing = blob.clone();
+    trailing.extend_from_slice(b"garbage after the frame");
+    let err = snapshot::unpack_to_dir(
+        std::io::Cursor::new(trailing),
+        &manifest,
+        &dest,
+        &ArchiveLimits::default(),
+    )
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Corrupt, "{err}");
+    assert_untouched(root.path(), &dest, &outside, "trailing garbage");
+
+    let mut bomb = Vec::new();
+    let mut enc = zstd::stream::write::Encoder::new(&mut bomb, 3).unwrap();
+    std::io::copy(&mut std::io::repeat(0).take_bytes(256 << 20), &mut enc).unwrap();
+    enc.finish().unwrap();
+    let mut bomb_manifest = manifest.clone();
+    bomb_manifest.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bomb));
+    let limits = ArchiveLimits::default().max_bytes(1 << 20).max_entries(10);
+    let err = snapshot::unpack_to_dir(std::io::Cursor::new(bomb), &bomb_manifest, &dest, &limits)
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert_untouched(root.path(), &dest, &outside, "zstd bomb");
+
+    // The good blob replaces the destination.
+    snapshot::unpack_to_dir(
+        std::io::Cursor::new(blob),
+        &manifest,
+        &dest,
+        &ArchiveLimits::default(),
+    )
+    .unwrap();
+    assert!(!dest.join("old.txt").exists());
+    assert_eq!(fs::read(dest.join("a.txt")).unwrap().len(), 100_000);
+    assert_eq!(
+        fs::read_dir(root.path()).unwrap().count(),
+        2,
+        "no staging or old copy left"
+    );
+}
+
+trait TakeBytes: std::io::Read + Sized {
+    fn take_bytes(self, n: u64) -> std::io::Take<Self> {
+        self.take(n)
+    }
+}
+impl<R: std::io::Read> TakeBytes for R {}
+
+#[test]
+fn pack_then_unpack_preserves_modes_links_and_skips_specials() {
+    use std::os::unix::fs::PermissionsExt;
+    let src = tempfile::tempdir().unwrap();
+    let s = src.path();
+    fs::create_dir_all(s.join("bin")).unwrap();
+    fs::write(s.join("bin/run.sh"), "#!/bin/sh\n").unwrap();
+    fs::set_permissions(s.join("bin/run.sh"), fs::Permissions::from_mode(0o4755)).unwrap();
+    fs::write(s.join("ro.txt"), "ro").unwrap();
+    fs::set_permissions(s.join("ro.txt"), fs::Permissions::from_mode(0o444)).unwrap();
+    std::os::unix::fs::symlink("/etc/passwd", s.join("abs-link")).unwrap();
+    std::os::unix::fs::symlink("bin/run.sh", s.join("rel-link")).unwrap();
+    let fifo = s.join("pipe");
+    assert!(std::process::Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .unwrap()
+        .success());
+
+    let mut tar = Vec::new();
+    let stats = archive::pack_dir_tar(s, &mut tar).unwrap();
+    assert_eq!(stats.skipped, 1, "the FIFO is skipped");
+    let out = tempfile::tempdir().unwrap();
+    let dest = out.path().join("restored");
+    archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &ArchiveLimits::default()).unwrap();
+    let mode = |p: &str| {
+        fs::symlink_metadata(dest.join(p))
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o7777
+    };
+    assert_eq!(
+        mode("bin/run.sh"),
+        0o755,
+        "setuid bit masked off when packing"
+    );
+    assert_eq!(mode("ro.txt"), 0o444);
+    assert_eq!(
+        fs::read_link(dest.join("abs-link")).unwrap(),
+        Path::new("/etc/passwd"),
+        "stored, not followed"
+    );
+    assert_eq!(
+        fs::read_link(dest.join("rel-link")).unwrap(),
+        Path::new("bin/run.sh")
+    );
+    assert!(!dest.join("pipe").exists());
+}
