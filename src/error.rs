@@ -166,9 +166,11 @@ impl Error {
             std::io::ErrorKind::NotFound => ErrorKind::NotFound,
             std::io::ErrorKind::AlreadyExists => ErrorKind::AlreadyExists,
             std::io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
-            std::io::ErrorKind::InvalidInput | std::io::ErrorKind::InvalidData => {
-                ErrorKind::InvalidInput
-            }
+            std::io::ErrorKind::InvalidInput
+            | std::io::ErrorKind::InvalidData
+            | std::io::ErrorKind::NotADirectory
+            | std::io::ErrorKind::IsADirectory
+            | std::io::ErrorKind::DirectoryNotEmpty => ErrorKind::InvalidInput,
             std::io::ErrorKind::TimedOut => ErrorKind::Timeout,
             std::io::ErrorKind::UnexpectedEof => ErrorKind::Corrupt,
             _ => ErrorKind::Backend,

@@ -26,7 +26,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::io::{self, BufReader, Read, Write};
+use std::io::{self, BufRead, Read, Write};
 use std::path::Path;
 use std::sync::mpsc;
 
@@ -295,18 +295,6 @@ enum Chunk {
     Failed(Error),
 }
 
-/// A reader over the tar stream inside a blob, decompressed on its own thread.
-///
-/// It yields an error instead of end-of-file if the blob does not hash to the expected
-/// value, does not decompress, or expands beyond the limits' stream size.
-#[derive(Debug)]
-pub struct VerifiedTarReader {
-    rx: mpsc::Receiver<Chunk>,
-    current: Vec<u8>,
-    pos: usize,
-    done: bool,
-}
-
 impl std::fmt::Debug for Chunk {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
@@ -317,39 +305,151 @@ impl std::fmt::Debug for Chunk {
     }
 }
 
-impl Read for VerifiedTarReader {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        loop {
-            if self.pos < self.current.len() {
-                let n = buf.len().min(self.current.len() - self.pos);
-                buf[..n].copy_from_slice(&self.current[self.pos..self.pos + n]);
-                self.pos += n;
-                return Ok(n);
-            }
-            if self.done {
-                return Ok(0);
-            }
+const CHUNK: usize = 1 << 20;
+const IN_FLIGHT: usize = 8;
+
+/// One stage's output: chunks from a producer thread, spent buffers sent back to it.
+#[derive(Debug)]
+struct ChunkReader {
+    rx: mpsc::Receiver<Chunk>,
+    /// Spent buffers go back to the producer, so it neither allocates nor page-faults
+    /// a fresh megabyte per chunk.
+    recycle: mpsc::SyncSender<Vec<u8>>,
+    current: Vec<u8>,
+    pos: usize,
+    done: bool,
+}
+
+/// The producer side of a [`ChunkReader`].
+struct ChunkWriter {
+    tx: mpsc::SyncSender<Chunk>,
+    spare: mpsc::Receiver<Vec<u8>>,
+}
+
+impl ChunkWriter {
+    /// A buffer of [`CHUNK`] bytes, recycled when one is available.
+    fn buffer(&self) -> Vec<u8> {
+        let mut buf = self.spare.try_recv().unwrap_or_default();
+        // Only the part never written before gets zeroed.
+        buf.resize(CHUNK, 0);
+        buf
+    }
+
+    /// Sends a chunk; `false` when the reader has gone away.
+    fn send(&self, chunk: Chunk) -> bool {
+        self.tx.send(chunk).is_ok()
+    }
+}
+
+/// Starts `produce` on a new thread; its result ends the stream (`Done` or `Failed`).
+fn spawn_stage<F>(name: &str, produce: F) -> Result<ChunkReader>
+where
+    F: FnOnce(&ChunkWriter) -> Result<()> + Send + 'static,
+{
+    let (tx, rx) = mpsc::sync_channel(IN_FLIGHT);
+    let (recycle, spare) = mpsc::sync_channel(IN_FLIGHT + 2);
+    let writer = ChunkWriter { tx, spare };
+    std::thread::Builder::new()
+        .name(name.to_owned())
+        .spawn(move || {
+            let last = match produce(&writer) {
+                Ok(()) => Chunk::Done,
+                Err(e) => Chunk::Failed(e),
+            };
+            writer.send(last);
+        })
+        .map_err(|e| Error::io("starting a snapshot pipeline thread", e))?;
+    Ok(ChunkReader {
+        rx,
+        recycle,
+        current: Vec::new(),
+        pos: 0,
+        done: false,
+    })
+}
+
+impl ChunkReader {
+    /// Makes sure `current[pos..]` is non-empty unless the stream ended.
+    fn refill(&mut self) -> io::Result<()> {
+        while self.pos >= self.current.len() && !self.done {
             match self.rx.recv() {
                 Ok(Chunk::Data(d)) => {
-                    self.current = d;
+                    let spent = std::mem::replace(&mut self.current, d);
+                    if spent.capacity() > 0 {
+                        let _ = self.recycle.try_send(spent);
+                    }
                     self.pos = 0;
                 }
                 Ok(Chunk::Done) => self.done = true,
                 Ok(Chunk::Failed(e)) => return Err(e.into_io()),
-                // The decoder thread always ends with Done or Failed; anything else is a bug
-                // or a panic, and must not look like a clean end.
+                // A stage always ends with Done or Failed; anything else is a panic and
+                // must not look like a clean end.
                 Err(_) => {
                     return Err(Error::corrupt(
-                        "snapshot decoder stopped before the end of the blob",
+                        "a snapshot pipeline thread stopped before the end of the blob",
                     )
                     .into_io())
                 }
             }
         }
+        Ok(())
     }
 }
 
-/// Starts decompressing `blob` on a new thread; see [`VerifiedTarReader`].
+impl Read for ChunkReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let available = self.fill_buf()?;
+        let n = buf.len().min(available.len());
+        buf[..n].copy_from_slice(&available[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+// The decoder reads straight out of the chunks, without a second buffer.
+impl BufRead for ChunkReader {
+    fn fill_buf(&mut self) -> io::Result<&[u8]> {
+        self.refill()?;
+        Ok(&self.current[self.pos.min(self.current.len())..])
+    }
+
+    fn consume(&mut self, amount: usize) {
+        self.pos = (self.pos + amount).min(self.current.len());
+    }
+}
+
+/// Fills `buf` from `reader` as far as it goes; returns how much was read.
+fn fill(reader: &mut impl Read, buf: &mut [u8]) -> io::Result<usize> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(filled)
+}
+
+/// A reader over the tar stream inside a blob.
+///
+/// Three threads form a pipeline: one reads and hashes the blob, one decompresses it, and
+/// the caller's thread consumes the tar stream. The reader yields an error instead of
+/// end-of-file if the blob does not hash to the manifest's value, does not decompress, or
+/// expands beyond the limits' stream size.
+#[derive(Debug)]
+pub struct VerifiedTarReader {
+    inner: ChunkReader,
+}
+
+impl Read for VerifiedTarReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        self.inner.read(buf)
+    }
+}
+
+/// Starts reading, hashing and decompressing `blob`; see [`VerifiedTarReader`].
 pub fn verified_tar_reader<R: Read + Send + 'static>(
     blob: R,
     manifest: &SnapshotManifest,
@@ -358,54 +458,47 @@ pub fn verified_tar_reader<R: Read + Send + 'static>(
     manifest.validate()?;
     let expected = manifest.expected_hash()?;
     let max = limits.max_stream_bytes();
-    let (tx, rx) = mpsc::sync_channel(8);
-    std::thread::Builder::new()
-        .name("sandcell-unzstd".into())
-        .spawn(move || {
-            let last = match decode(blob, expected, max, &tx) {
-                Ok(()) => Chunk::Done,
-                Err(e) => Chunk::Failed(e),
-            };
-            let _ = tx.send(last);
-        })
-        .map_err(|e| Error::io("starting the snapshot decoder thread", e))?;
-    Ok(VerifiedTarReader {
-        rx,
-        current: Vec::new(),
-        pos: 0,
-        done: false,
-    })
+    let compressed = spawn_stage("sandcell-sha256", move |out| {
+        hash_stage(blob, expected, out)
+    })?;
+    let inner = spawn_stage("sandcell-unzstd", move |out| {
+        decode_stage(compressed, max, out)
+    })?;
+    Ok(VerifiedTarReader { inner })
 }
 
-struct HashingReader<R> {
-    inner: R,
-    hasher: Sha256,
-}
-
-impl<R: Read> Read for HashingReader<R> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        Ok(n)
+/// Reads the blob, hashes it, and passes it on; fails at the end if the hash differs.
+fn hash_stage<R: Read>(mut blob: R, expected: [u8; 32], out: &ChunkWriter) -> Result<()> {
+    let mut hasher = Sha256::new();
+    loop {
+        let mut buf = out.buffer();
+        let n = fill(&mut blob, &mut buf).map_err(|e| Error::io("reading snapshot blob", e))?;
+        if n == 0 {
+            break;
+        }
+        buf.truncate(n);
+        hasher.update(&buf);
+        if !out.send(Chunk::Data(buf)) {
+            // The consumer gave up (an entry was rejected); nothing left to do.
+            return Ok(());
+        }
     }
+    let actual = hasher.finalize();
+    if actual.as_slice() != expected {
+        return Err(Error::corrupt(format!(
+            "snapshot blob hash mismatch: expected {}, got {}",
+            hex::encode(expected),
+            hex::encode(actual)
+        )));
+    }
+    Ok(())
 }
 
-const CHUNK: usize = 1 << 20;
-
-fn decode<R: Read>(
-    blob: R,
-    expected: [u8; 32],
-    max: u64,
-    tx: &mpsc::SyncSender<Chunk>,
-) -> Result<()> {
-    let hashing = HashingReader {
-        inner: blob,
-        hasher: Sha256::new(),
-    };
-    let mut decoder =
-        zstd::stream::read::Decoder::with_buffer(BufReader::with_capacity(CHUNK, hashing))
-            .map_err(|e| Error::io("starting zstd", e))?;
-    let corrupt = |e: io::Error| {
+/// Decompresses the hashed stream, bounded by `max` output bytes.
+fn decode_stage(compressed: ChunkReader, max: u64, out: &ChunkWriter) -> Result<()> {
+    let mut decoder = zstd::stream::read::Decoder::with_buffer(compressed)
+        .map_err(|e| Error::io("starting zstd", e))?;
+    let failed = |e: io::Error| {
         if e.get_ref().is_some_and(|inner| inner.is::<Error>()) {
             Error::io("reading snapshot blob", e)
         } else {
@@ -418,42 +511,26 @@ fn decode<R: Read>(
     };
     let mut total = 0u64;
     loop {
-        let mut buf = vec![0u8; CHUNK];
-        let mut filled = 0;
-        while filled < buf.len() {
-            match decoder.read(&mut buf[filled..]) {
-                Ok(0) => break,
-                Ok(n) => filled += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(corrupt(e)),
-            }
-        }
-        if filled == 0 {
+        let mut buf = out.buffer();
+        let n = fill(&mut decoder, &mut buf).map_err(failed)?;
+        if n == 0 {
             break;
         }
-        total += filled as u64;
+        total += n as u64;
         if total > max {
             return Err(Error::limit_exceeded(format!(
                 "snapshot expands to more than {max} bytes (decompression bomb?)"
             )));
         }
-        buf.truncate(filled);
-        if tx.send(Chunk::Data(buf)).is_err() {
-            // The reader gave up (an entry was rejected); nothing left to do.
+        buf.truncate(n);
+        if !out.send(Chunk::Data(buf)) {
             return Ok(());
         }
     }
-    // Hash whatever follows the last frame too, so trailing garbage fails verification.
+    // Read what follows the last frame too, so trailing garbage fails the hash check
+    // and the hash stage reports its verdict.
     let mut rest = decoder.finish();
-    io::copy(&mut rest, &mut io::sink()).map_err(corrupt)?;
-    let actual = rest.into_inner().hasher.finalize();
-    if actual.as_slice() != expected {
-        return Err(Error::corrupt(format!(
-            "snapshot blob hash mismatch: expected {}, got {}",
-            hex::encode(expected),
-            hex::encode(actual)
-        )));
-    }
+    io::copy(&mut rest, &mut io::sink()).map_err(failed)?;
     Ok(())
 }
 

@@ -3,6 +3,8 @@
 //! staging directory is left behind.
 
 #![cfg(feature = "testing")]
+// Test helpers outside #[test] fns report failures by panicking too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
 use std::path::Path;
@@ -304,4 +306,107 @@ fn pack_then_unpack_preserves_modes_links_and_skips_specials() {
         Path::new("bin/run.sh")
     );
     assert!(!dest.join("pipe").exists());
+}
+
+#[test]
+fn conflicting_entries_are_invalid_input_and_change_nothing() {
+    let (root, dest, outside) = layout();
+    let tar = RawTar::new()
+        .file("a", b"file")
+        .file("a/b", b"beneath a file")
+        .finish();
+    let err = archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &ArchiveLimits::default())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert_untouched(root.path(), &dest, &outside, "file then entry beneath it");
+}
+
+/// A tree with names past the 100-byte ustar field, to exercise GNU and pax long names.
+fn long_name_tree(root: &Path) -> String {
+    let long_dir = "d".repeat(120);
+    let long_file = format!("{long_dir}/{}.txt", "f".repeat(150));
+    fs::create_dir_all(root.join(&long_dir)).unwrap();
+    fs::write(root.join(&long_file), "long").unwrap();
+    std::os::unix::fs::symlink(&long_file, root.join("link-with-a-long-target")).unwrap();
+    fs::write(root.join("short.txt"), "short").unwrap();
+    long_file
+}
+
+#[test]
+fn archives_from_gnu_tar_import_in_every_format() {
+    let src = tempfile::tempdir().unwrap();
+    let long_file = long_name_tree(src.path());
+    for format in ["gnu", "pax", "posix"] {
+        let out = std::process::Command::new("tar")
+            .args(["--format", format, "-cf", "-", "-C"])
+            .arg(src.path())
+            .arg(".")
+            .output()
+            .expect("GNU tar is installed");
+        assert!(out.status.success(), "tar --format {format} failed");
+        let dest_root = tempfile::tempdir().unwrap();
+        let dest = dest_root.path().join("x");
+        archive::unpack_to_dir(
+            std::io::Cursor::new(out.stdout),
+            &dest,
+            &ArchiveLimits::default(),
+        )
+        .unwrap_or_else(|e| panic!("format {format}: {e}"));
+        assert_eq!(
+            fs::read_to_string(dest.join(&long_file)).unwrap(),
+            "long",
+            "{format}"
+        );
+        assert_eq!(
+            fs::read_link(dest.join("link-with-a-long-target")).unwrap(),
+            Path::new(&long_file)
+        );
+    }
+}
+
+#[test]
+fn global_pax_headers_such_as_git_archive_writes_are_skipped() {
+    let tar = RawTar::new()
+        .entry(
+            tar::EntryType::XGlobalHeader,
+            "pax_global_header",
+            "",
+            0o666,
+            b"52 comment=0123456789abcdef0123456789abcdef01234567\n",
+        )
+        .file("README", b"hi")
+        .finish();
+    let dest_root = tempfile::tempdir().unwrap();
+    let dest = dest_root.path().join("x");
+    let stats = archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &ArchiveLimits::default())
+        .unwrap();
+    assert_eq!(stats.entries, 1);
+    assert_eq!(fs::read_to_string(dest.join("README")).unwrap(), "hi");
+    assert!(!dest.join("pax_global_header").exists());
+}
+
+#[test]
+fn our_archives_extract_with_gnu_tar() {
+    let src = tempfile::tempdir().unwrap();
+    let long_file = long_name_tree(src.path());
+    let mut tar = Vec::new();
+    archive::pack_dir_tar(src.path(), &mut tar).unwrap();
+    let dest = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new("tar")
+        .args(["-xf", "-", "-C"])
+        .arg(dest.path())
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("GNU tar is installed");
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), &tar).unwrap();
+    drop(child.stdin.take());
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        fs::read_to_string(dest.path().join(&long_file)).unwrap(),
+        "long"
+    );
+    assert_eq!(
+        fs::read_to_string(dest.path().join("short.txt")).unwrap(),
+        "short"
+    );
 }

@@ -1,8 +1,12 @@
-//! The conformance suite against the in-memory MockBackend.
+//! The conformance suite against the in-memory MockBackend, directly and behind
+//! `Box<dyn SandboxBackend>` / `Arc<dyn SandboxBackend>`.
 
 #![cfg(feature = "testing")]
 
+use std::sync::Arc;
+
 use sandcell::testing::{conformance, MockBackend};
+use sandcell::SandboxBackend;
 
 #[tokio::test]
 async fn mock_backend_passes_the_conformance_suite() {
@@ -13,4 +17,15 @@ async fn mock_backend_passes_the_conformance_suite() {
         0,
         "every conformance sandbox was destroyed"
     );
+}
+
+#[tokio::test]
+async fn boxed_and_shared_trait_objects_pass_too() {
+    let mock = MockBackend::new();
+    let boxed: Box<dyn SandboxBackend> = Box::new(mock.clone());
+    conformance::run_all(&boxed).await;
+    let shared: Arc<dyn SandboxBackend> = Arc::new(mock.clone());
+    conformance::lifecycle(&shared).await;
+    conformance::hostile_archives_are_rejected(&shared).await;
+    assert_eq!(mock.live_count(), 0);
 }

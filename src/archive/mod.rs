@@ -201,6 +201,12 @@ impl EntryChecker {
         size: u64,
         mtime: u64,
     ) -> Result<Option<CheckedEntry>> {
+        // Archive-wide metadata (`git archive` writes one with the commit id) creates
+        // nothing; local pax and GNU long-name records never reach here, the tar reader
+        // folds them into the entry they describe.
+        if entry_type == tar::EntryType::XGlobalHeader {
+            return Ok(None);
+        }
         let shown = String::from_utf8_lossy(path);
         let shown: &str = &shown;
         self.entries += 1;
@@ -461,6 +467,22 @@ mod tests {
         // Replacing the link with a directory makes the path usable again.
         check(&mut c, tar::EntryType::Directory, "a", None).unwrap();
         check(&mut c, tar::EntryType::Regular, "a/passwd", None).unwrap();
+    }
+
+    #[test]
+    fn global_pax_headers_are_skipped() {
+        let mut c = EntryChecker::new(ArchiveLimits::default());
+        let skipped = check(
+            &mut c,
+            tar::EntryType::XGlobalHeader,
+            "pax_global_header",
+            None,
+        )
+        .unwrap();
+        assert_eq!(skipped, None);
+        assert!(check(&mut c, tar::EntryType::Regular, "a.txt", None)
+            .unwrap()
+            .is_some());
     }
 
     #[test]
