@@ -7,6 +7,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs;
+use std::io::Read;
 use std::path::Path;
 
 use bytes::Bytes;
@@ -224,7 +225,7 @@ fn corrupt_and_bomb_blobs_leave_dest_untouched() {
 
     let mut bomb = Vec::new();
     let mut enc = zstd::stream::write::Encoder::new(&mut bomb, 3).unwrap();
-    std::io::copy(&mut std::io::repeat(0).take_bytes(256 << 20), &mut enc).unwrap();
+    std::io::copy(&mut std::io::repeat(0).take(256 << 20), &mut enc).unwrap();
     enc.finish().unwrap();
     let mut bomb_manifest = manifest.clone();
     bomb_manifest.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bomb));
@@ -250,13 +251,6 @@ fn corrupt_and_bomb_blobs_leave_dest_untouched() {
         "no staging or old copy left"
     );
 }
-
-trait TakeBytes: std::io::Read + Sized {
-    fn take_bytes(self, n: u64) -> std::io::Take<Self> {
-        self.take(n)
-    }
-}
-impl<R: std::io::Read> TakeBytes for R {}
 
 #[test]
 fn pack_then_unpack_preserves_modes_links_and_skips_specials() {
@@ -408,5 +402,40 @@ fn our_archives_extract_with_gnu_tar() {
     assert_eq!(
         fs::read_to_string(dest.path().join("short.txt")).unwrap(),
         "short"
+    );
+}
+
+/// The raw tar stream is bounded on its own: endless data after the end marker stops
+/// at the limits' stream size, without any decompression layer involved.
+#[test]
+fn endless_plain_tar_stream_is_cut_off() {
+    let (root, dest, outside) = layout();
+    let limits = ArchiveLimits::default().max_bytes(1 << 20).max_entries(10);
+    let tar = RawTar::new().file("f", b"x").finish();
+    let endless = std::io::Cursor::new(tar.to_vec()).chain(std::io::repeat(0));
+    let err = archive::unpack_to_dir(endless, &dest, &limits).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert_untouched(root.path(), &dest, &outside, "endless stream");
+}
+
+/// The decompressor is bounded on its own, before any tar parsing sees the bytes.
+#[test]
+fn decompression_stops_at_the_stream_cap() {
+    let mut bomb = Vec::new();
+    let mut enc = zstd::stream::write::Encoder::new(&mut bomb, 3).unwrap();
+    std::io::copy(&mut std::io::repeat(7).take(64 << 20), &mut enc).unwrap();
+    enc.finish().unwrap();
+    let src = tempfile::tempdir().unwrap();
+    let mut blob = Vec::new();
+    let packed = snapshot::pack_dir(src.path(), &mut blob, &PackOptions::default()).unwrap();
+    let mut manifest = SnapshotManifest::new(&packed, "test", "default");
+    manifest.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bomb));
+    let limits = ArchiveLimits::default().max_bytes(1 << 20).max_entries(10);
+    let mut reader =
+        snapshot::verified_tar_reader(std::io::Cursor::new(bomb), &manifest, &limits).unwrap();
+    let err = std::io::copy(&mut reader, &mut std::io::sink()).unwrap_err();
+    assert_eq!(
+        sandcell::Error::io("reading", err).kind(),
+        ErrorKind::LimitExceeded
     );
 }
