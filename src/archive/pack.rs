@@ -23,7 +23,8 @@ pub struct PackStats {
     pub skipped: u64,
 }
 
-fn header(kind: tar::EntryType, mode: u32, size: u64, mtime: u64) -> tar::Header {
+/// A normalized header: mode masked to `0o777`, owner 0, no names.
+pub(crate) fn entry_header(kind: tar::EntryType, mode: u32, size: u64, mtime: u64) -> tar::Header {
     let mut h = tar::Header::new_gnu();
     h.set_entry_type(kind);
     h.set_mode(mode & 0o777);
@@ -32,6 +33,15 @@ fn header(kind: tar::EntryType, mode: u32, size: u64, mtime: u64) -> tar::Header
     h.set_uid(0);
     h.set_gid(0);
     h
+}
+
+/// Writes the end-of-archive marker and flushes the writer.
+fn finish<W: Write>(builder: tar::Builder<W>) -> Result<()> {
+    builder
+        .into_inner()
+        .map_err(|e| Error::io("finishing the archive", e))?
+        .flush()
+        .map_err(|e| Error::io("flushing the archive", e))
 }
 
 /// Writes the contents of `dir` (not `dir` itself) as a normalized tar stream to `out`.
@@ -68,7 +78,7 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
             let mode = meta.permissions().mode();
             let ft = meta.file_type();
             if ft.is_dir() {
-                let mut h = header(tar::EntryType::Directory, mode, 0, mtime);
+                let mut h = entry_header(tar::EntryType::Directory, mode, 0, mtime);
                 builder
                     .append_data(&mut h, &rel, std::io::empty())
                     .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
@@ -76,7 +86,7 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
             } else if ft.is_file() {
                 let file = fs::File::open(&full)
                     .map_err(|e| Error::io(format_args!("opening {}", rel.display()), e))?;
-                let mut h = header(tar::EntryType::Regular, mode, meta.len(), mtime);
+                let mut h = entry_header(tar::EntryType::Regular, mode, meta.len(), mtime);
                 // A file that changes size while being read would corrupt the stream;
                 // `take` keeps the entry at its declared size, `append_data` pads short reads.
                 builder
@@ -86,7 +96,7 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
             } else if ft.is_symlink() {
                 let target = fs::read_link(&full)
                     .map_err(|e| Error::io(format_args!("reading symlink {}", rel.display()), e))?;
-                let mut h = header(tar::EntryType::Symlink, 0o777, 0, mtime);
+                let mut h = entry_header(tar::EntryType::Symlink, 0o777, 0, mtime);
                 builder.append_link(&mut h, &rel, &target).map_err(|e| {
                     Error::io(format_args!("archiving symlink {}", rel.display()), e)
                 })?;
@@ -99,11 +109,7 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
         }
         stack.extend(subdirs.into_iter().rev());
     }
-    builder
-        .into_inner()
-        .map_err(|e| Error::io("finishing the archive", e))?
-        .flush()
-        .map_err(|e| Error::io("flushing the archive", e))?;
+    finish(builder)?;
     Ok(stats)
 }
 
@@ -149,26 +155,26 @@ pub fn normalize_tar<R: Read, W: Write>(
         let rel = checked.path.as_str();
         match &checked.kind {
             super::EntryKind::File => {
-                let mut out_h = header(tar::EntryType::Regular, mode, size, mtime);
+                let mut out_h = entry_header(tar::EntryType::Regular, mode, size, mtime);
                 builder
                     .append_data(&mut out_h, rel, entry)
                     .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
                 stats.content_bytes += size;
             }
             super::EntryKind::Dir => {
-                let mut out_h = header(tar::EntryType::Directory, mode, 0, mtime);
+                let mut out_h = entry_header(tar::EntryType::Directory, mode, 0, mtime);
                 builder
                     .append_data(&mut out_h, rel, std::io::empty())
                     .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
             }
             super::EntryKind::Symlink(target) => {
-                let mut out_h = header(tar::EntryType::Symlink, 0o777, 0, mtime);
+                let mut out_h = entry_header(tar::EntryType::Symlink, 0o777, 0, mtime);
                 builder
                     .append_link(&mut out_h, rel, target)
                     .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
             }
             super::EntryKind::HardLink(target) => {
-                let mut out_h = header(tar::EntryType::Link, mode, 0, mtime);
+                let mut out_h = entry_header(tar::EntryType::Link, mode, 0, mtime);
                 builder
                     .append_link(&mut out_h, rel, target.as_str())
                     .map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
@@ -176,10 +182,6 @@ pub fn normalize_tar<R: Read, W: Write>(
         }
         stats.entries += 1;
     }
-    builder
-        .into_inner()
-        .map_err(|e| Error::io("finishing the archive", e))?
-        .flush()
-        .map_err(|e| Error::io("flushing the archive", e))?;
+    finish(builder)?;
     Ok(stats)
 }

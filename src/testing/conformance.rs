@@ -704,169 +704,20 @@ pub async fn hostile_archives_are_rejected(b: &dyn SandboxBackend) {
             b.write(&id, &p("imp/existing.txt"), Bytes::from_static(b"precious"))
                 .await
                 .unwrap();
-            let m = ImportOptions::merge;
-            let r = ImportOptions::replace;
-            let cases: Vec<(&str, Bytes, ImportOptions, ErrorKind)> = vec![
-                (
-                    "dot-dot entry",
-                    RawTar::new()
-                        .file("ok", b"1")
-                        .file("../escape", b"x")
-                        .finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "nested dot-dot entry",
-                    RawTar::new().file("a/../../escape", b"x").finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "absolute entry",
-                    RawTar::new()
-                        .file(&format!("{outside_path}/abs"), b"x")
-                        .finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "symlink then file through it",
-                    RawTar::new()
-                        .symlink("a", &outside_path)
-                        .file("a/owned", b"x")
-                        .finish(),
-                    m(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "link to .. then nested dir",
-                    RawTar::new()
-                        .symlink("up", "..")
-                        .dir("up/x")
-                        .dir("up/x/y")
-                        .file("up/x/y/z", b"x")
-                        .finish(),
-                    m(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "link to .. then file (replace mode)",
-                    RawTar::new()
-                        .symlink("up", "../..")
-                        .file("up/owned", b"x")
-                        .finish(),
-                    r(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "hard link to absolute path",
-                    RawTar::new().hard_link("h", "/etc/passwd").finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "hard link to ..",
-                    RawTar::new().hard_link("h", "../existing.txt").finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "hard link to a file not in the archive",
-                    RawTar::new().hard_link("h", "existing.txt").finish(),
-                    m(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "hard link through a symlink",
-                    RawTar::new()
-                        .symlink("l", &outside_path)
-                        .hard_link("h", "l/x")
-                        .finish(),
-                    m(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "char device",
-                    RawTar::new()
-                        .entry(tar::EntryType::Char, "dev", "", 0o644, b"")
-                        .finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "block device",
-                    RawTar::new()
-                        .entry(tar::EntryType::Block, "blk", "", 0o644, b"")
-                        .finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "fifo",
-                    RawTar::new()
-                        .entry(tar::EntryType::Fifo, "fifo", "", 0o644, b"")
-                        .finish(),
-                    m(),
-                    ErrorKind::InvalidInput,
-                ),
-                (
-                    "setuid file",
-                    RawTar::new()
-                        .entry(tar::EntryType::Regular, "suid", "", 0o4755, b"#!")
-                        .finish(),
-                    m(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "setgid dir",
-                    RawTar::new()
-                        .entry(tar::EntryType::Directory, "sgid", "", 0o2755, b"")
-                        .finish(),
-                    m(),
-                    ErrorKind::PermissionDenied,
-                ),
-                (
-                    "entry-count bomb",
-                    (0..101)
-                        .fold(RawTar::new(), |t, i| t.file(&format!("f{i}"), b""))
-                        .finish(),
-                    m().with_limits(ArchiveLimits::default().max_entries(100)),
-                    ErrorKind::LimitExceeded,
-                ),
-                (
-                    "declared size over the byte cap",
-                    RawTar::new().file_header_only("huge", 1 << 40).finish(),
-                    m().with_limits(ArchiveLimits::default().max_bytes(1 << 20)),
-                    ErrorKind::LimitExceeded,
-                ),
-                (
-                    "too deep",
-                    RawTar::new().file("a/b/c/d/e/f", b"x").finish(),
-                    m().with_limits(ArchiveLimits::default().max_depth(4)),
-                    ErrorKind::LimitExceeded,
-                ),
-                (
-                    "name too long",
-                    RawTar::new().file(&"n".repeat(40), b"x").finish(),
-                    m().with_limits(ArchiveLimits::default().max_name_len(32)),
-                    ErrorKind::LimitExceeded,
-                ),
-                (
-                    "truncated archive",
-                    {
-                        let full = RawTar::new().file("t", &[1u8; 4096]).finish();
-                        full.slice(..1024)
-                    },
-                    r(),
-                    ErrorKind::Corrupt,
-                ),
-            ];
-            for (what, tar, options, kind) in cases {
-                rejects(b, &id, what, stream(tar), options, kind).await;
+            for case in super::hostile_archives(&outside_path) {
+                rejects(
+                    b,
+                    &id,
+                    case.name,
+                    stream(case.tar),
+                    case.options,
+                    case.expected,
+                )
+                .await;
             }
-
             // An error raised by the stream itself (e.g. a failed hash check at its end).
+            let r = ImportOptions::replace;
+            let m = ImportOptions::merge;
             let good_then_error: ByteStream = futures::stream::iter(vec![
                 Ok(RawTar::new().file("partial", b"x").finish()),
                 Err(crate::Error::corrupt("injected stream failure")),

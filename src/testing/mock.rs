@@ -16,7 +16,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
-use crate::archive::{self, EntryChecker, EntryKind, ImportMode, ImportOptions};
+use crate::archive::{self, entry_header, EntryChecker, EntryKind, ImportMode, ImportOptions};
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
@@ -655,25 +655,18 @@ impl SandboxBackend for MockBackend {
             let mut builder = tar::Builder::new(Vec::new());
             for (p, node) in children(&sb.files, &real) {
                 let rel = p.strip_prefix(&real).unwrap_or_else(SandboxPath::root);
-                let mut h = tar::Header::new_gnu();
-                h.set_mtime(0);
                 let res = match node {
                     Node::File { data, mode } => {
-                        h.set_entry_type(tar::EntryType::Regular);
-                        h.set_mode(mode & 0o777);
-                        h.set_size(data.len() as u64);
+                        let mut h =
+                            entry_header(tar::EntryType::Regular, *mode, data.len() as u64, 0);
                         builder.append_data(&mut h, rel.as_str(), &data[..])
                     }
                     Node::Dir { mode } => {
-                        h.set_entry_type(tar::EntryType::Directory);
-                        h.set_mode(mode & 0o777);
-                        h.set_size(0);
+                        let mut h = entry_header(tar::EntryType::Directory, *mode, 0, 0);
                         builder.append_data(&mut h, rel.as_str(), std::io::empty())
                     }
                     Node::Symlink(target) => {
-                        h.set_entry_type(tar::EntryType::Symlink);
-                        h.set_mode(0o777);
-                        h.set_size(0);
+                        let mut h = entry_header(tar::EntryType::Symlink, 0o777, 0, 0);
                         builder.append_link(&mut h, rel.as_str(), target)
                     }
                 };

@@ -19,8 +19,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod conformance;
+mod hostile;
 mod mock;
 mod tar_builder;
 
+pub use hostile::{hostile_archives, HostileArchive};
 pub use mock::{MockBackend, MockCall, MockReply};
 pub use tar_builder::RawTar;
