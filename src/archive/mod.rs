@@ -28,6 +28,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, ErrorKind, Result};
 use crate::path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
 
+#[cfg(feature = "testing")]
 pub(crate) use pack::entry_header;
 pub use pack::{normalize_tar, pack_dir_tar, PackStats};
 pub use unpack::{unpack_to_dir, UnpackStats};

@@ -1,0 +1,1 @@
+//! Host-side file operations contained beneath a workspace directory.

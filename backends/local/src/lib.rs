@@ -1,0 +1,3 @@
+//! sandcell-local: sandboxes as directories and process groups on this host.
+
+mod contained;
