@@ -4,7 +4,6 @@
 //! Because these helpers only call trait methods, they behave the same on every backend
 //! and the conformance suite checks them once.
 
-use std::io::Write;
 use std::path::Path;
 
 use async_trait::async_trait;
@@ -278,7 +277,7 @@ pub trait SandboxBackendExt: SandboxBackend {
         host_dest: &Path,
     ) -> Result<()> {
         let stream = self.export_tar(id, src).await?;
-        let reader = crate::snapshot::stream_to_reader(stream);
+        let reader = crate::stream::stream_to_reader(stream);
         let dest = host_dest.to_path_buf();
         tokio::task::spawn_blocking(move || {
             archive::unpack_to_dir(reader, &dest, &ArchiveLimits::default())
@@ -293,51 +292,5 @@ impl<T: SandboxBackend + ?Sized> SandboxBackendExt for T {}
 
 /// Packs a host directory into a tar stream on a blocking thread.
 fn pack_to_stream(dir: std::path::PathBuf) -> ByteStream {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut writer = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let result = archive::pack_dir_tar(&dir, &mut writer)
-            .and_then(|_| writer.flush().map_err(|e| Error::io("sending archive", e)));
-        if let Err(e) = result {
-            let _ = tx.blocking_send(Err(e));
-        }
-    });
-    use futures::StreamExt;
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .boxed()
-}
-
-const CHUNK: usize = 256 * 1024;
-
-struct ChannelWriter {
-    tx: tokio::sync::mpsc::Sender<Result<Bytes>>,
-    buf: Vec<u8>,
-}
-
-impl Write for ChannelWriter {
-    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
-        self.buf.extend_from_slice(data);
-        if self.buf.len() >= CHUNK {
-            self.flush()?;
-        }
-        Ok(data.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        if self.buf.is_empty() {
-            return Ok(());
-        }
-        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx.blocking_send(Ok(chunk)).map_err(|_| {
-            std::io::Error::new(
-                std::io::ErrorKind::BrokenPipe,
-                "the importer stopped reading",
-            )
-        })
-    }
+    crate::stream::writer_to_stream(move |out| archive::pack_dir_tar(&dir, out).map(|_| ()))
 }

@@ -30,14 +30,12 @@ use std::io::{self, BufRead, Read, Write};
 use std::path::Path;
 use std::sync::mpsc;
 
-use bytes::Bytes;
 use chrono::{DateTime, Utc};
-use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use crate::archive::{self, ArchiveLimits, ImportOptions, UnpackStats};
-use crate::backend::{ByteStream, SandboxBackend};
+use crate::backend::SandboxBackend;
 use crate::error::{Error, ErrorKind, Result};
 use crate::path::SandboxPath;
 use crate::sandbox::SandboxId;
@@ -561,7 +559,7 @@ where
 {
     let info = backend.inspect(id).await?;
     let stream = backend.export_tar(id, path).await?;
-    let reader = stream_to_reader(stream);
+    let reader = crate::stream::stream_to_reader(stream);
     let opts = *opts;
     let limits = ArchiveLimits::default();
     let (blob, out) = tokio::task::spawn_blocking(move || {
@@ -593,38 +591,6 @@ where
 {
     let reader = verified_tar_reader(blob, manifest, &opts.limits)?;
     backend
-        .import_tar(id, path, reader_to_stream(reader), opts)
+        .import_tar(id, path, crate::stream::reader_to_stream(reader), opts)
         .await
-}
-
-/// Turns an async byte stream into a blocking reader, for use inside `spawn_blocking`.
-pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
-    let stream = stream.map(|r| r.map_err(Error::into_io));
-    tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream))
-}
-
-/// Turns a blocking reader into an async byte stream, reading on a blocking thread.
-pub fn reader_to_stream<R: Read + Send + 'static>(mut reader: R) -> ByteStream {
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || loop {
-        let mut buf = vec![0u8; 256 * 1024];
-        match reader.read(&mut buf) {
-            Ok(0) => return,
-            Ok(n) => {
-                buf.truncate(n);
-                if tx.blocking_send(Ok(Bytes::from(buf))).is_err() {
-                    return;
-                }
-            }
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-            Err(e) => {
-                let _ = tx.blocking_send(Err(Error::io("reading archive", e)));
-                return;
-            }
-        }
-    });
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .boxed()
 }

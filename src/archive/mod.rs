@@ -31,7 +31,7 @@ use crate::path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
 #[cfg(feature = "testing")]
 pub(crate) use pack::entry_header;
 pub use pack::{normalize_tar, pack_dir_tar, PackStats};
-pub use unpack::{unpack_to_dir, UnpackStats};
+pub use unpack::{unpack_to_dir, unpack_to_dir_with, UnpackStats};
 
 /// Caps applied while reading an archive. Exceeding any is [`ErrorKind::LimitExceeded`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -32,6 +32,21 @@ pub fn unpack_to_dir(
     dest: &Path,
     limits: &ArchiveLimits,
 ) -> Result<UnpackStats> {
+    unpack_to_dir_with(reader, dest, limits, |_| Ok(()))
+}
+
+/// Like [`unpack_to_dir`], with `precheck` run on every entry after the standard checks
+/// and before it is written (a backend refuses entries beneath symlinks that already
+/// exist where the tree will be merged).
+pub fn unpack_to_dir_with<F>(
+    reader: impl Read,
+    dest: &Path,
+    limits: &ArchiveLimits,
+    mut precheck: F,
+) -> Result<UnpackStats>
+where
+    F: FnMut(&CheckedEntry) -> Result<()>,
+{
     let parent = dest
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
@@ -47,6 +62,7 @@ pub fn unpack_to_dir(
         })?;
     let mut writer = DirWriter::new(staging.path().to_path_buf());
     read_entries(reader, limits, |entry, content| {
+        precheck(entry)?;
         writer.write_entry(entry, content)
     })?;
     writer.finish()?;

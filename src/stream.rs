@@ -1,0 +1,101 @@
+//! Bridges between blocking readers and writers and async [`ByteStream`]s.
+//!
+//! Tar and zstd are blocking; backends speak async streams. These helpers run the
+//! blocking side on tokio's blocking pool with bounded buffering in between.
+
+use std::io::{self, Read, Write};
+
+use bytes::Bytes;
+use futures::StreamExt;
+
+use crate::backend::ByteStream;
+use crate::error::{Error, Result};
+
+const CHUNK: usize = 256 * 1024;
+
+/// Turns an async byte stream into a blocking reader, for use inside `spawn_blocking`.
+/// A stream error surfaces as an `io::Error` that [`Error::io`] turns back into the
+/// original error.
+pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
+    let stream = stream.map(|r| r.map_err(Error::into_io));
+    tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream))
+}
+
+/// Turns a blocking reader into an async byte stream, reading on a blocking thread.
+/// Must be called inside a tokio runtime.
+pub fn reader_to_stream<R: Read + Send + 'static>(mut reader: R) -> ByteStream {
+    writer_to_stream(move |out| {
+        io::copy(&mut reader, out).map_err(|e| Error::io("reading archive", e))?;
+        Ok(())
+    })
+}
+
+/// Runs `produce` on a blocking thread, streaming what it writes. An error it returns
+/// becomes the stream's last item. Must be called inside a tokio runtime.
+pub fn writer_to_stream<F>(produce: F) -> ByteStream
+where
+    F: FnOnce(&mut dyn Write) -> Result<()> + Send + 'static,
+{
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
+    tokio::task::spawn_blocking(move || {
+        let mut writer = ChannelWriter {
+            tx: tx.clone(),
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let result = produce(&mut writer)
+            .and_then(|()| writer.flush().map_err(|e| Error::io("sending archive", e)));
+        if let Err(e) = result {
+            let _ = tx.blocking_send(Err(e));
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed()
+}
+
+struct ChannelWriter {
+    tx: tokio::sync::mpsc::Sender<Result<Bytes>>,
+    buf: Vec<u8>,
+}
+
+impl Write for ChannelWriter {
+    fn write(&mut self, data: &[u8]) -> io::Result<usize> {
+        self.buf.extend_from_slice(data);
+        if self.buf.len() >= CHUNK {
+            self.flush()?;
+        }
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        if self.buf.is_empty() {
+            return Ok(());
+        }
+        let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
+        self.tx
+            .blocking_send(Ok(chunk))
+            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the reader stopped reading"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn errors_cross_the_bridge_with_their_kind() {
+        let stream = writer_to_stream(|out| {
+            out.write_all(b"partial").map_err(|e| Error::io("w", e))?;
+            Err(Error::corrupt("broken at the end"))
+        });
+        let err = tokio::task::spawn_blocking(move || {
+            let mut reader = stream_to_reader(stream);
+            let mut buf = Vec::new();
+            reader.read_to_end(&mut buf).unwrap_err()
+        })
+        .await
+        .unwrap();
+        assert_eq!(Error::io("reading", err).kind(), crate::ErrorKind::Corrupt);
+    }
+}
