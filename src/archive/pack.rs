@@ -35,6 +35,43 @@ pub(crate) fn entry_header(kind: tar::EntryType, mode: u32, size: u64, mtime: u6
     h
 }
 
+/// Reads exactly `len` bytes: the inner reader's, cut off at `len`, then zeros if it ends
+/// early. `tar::Builder::append_data` only pads to the next 512-byte block, so a file
+/// that shrank since its header was written would otherwise shift every later entry.
+pub(crate) struct ExactSize<R> {
+    inner: std::io::Take<R>,
+    left: u64,
+}
+
+impl<R: Read> ExactSize<R> {
+    pub(crate) fn new(inner: R, len: u64) -> Self {
+        ExactSize {
+            inner: inner.take(len),
+            left: len,
+        }
+    }
+}
+
+impl<R: Read> Read for ExactSize<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.left == 0 || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = match self.inner.read(buf)? {
+            0 => {
+                let n = buf
+                    .len()
+                    .min(usize::try_from(self.left).unwrap_or(usize::MAX));
+                buf[..n].fill(0);
+                n
+            }
+            n => n,
+        };
+        self.left -= n as u64;
+        Ok(n)
+    }
+}
+
 /// Writes the end-of-archive marker and flushes the writer.
 fn finish<W: Write>(builder: tar::Builder<W>) -> Result<()> {
     builder
@@ -87,10 +124,10 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
                 let file = fs::File::open(&full)
                     .map_err(|e| Error::io(format_args!("opening {}", rel.display()), e))?;
                 let mut h = entry_header(tar::EntryType::Regular, mode, meta.len(), mtime);
-                // A file that changes size while being read would corrupt the stream;
-                // `take` keeps the entry at its declared size, `append_data` pads short reads.
+                // A file that changes size while being read must not corrupt the stream:
+                // the entry carries exactly its declared size, cut or zero-padded.
                 builder
-                    .append_data(&mut h, &rel, file.take(meta.len()))
+                    .append_data(&mut h, &rel, ExactSize::new(file, meta.len()))
                     .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
                 stats.content_bytes += meta.len();
             } else if ft.is_symlink() {
@@ -184,4 +221,21 @@ pub fn normalize_tar<R: Read, W: Write>(
     }
     finish(builder)?;
     Ok(stats)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exact_size_cuts_and_pads() {
+        let mut out = Vec::new();
+        ExactSize::new(&b"abcdef"[..], 4)
+            .read_to_end(&mut out)
+            .unwrap();
+        assert_eq!(out, b"abcd");
+        out.clear();
+        ExactSize::new(&b"ab"[..], 5).read_to_end(&mut out).unwrap();
+        assert_eq!(out, b"ab\0\0\0");
+    }
 }
