@@ -115,6 +115,7 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ///
     /// # Behavior
     /// - An invalid request (empty argv, NUL bytes) is `InvalidInput`.
+    /// - A program that is not on the sandbox's `PATH` is `NotFound`.
     /// - A paused sandbox is `InvalidState`.
     /// - `cwd` outside the workspace or missing is `InvalidInput`/`NotFound`/`PermissionDenied`.
     /// - Stdout and stderr stream separately; `request.stdin` is written then closed.

@@ -6,8 +6,14 @@ use serde::{Deserialize, Serialize};
 ///
 /// Methods that need a capability say so in their docs and return
 /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) when it is missing.
-/// New fields may be added in minor releases; build values with
-/// [`Capabilities::none`] and struct-update syntax inside backends.
+/// New fields may be added in minor releases, so a backend starts from
+/// [`Capabilities::none`] and sets the fields it supports:
+///
+/// ```
+/// let mut caps = sandcell::Capabilities::none();
+/// caps.pause = true;
+/// assert!(caps.pause && !caps.shell);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct Capabilities {

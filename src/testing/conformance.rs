@@ -1190,6 +1190,18 @@ pub async fn exec_basics(b: &dyn SandboxBackend) {
     .await;
 }
 
+/// A program missing from the sandbox's `PATH` is `NotFound`, not a process.
+pub async fn exec_missing_program_is_not_found(b: &dyn SandboxBackend) {
+    with_sandbox(b, spec(), |id| async move {
+        let err = b
+            .exec(&id, ExecRequest::new(["sandcell-no-such-program"]))
+            .await
+            .map(|_| ());
+        assert_kind(err, ErrorKind::NotFound, "missing program");
+    })
+    .await;
+}
+
 /// Runs every case that applies to `b`, in order, printing each name.
 pub async fn run_all(b: &dyn SandboxBackend) {
     let caps = b.capabilities();
@@ -1214,6 +1226,7 @@ pub async fn run_all(b: &dyn SandboxBackend) {
     case!(hostile_snapshots_are_rejected);
     case!(ext_editing_and_search);
     case!(ext_upload_download);
+    case!(exec_missing_program_is_not_found);
     if caps.symlinks {
         case!(symlink_escapes_are_refused);
     } else {

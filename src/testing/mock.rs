@@ -109,7 +109,8 @@ struct State {
 ///
 /// It has the template `"default"` (empty) plus any added with
 /// [`MockBackend::with_template`]. `exec` runs handlers registered with
-/// [`MockBackend::on_exec`]; an unknown program exits 127 like a shell would.
+/// [`MockBackend::on_exec`]; a program without a handler is `NotFound`, as a program
+/// missing from `PATH` is on real backends.
 ///
 /// ```
 /// # async fn demo() -> sandcell::Result<()> {
@@ -410,7 +411,16 @@ impl SandboxBackend for MockBackend {
         })?;
         let mut env = spec.env.clone();
         env.extend(request.env.clone());
-        let handler = self.handlers.get(&request.argv[0]).cloned();
+        let handler = self
+            .handlers
+            .get(&request.argv[0])
+            .cloned()
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "program {:?} was not found on the sandbox's PATH (no mock handler registered)",
+                    request.argv[0]
+                ))
+            })?;
         let timeout = request.timeout.or(spec.command_timeout);
 
         let (stdin_writer, mut stdin_reader) = tokio::io::duplex(64 * 1024);
@@ -441,12 +451,7 @@ impl SandboxBackend for MockBackend {
                     }
                 };
                 let call = MockCall { stdin, ..call_base };
-                let reply = match &handler {
-                    Some(h) => h(&call),
-                    None => MockReply::default()
-                        .with_stderr(format!("mock: {}: command not found\n", call.argv[0]))
-                        .with_exit_code(127),
-                };
+                let reply = handler(&call);
                 tokio::time::sleep(reply.delay).await;
                 reply
             };
@@ -886,8 +891,8 @@ mod tests {
         assert_eq!(out.stdout_str(), "spec|in|w");
         assert_eq!(out.stderr_str(), "warn");
         assert_eq!(out.exit_code(), Some(4));
-        let missing = b.run(&sb.id, ExecRequest::new(["nope"])).await.unwrap();
-        assert_eq!(missing.exit_code(), Some(127));
+        let missing = b.run(&sb.id, ExecRequest::new(["nope"])).await.unwrap_err();
+        assert_eq!(missing.kind(), ErrorKind::NotFound);
     }
 
     #[tokio::test]
