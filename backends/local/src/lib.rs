@@ -1,3 +1,49 @@
 //! sandcell-local: sandboxes as directories and process groups on this host.
+//!
+//! A sandbox is a directory under a root; its workspace is made from a template by an
+//! overlay mount (the template is a shared read-only lower layer, each sandbox writes to
+//! its own upper layer) or by a copy. Each command runs in its own process group with a
+//! clean environment; timeouts and kills take the whole group (SIGTERM, a grace period,
+//! SIGKILL). File operations are contained to the workspace by the kernel (`openat2`
+//! with `RESOLVE_BENEATH`), so an in-workspace symlink can never lead a read or write
+//! outside. Archives go through sandcell's archive checks.
+//!
+//! # Capabilities
+//!
+//! | capability | |
+//! |---|---|
+//! | shell, python | where `sh` / `python3` are on the default PATH |
+//! | pause / resume | yes (SIGSTOP / SIGCONT of every process group) |
+//! | reset | yes (kills every process, keeps the workspace) |
+//! | port exposure | yes (processes share the host network) |
+//! | symlinks | yes |
+//! | host mounts, network isolation, resource limits, incremental snapshots | not yet |
+//!
+//! Isolation: only [`Isolation::None`] is available in this release; asking for
+//! `Landlock` or `Namespaces` fails at `build()` rather than running with less isolation
+//! than asked for.
+//!
+//! ```no_run
+//! # async fn demo() -> sandcell::Result<()> {
+//! use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec};
+//!
+//! let backend = sandcell_local::LocalBackend::builder()
+//!     .root("/tmp/sandcell-demo")
+//!     .build()?;
+//! let sb = backend.create(&SandboxSpec::default()).await?;
+//! backend.write_string(&sb.id, &"hello.txt".parse()?, "hi").await?;
+//! let out = backend.run_shell(&sb.id, "cat hello.txt").await?;
+//! assert_eq!(out.stdout_str(), "hi");
+//! backend.destroy(&sb.id).await?;
+//! # Ok(()) }
+//! ```
 
+mod backend;
+mod config;
 mod contained;
+mod layout;
+mod materialize;
+mod process;
+
+pub use backend::LocalBackend;
+pub use config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};

@@ -1,0 +1,479 @@
+//! `LocalBackend`: the `SandboxBackend` implementation over directories and process groups.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use rustix::process::Signal;
+use sandcell::archive::{self, ImportMode, ImportOptions};
+use sandcell::{
+    ByteStream, Capabilities, DirEntry, Error, ErrorKind, ExecRequest, FileInfo, FileKind,
+    LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
+    SandboxSpec, SandboxStatus,
+};
+
+use crate::config::{LocalBackendBuilder, LocalConfig};
+use crate::contained::Workspace;
+use crate::layout::{SandboxDir, SandboxMeta};
+use crate::materialize;
+use crate::process::{self, Launch, DEFAULT_PATH};
+
+/// Sandboxes as directories under a root, with processes in their own process groups.
+///
+/// Everything about a sandbox is on disk (`<root>/sandboxes/<id>`), so a new process
+/// with the same root can inspect, list, use and destroy what an earlier one created.
+///
+/// ```no_run
+/// # async fn demo() -> sandcell::Result<()> {
+/// use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec};
+/// use sandcell_local::LocalBackend;
+///
+/// let backend = LocalBackend::builder()
+///     .root("/var/lib/sandcell")
+///     .template("python", "/srv/templates/python")
+///     .build()?;
+/// let sb = backend.create(&SandboxSpec::new("python")).await?;
+/// let out = backend.run_shell(&sb.id, "python3 --version").await?;
+/// println!("{}", out.stdout_str());
+/// backend.destroy(&sb.id).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct LocalBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    config: LocalConfig,
+    grace: Duration,
+    capabilities: Capabilities,
+}
+
+impl LocalBackend {
+    /// A builder with default settings.
+    pub fn builder() -> LocalBackendBuilder {
+        LocalBackendBuilder::new()
+    }
+
+    pub(crate) fn from_config(config: LocalConfig) -> Self {
+        let on_path = |program: &str| {
+            DEFAULT_PATH
+                .split(':')
+                .any(|dir| Path::new(dir).join(program).is_file())
+        };
+        let mut capabilities = Capabilities::none();
+        capabilities.shell = on_path("sh");
+        capabilities.python = on_path("python3");
+        capabilities.pause = true;
+        capabilities.reset = true;
+        // Processes share the host's network stack and can listen on its ports.
+        capabilities.port_exposure = true;
+        capabilities.symlinks = true;
+        LocalBackend {
+            inner: Arc::new(Inner {
+                grace: Duration::from_secs_f64(config.kill_grace_secs),
+                config,
+                capabilities,
+            }),
+        }
+    }
+
+    /// The configuration in effect (paths canonicalized, `"default"` template filled in).
+    pub fn config(&self) -> &LocalConfig {
+        &self.inner.config
+    }
+
+    fn dir(&self, id: &SandboxId) -> SandboxDir {
+        SandboxDir::new(&self.inner.config.root, id)
+    }
+
+    /// The sandbox's metadata, or `NotFound`.
+    fn meta(&self, id: &SandboxId) -> Result<(SandboxDir, SandboxMeta)> {
+        let dir = self.dir(id);
+        let meta = dir.read_meta(id)?;
+        Ok((dir, meta))
+    }
+
+    /// Runs a blocking file operation against the sandbox's contained workspace.
+    async fn with_workspace<T, F>(&self, id: &SandboxId, op: F) -> Result<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Workspace) -> Result<T> + Send + 'static,
+    {
+        let (dir, _) = self.meta(id)?;
+        blocking(move || op(&Workspace::open(&dir.workspace())?)).await
+    }
+
+    fn set_status(&self, id: &SandboxId, status: SandboxStatus) -> Result<()> {
+        let (dir, mut meta) = self.meta(id)?;
+        meta.status = status;
+        dir.write_meta(&meta)
+    }
+}
+
+async fn blocking<T, F>(op: F) -> Result<T>
+where
+    T: Send + 'static,
+    F: FnOnce() -> Result<T> + Send + 'static,
+{
+    tokio::task::spawn_blocking(op)
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Backend, "a file operation task failed", e))?
+}
+
+/// Kills every recorded process group of the sandbox at once.
+fn kill_all(dir: &SandboxDir) -> Result<()> {
+    for pgid in dir.groups() {
+        process::signal_group(pgid, Signal::KILL);
+    }
+    dir.clear_groups()
+}
+
+#[async_trait]
+impl SandboxBackend for LocalBackend {
+    fn name(&self) -> &str {
+        "local"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+        spec.validate()?;
+        let template = self
+            .inner
+            .config
+            .templates
+            .get(&spec.template)
+            .cloned()
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "template {:?} is not registered with the local backend",
+                    spec.template
+                ))
+            })?;
+        if spec.user.is_some() {
+            return Err(Error::unsupported(
+                "backend local does not run commands as another user yet",
+            ));
+        }
+        if !spec.mounts.is_empty() {
+            return Err(Error::unsupported(
+                "backend local does not support host mounts yet",
+            ));
+        }
+        let id = SandboxId::generate("local");
+        let dir = self.dir(&id);
+        let strategy = self.inner.config.workspace;
+        let spec = spec.clone();
+        let meta = blocking(move || {
+            let result = (|| {
+                std::fs::create_dir_all(dir.tmp())
+                    .map_err(|e| Error::io("creating the sandbox directory", e))?;
+                let used = materialize::materialize(&dir, &template, strategy)?;
+                let meta = SandboxMeta {
+                    id: id.clone(),
+                    spec,
+                    status: SandboxStatus::Running,
+                    created_at: chrono::Utc::now(),
+                    workspace: used.to_owned(),
+                };
+                dir.write_meta(&meta)?;
+                Ok((dir.clone(), meta))
+            })();
+            if result.is_err() {
+                // Leave nothing behind: no mount, no directory.
+                let _ = materialize::unmount(&dir);
+                let _ = std::fs::remove_dir_all(dir.path());
+            }
+            result
+        })
+        .await?;
+        let (dir, meta) = meta;
+        tracing::debug!(sandbox = %meta.id, workspace = %meta.workspace, "created local sandbox");
+        Ok(meta.info(&dir))
+    }
+
+    async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
+        let (dir, meta) = self.meta(id)?;
+        Ok(meta.info(&dir))
+    }
+
+    async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
+        let root = self.inner.config.root.clone();
+        let selector = selector.clone();
+        blocking(move || {
+            let mut out = Vec::new();
+            let entries = std::fs::read_dir(root.join("sandboxes"))
+                .map_err(|e| Error::io("listing sandboxes", e))?;
+            for entry in entries.flatten() {
+                let Some(id) = entry
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| SandboxId::new(n).ok())
+                else {
+                    continue;
+                };
+                let dir = SandboxDir::new(&root, &id);
+                match dir.read_meta(&id) {
+                    Ok(meta) if selector.matches(&meta.spec.labels) => out.push(meta.info(&dir)),
+                    Ok(_) => {}
+                    // Half-created or half-destroyed: not a live sandbox.
+                    Err(e) => {
+                        tracing::debug!(sandbox = %id, error = %e, "skipping unreadable sandbox")
+                    }
+                }
+            }
+            out.sort_by(|a, b| a.created_at.cmp(&b.created_at).then(a.id.cmp(&b.id)));
+            Ok(out)
+        })
+        .await
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<()> {
+        let dir = self.dir(id);
+        blocking(move || {
+            if !dir.path().exists() {
+                return Ok(());
+            }
+            kill_all(&dir)?;
+            materialize::unmount(&dir)?;
+            match std::fs::remove_dir_all(dir.path()) {
+                Ok(()) => Ok(()),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                Err(e) => Err(Error::io(
+                    format_args!("removing {}", dir.path().display()),
+                    e,
+                )),
+            }
+        })
+        .await
+    }
+
+    async fn pause(&self, id: &SandboxId) -> Result<()> {
+        let (dir, _) = self.meta(id)?;
+        for pgid in dir.groups() {
+            process::signal_group(pgid, Signal::STOP);
+        }
+        self.set_status(id, SandboxStatus::Paused)
+    }
+
+    async fn resume(&self, id: &SandboxId) -> Result<()> {
+        let (dir, _) = self.meta(id)?;
+        for pgid in dir.groups() {
+            process::signal_group(pgid, Signal::CONT);
+        }
+        self.set_status(id, SandboxStatus::Running)
+    }
+
+    async fn reset(&self, id: &SandboxId) -> Result<()> {
+        let (dir, _) = self.meta(id)?;
+        kill_all(&dir)?;
+        self.set_status(id, SandboxStatus::Running)
+    }
+
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
+        request.validate()?;
+        let (dir, meta) = self.meta(id)?;
+        if meta.status == SandboxStatus::Paused {
+            return Err(Error::new(
+                ErrorKind::InvalidState,
+                format!("sandbox {id} is paused; resume it first"),
+            ));
+        }
+        if request.user.is_some() {
+            return Err(Error::unsupported(
+                "backend local does not run commands as another user yet",
+            ));
+        }
+        let cwd_path = request
+            .cwd
+            .clone()
+            .unwrap_or_else(|| meta.spec.workdir.clone());
+        let workspace_path = dir.workspace();
+        let cwd = {
+            let cwd_path = cwd_path.clone();
+            blocking(move || Workspace::open(&workspace_path)?.resolve_dir(&cwd_path)).await?
+        };
+        let mut env = BTreeMap::new();
+        env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
+        env.insert("HOME".to_owned(), dir.workspace().display().to_string());
+        env.insert("TMPDIR".to_owned(), dir.tmp().display().to_string());
+        env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
+        env.extend(meta.spec.env.clone());
+        env.extend(request.env.clone());
+        let (process, pgid) = process::spawn(Launch {
+            argv: request.argv,
+            env,
+            cwd,
+            stdin: request.stdin,
+            timeout: request.timeout.or(meta.spec.command_timeout),
+            grace: self.inner.grace,
+        })?;
+        dir.add_group(pgid)?;
+        Ok(process)
+    }
+
+    async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        let path = path.clone();
+        self.with_workspace(id, move |ws| ws.read(&path).map(Bytes::from))
+            .await
+    }
+
+    async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
+        let path = path.clone();
+        self.with_workspace(id, move |ws| ws.write(&path, &data))
+            .await
+    }
+
+    async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
+        let path = path.clone();
+        self.with_workspace(id, move |ws| ws.stat(&path)).await
+    }
+
+    async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>> {
+        let path = path.clone();
+        self.with_workspace(id, move |ws| ws.list_dir(&path)).await
+    }
+
+    async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()> {
+        let path = path.clone();
+        self.with_workspace(id, move |ws| ws.remove(&path, recursive))
+            .await
+    }
+
+    async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
+        let path = path.clone();
+        self.with_workspace(id, move |ws| ws.mkdir(&path)).await
+    }
+
+    async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
+        let (from, to) = (from.clone(), to.clone());
+        self.with_workspace(id, move |ws| ws.rename(&from, &to))
+            .await
+    }
+
+    async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
+        let path = path.clone();
+        let ws = self
+            .with_workspace(id, {
+                let path = path.clone();
+                move |ws| {
+                    ws.open_dir(&path)?;
+                    Workspace::open(ws.root_path())
+                }
+            })
+            .await?;
+        Ok(sandcell::stream::writer_to_stream(move |out| {
+            ws.export_tar(&path, out).map(|_| ())
+        }))
+    }
+
+    async fn import_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: ImportOptions,
+    ) -> Result<()> {
+        let (dir, _) = self.meta(id)?;
+        let path = path.clone();
+        let reader = sandcell::stream::stream_to_reader(tar);
+        blocking(move || import(&dir.workspace(), &path, reader, options)).await
+    }
+}
+
+/// Unpacks into a hidden staging directory inside the workspace (same file system, so
+/// the final moves are renames), then moves the result into place. Every check runs
+/// before anything outside the staging directory changes.
+fn import(
+    workspace: &Path,
+    dest: &SandboxPath,
+    reader: impl std::io::Read,
+    options: ImportOptions,
+) -> Result<()> {
+    let ws = Workspace::open(workspace)?;
+    let dest = match ws.stat(dest) {
+        Ok(info) if info.kind == FileKind::Dir => real_path(&ws, dest)?,
+        Ok(info) if info.kind == FileKind::Symlink => real_path(&ws, dest)?,
+        Ok(_) => {
+            return Err(Error::invalid_input(format!(
+                "cannot import into {dest}: it is not a directory"
+            )))
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => dest.clone(),
+        Err(e) => return Err(e),
+    };
+    let staging_name = format!(".sandcell-import-{}", uuid::Uuid::new_v4().simple());
+    let staging = SandboxPath::new(&staging_name)?;
+    let merge = options.mode != ImportMode::Replace;
+    archive::unpack_to_dir_with(
+        reader,
+        &workspace.join(&staging_name),
+        &options.limits,
+        |entry| {
+            if merge {
+                let target = dest.join(entry.path.as_str())?;
+                if let Some(link) = ws.symlink_ancestor(&target)? {
+                    return Err(Error::permission_denied(format!(
+                    "archive entry {} would be written through the symlink {link} already in the workspace",
+                    entry.path
+                )));
+                }
+            }
+            Ok(())
+        },
+    )?;
+    let moved = (|| {
+        ws.mkdir(&dest)?;
+        if !merge {
+            // The staging directory may itself sit in `dest` (a restore into the root).
+            for entry in ws
+                .list_dir(&dest)?
+                .into_iter()
+                .filter(|e| e.path != staging)
+            {
+                ws.remove(&entry.path, true)?;
+            }
+        }
+        move_tree(&ws, &staging, &dest)
+    })();
+    let cleaned = ws.remove(&staging, true);
+    moved?;
+    cleaned
+}
+
+/// The path `path` resolves to inside the workspace (following in-workspace links).
+fn real_path(ws: &Workspace, path: &SandboxPath) -> Result<SandboxPath> {
+    let host: PathBuf = ws.resolve_dir(path)?;
+    let rel = host
+        .strip_prefix(ws.root_path())
+        .map_err(|_| Error::permission_denied(format!("{path} resolves outside the workspace")))?;
+    SandboxPath::new(&rel.to_string_lossy())
+}
+
+/// Moves everything in `from` into `to`, merging directories and replacing the rest.
+fn move_tree(ws: &Workspace, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
+    for entry in ws.list_dir(from)? {
+        let target = to.join(&entry.name)?;
+        let existing = match ws.stat(&target) {
+            Ok(info) => Some(info.kind),
+            Err(e) if e.kind() == ErrorKind::NotFound => None,
+            Err(e) => return Err(e),
+        };
+        match (entry.kind, existing) {
+            (FileKind::Dir, Some(FileKind::Dir)) => move_tree(ws, &entry.path, &target)?,
+            (_, Some(_)) => {
+                ws.remove(&target, true)?;
+                ws.rename(&entry.path, &target)?;
+            }
+            (_, None) => ws.rename(&entry.path, &target)?,
+        }
+    }
+    Ok(())
+}

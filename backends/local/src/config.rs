@@ -1,0 +1,196 @@
+//! Configuration of the local backend: `LocalConfig`, `Isolation`, `WorkspaceStrategy`, and
+//! the builder that validates them.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sandcell::{Error, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::LocalBackend;
+
+/// How strongly sandbox processes are kept apart from the host.
+///
+/// Chosen explicitly: a level the kernel cannot provide fails at `build()` with an error
+/// naming what is missing, never a silent downgrade.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Isolation {
+    /// Processes run as the caller, with a clean environment and their own process group.
+    /// Trust-based: a process can read and write anything the caller can. File operations
+    /// through the backend are still contained to the workspace.
+    #[default]
+    None,
+    /// Writes confined to the workspace by Landlock (not available in this release).
+    Landlock,
+    /// User, mount, pid, network, IPC and UTS namespaces (not available in this release).
+    Namespaces,
+}
+
+/// How a sandbox's workspace is made from its template.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum WorkspaceStrategy {
+    /// Overlay where mounting works, else copy. Which one was used is in
+    /// `SandboxInfo::details["workspace"]`.
+    #[default]
+    Auto,
+    /// overlayfs: the template is a shared read-only lower layer, each sandbox has a
+    /// private upper layer. O(1) in the template's size. Fails if mounting is not permitted.
+    Overlay,
+    /// A full copy of the template (symlinks copied as links).
+    Copy,
+}
+
+/// Serializable configuration; build a backend with [`LocalConfig::build`] or use
+/// [`LocalBackend::builder`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct LocalConfig {
+    /// Where sandboxes live (`<root>/sandboxes/<id>`); created if missing.
+    pub root: PathBuf,
+    /// Template name → host directory. `"default"` maps to an empty template if unset.
+    pub templates: BTreeMap<String, PathBuf>,
+    /// Isolation level.
+    pub isolation: Isolation,
+    /// Workspace strategy.
+    pub workspace: WorkspaceStrategy,
+    /// Time between SIGTERM and SIGKILL when a process tree is killed, in seconds.
+    pub kill_grace_secs: f64,
+}
+
+impl Default for LocalConfig {
+    fn default() -> Self {
+        LocalConfig {
+            root: std::env::temp_dir().join("sandcell-local"),
+            templates: BTreeMap::new(),
+            isolation: Isolation::None,
+            workspace: WorkspaceStrategy::Auto,
+            kill_grace_secs: 2.0,
+        }
+    }
+}
+
+impl LocalConfig {
+    /// Validates the configuration and builds the backend.
+    pub fn build(self) -> Result<LocalBackend> {
+        LocalBackendBuilder { config: self }.build()
+    }
+}
+
+/// Builds a [`LocalBackend`]; invalid settings fail at [`build`](LocalBackendBuilder::build).
+#[derive(Debug, Clone, Default)]
+pub struct LocalBackendBuilder {
+    config: LocalConfig,
+}
+
+impl LocalBackendBuilder {
+    /// Starts from [`LocalConfig::default`].
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the directory sandboxes live in.
+    pub fn root(mut self, root: impl Into<PathBuf>) -> Self {
+        self.config.root = root.into();
+        self
+    }
+
+    /// Registers a template directory under `name`.
+    pub fn template(mut self, name: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
+        self.config.templates.insert(name.into(), dir.into());
+        self
+    }
+
+    /// Sets the isolation level.
+    pub fn isolation(mut self, isolation: Isolation) -> Self {
+        self.config.isolation = isolation;
+        self
+    }
+
+    /// Sets the workspace strategy.
+    pub fn workspace(mut self, strategy: WorkspaceStrategy) -> Self {
+        self.config.workspace = strategy;
+        self
+    }
+
+    /// Sets the time between SIGTERM and SIGKILL when a process tree is killed.
+    pub fn kill_grace(mut self, grace: Duration) -> Self {
+        self.config.kill_grace_secs = grace.as_secs_f64();
+        self
+    }
+
+    /// Validates everything and creates the root directory.
+    pub fn build(self) -> Result<LocalBackend> {
+        let mut config = self.config;
+        match config.isolation {
+            Isolation::None => {}
+            level => {
+                return Err(Error::unsupported(format!(
+                    "isolation level {level:?} is not implemented by this release of sandcell-local; use Isolation::None"
+                )))
+            }
+        }
+        if !(config.kill_grace_secs.is_finite() && config.kill_grace_secs >= 0.0) {
+            return Err(Error::invalid_input(
+                "kill grace must be a non-negative number of seconds",
+            ));
+        }
+        std::fs::create_dir_all(config.root.join("sandboxes")).map_err(|e| {
+            Error::io(
+                format_args!("creating sandbox root {}", config.root.display()),
+                e,
+            )
+        })?;
+        let root = std::fs::canonicalize(&config.root)
+            .map_err(|e| Error::io(format_args!("resolving {}", config.root.display()), e))?;
+        config.root = root;
+        if !config.templates.contains_key("default") {
+            let empty = config.root.join("templates").join("default");
+            std::fs::create_dir_all(&empty)
+                .map_err(|e| Error::io(format_args!("creating {}", empty.display()), e))?;
+            config.templates.insert("default".to_owned(), empty);
+        }
+        for (name, dir) in config.templates.iter_mut() {
+            validate_template(name, dir)?;
+        }
+        Ok(LocalBackend::from_config(config))
+    }
+}
+
+fn validate_template(name: &str, dir: &mut PathBuf) -> Result<()> {
+    if name.is_empty() || name.contains(['/', '\0']) {
+        return Err(Error::invalid_input(format!(
+            "invalid template name {name:?}"
+        )));
+    }
+    let canonical = std::fs::canonicalize(&*dir).map_err(|e| {
+        Error::io(
+            format_args!("template {name:?} directory {}", dir.display()),
+            e,
+        )
+    })?;
+    if !canonical.is_dir() {
+        return Err(Error::invalid_input(format!(
+            "template {name:?} at {} is not a directory",
+            dir.display()
+        )));
+    }
+    // overlayfs options are comma- and colon-separated; such paths cannot be a lower layer.
+    if has_overlay_unsafe_chars(&canonical) {
+        return Err(Error::invalid_input(format!(
+            "template {name:?} path {} contains ',', ':' or '\\\\', which overlayfs cannot take",
+            canonical.display()
+        )));
+    }
+    *dir = canonical;
+    Ok(())
+}
+
+pub(crate) fn has_overlay_unsafe_chars(path: &Path) -> bool {
+    path.to_string_lossy().contains([',', ':', '\\'])
+}

@@ -1,0 +1,143 @@
+//! A sandbox on disk: its directory layout and the metadata file that lets a new process
+//! inspect, list and destroy what an earlier one created.
+//!
+//! ```text
+//! <root>/sandboxes/<id>/
+//!     meta.json     SandboxMeta, rewritten atomically (temp file + rename)
+//!     groups        process group ids started in this sandbox, one per line
+//!     workspace/    what the sandbox sees (overlay mount point, or the copy)
+//!     upper/ work/  overlay layers (overlay strategy only)
+//!     tmp/          TMPDIR for sandbox processes
+//! ```
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use chrono::{DateTime, Utc};
+use sandcell::{Error, Result, SandboxId, SandboxInfo, SandboxSpec, SandboxStatus};
+use serde::{Deserialize, Serialize};
+
+/// What is stored in `meta.json`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct SandboxMeta {
+    pub(crate) id: SandboxId,
+    pub(crate) spec: SandboxSpec,
+    pub(crate) status: SandboxStatus,
+    pub(crate) created_at: DateTime<Utc>,
+    /// "overlay" or "copy".
+    pub(crate) workspace: String,
+}
+
+impl SandboxMeta {
+    pub(crate) fn info(&self, dir: &SandboxDir) -> SandboxInfo {
+        let mut info = SandboxInfo::new(self.id.clone(), "local", &self.spec, self.status);
+        info.created_at = self.created_at;
+        let mut details = BTreeMap::new();
+        details.insert("workspace".to_owned(), self.workspace.clone());
+        details.insert(
+            "host_path".to_owned(),
+            dir.workspace().display().to_string(),
+        );
+        info.details = details;
+        info
+    }
+}
+
+/// Paths of one sandbox's directory.
+#[derive(Debug, Clone)]
+pub(crate) struct SandboxDir {
+    path: PathBuf,
+}
+
+impl SandboxDir {
+    pub(crate) fn new(root: &Path, id: &SandboxId) -> Self {
+        SandboxDir {
+            path: root.join("sandboxes").join(id.as_str()),
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+    pub(crate) fn workspace(&self) -> PathBuf {
+        self.path.join("workspace")
+    }
+    pub(crate) fn upper(&self) -> PathBuf {
+        self.path.join("upper")
+    }
+    pub(crate) fn work(&self) -> PathBuf {
+        self.path.join("work")
+    }
+    pub(crate) fn tmp(&self) -> PathBuf {
+        self.path.join("tmp")
+    }
+    fn meta_path(&self) -> PathBuf {
+        self.path.join("meta.json")
+    }
+    fn groups_path(&self) -> PathBuf {
+        self.path.join("groups")
+    }
+
+    pub(crate) fn read_meta(&self, id: &SandboxId) -> Result<SandboxMeta> {
+        let text = match std::fs::read_to_string(self.meta_path()) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::not_found(format!("sandbox {id} does not exist")))
+            }
+            Err(e) => {
+                return Err(Error::io(
+                    format_args!("reading metadata of sandbox {id}"),
+                    e,
+                ))
+            }
+        };
+        serde_json::from_str(&text)
+            .map_err(|e| Error::corrupt(format!("metadata of sandbox {id} is unreadable: {e}")))
+    }
+
+    /// Writes `meta.json` atomically, so a crash never leaves half a file.
+    pub(crate) fn write_meta(&self, meta: &SandboxMeta) -> Result<()> {
+        let json = serde_json::to_vec_pretty(meta).map_err(|e| {
+            Error::new(
+                sandcell::ErrorKind::Backend,
+                format!("encoding metadata: {e}"),
+            )
+        })?;
+        let mut tmp = tempfile::NamedTempFile::new_in(&self.path)
+            .map_err(|e| Error::io("writing sandbox metadata", e))?;
+        tmp.write_all(&json)
+            .map_err(|e| Error::io("writing sandbox metadata", e))?;
+        tmp.persist(self.meta_path())
+            .map_err(|e| Error::io("writing sandbox metadata", e.error))?;
+        Ok(())
+    }
+
+    /// Records a process group started in this sandbox.
+    pub(crate) fn add_group(&self, pgid: i32) -> Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.groups_path())
+            .map_err(|e| Error::io("recording a process group", e))?;
+        writeln!(f, "{pgid}").map_err(|e| Error::io("recording a process group", e))
+    }
+
+    /// Process groups recorded for this sandbox.
+    pub(crate) fn groups(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.groups_path())
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Forgets every recorded group (after they were killed).
+    pub(crate) fn clear_groups(&self) -> Result<()> {
+        match std::fs::remove_file(self.groups_path()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(Error::io("clearing process groups", e)),
+        }
+    }
+}

@@ -1,0 +1,253 @@
+//! Running commands: a process group per exec, a clean environment, timeouts and kills
+//! that take the whole tree (SIGTERM, grace period, SIGKILL), and output that drains.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bytes::Bytes;
+use futures::StreamExt;
+use rustix::process::{Pid, Signal};
+use sandcell::{Error, ErrorKind, ExitStatus, OutputStream, Process, ProcessControl, Result};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+/// How long output may keep arriving after the command exited. A background process that
+/// inherited stdout keeps the pipe open forever; it must not hold the caller hostage.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
+
+/// The minimal PATH every sandbox process gets.
+pub(crate) const DEFAULT_PATH: &str =
+    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Everything needed to start one command.
+#[derive(Debug)]
+pub(crate) struct Launch {
+    pub(crate) argv: Vec<String>,
+    pub(crate) env: BTreeMap<String, String>,
+    pub(crate) cwd: PathBuf,
+    pub(crate) stdin: Option<Bytes>,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) grace: Duration,
+}
+
+/// Starts the command in its own process group and returns the handle and the group id.
+pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
+    let mut cmd = tokio::process::Command::new(&launch.argv[0]);
+    cmd.args(&launch.argv[1..])
+        .env_clear()
+        .envs(&launch.env)
+        .current_dir(&launch.cwd)
+        .process_group(0)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(false);
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => Error::not_found(format!(
+            "program {:?} was not found on the sandbox's PATH",
+            launch.argv[0]
+        )),
+        std::io::ErrorKind::PermissionDenied => {
+            Error::permission_denied(format!("program {:?} is not executable", launch.argv[0]))
+        }
+        _ => Error::io(format_args!("starting {:?}", launch.argv[0]), e),
+    })?;
+    let pgid = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .ok_or_else(|| Error::new(ErrorKind::Backend, "the started process has no id"))?;
+
+    let stdin_writer: Option<sandcell::ProcessStdin> = match (child.stdin.take(), launch.stdin) {
+        (Some(mut pipe), Some(data)) => {
+            tokio::spawn(async move {
+                // A command that exits without reading its input is not an error.
+                let _ = pipe.write_all(&data).await;
+            });
+            None
+        }
+        (Some(pipe), None) => Some(Box::pin(pipe)),
+        (None, _) => None,
+    };
+
+    let (close_tx, close_rx) = watch::channel(false);
+    let (out_stream, out_done) = pump(child.stdout.take(), close_rx.clone());
+    let (err_stream, err_done) = pump(child.stderr.take(), close_rx);
+    let (kill_tx, kill_rx) = mpsc::channel::<()>(1);
+    let (status_tx, status_rx) = watch::channel::<Option<Result<ExitStatus, String>>>(None);
+
+    tokio::spawn(supervise(
+        child,
+        pgid,
+        launch.timeout,
+        launch.grace,
+        kill_rx,
+        (out_done, err_done, close_tx),
+        status_tx,
+    ));
+
+    let control = LocalControl {
+        kill: kill_tx,
+        status: status_rx,
+    };
+    Ok((
+        Process::new(Box::new(control), stdin_writer, out_stream, err_stream),
+        pgid,
+    ))
+}
+
+/// Reads a pipe into a stream until end-of-file or until told to close.
+fn pump<R>(
+    pipe: Option<R>,
+    mut close: watch::Receiver<bool>,
+) -> (OutputStream, tokio::sync::oneshot::Receiver<()>)
+where
+    R: AsyncRead + Unpin + Send + 'static,
+{
+    let (tx, rx) = mpsc::channel::<Result<Bytes>>(8);
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+    tokio::spawn(async move {
+        if let Some(mut pipe) = pipe {
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                tokio::select! {
+                    read = pipe.read(&mut buf) => match read {
+                        Ok(0) => break,
+                        Ok(n) => {
+                            if tx.send(Ok(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
+                                // Nobody listens; keep draining so the writer never blocks.
+                                continue;
+                            }
+                        }
+                        Err(e) => {
+                            let _ = tx.send(Err(Error::io("reading process output", e))).await;
+                            break;
+                        }
+                    },
+                    // The guard wait_for returns is not Send; drop it inside.
+                    _ = async { let _ = close.wait_for(|closed| *closed).await; } => break,
+                }
+            }
+        }
+        let _ = done_tx.send(());
+    });
+    let stream = futures::stream::unfold(rx, |mut rx| async move {
+        rx.recv().await.map(|item| (item, rx))
+    })
+    .boxed();
+    (stream, done_rx)
+}
+
+type Drains = (
+    tokio::sync::oneshot::Receiver<()>,
+    tokio::sync::oneshot::Receiver<()>,
+    watch::Sender<bool>,
+);
+
+async fn supervise(
+    mut child: tokio::process::Child,
+    pgid: i32,
+    timeout: Option<Duration>,
+    grace: Duration,
+    mut kill_rx: mpsc::Receiver<()>,
+    (out_done, err_done, close): Drains,
+    status_tx: watch::Sender<Option<Result<ExitStatus, String>>>,
+) {
+    let deadline = async {
+        match timeout {
+            Some(t) => tokio::time::sleep(t).await,
+            None => futures::future::pending().await,
+        }
+    };
+    let (waited, timed_out) = tokio::select! {
+        status = child.wait() => (status, false),
+        _ = deadline => {
+            kill_group(pgid, grace, &mut child).await;
+            (child.wait().await, true)
+        }
+        Some(()) = kill_rx.recv() => {
+            kill_group(pgid, grace, &mut child).await;
+            (child.wait().await, false)
+        }
+    };
+    // Let output already written arrive, but never wait on a pipe a background
+    // process holds open.
+    let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, async {
+        let _ = out_done.await;
+        let _ = err_done.await;
+    })
+    .await;
+    let _ = close.send(true);
+    let status = waited
+        .map(|s| convert(s).with_timed_out(timed_out))
+        .map_err(|e| format!("waiting for the process failed: {e}"));
+    let _ = status_tx.send(Some(status));
+}
+
+fn convert(status: std::process::ExitStatus) -> ExitStatus {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => ExitStatus::exited(code),
+        (None, Some(sig)) => ExitStatus::signaled(sig),
+        (None, None) => ExitStatus::exited(-1),
+    }
+}
+
+/// SIGTERM to the whole group, up to `grace` for it to go, then SIGKILL.
+pub(crate) async fn kill_group(pgid: i32, grace: Duration, child: &mut tokio::process::Child) {
+    signal_group(pgid, Signal::TERM);
+    let _ = tokio::time::timeout(grace, async {
+        let _ = child.wait().await;
+        // The leader is gone; wait for the rest of its group too.
+        while group_alive(pgid) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    signal_group(pgid, Signal::KILL);
+}
+
+/// Sends `signal` to every process of the group; a group that is gone is not an error.
+pub(crate) fn signal_group(pgid: i32, signal: Signal) {
+    if let Some(pid) = Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(pid, signal);
+    }
+}
+
+/// Whether any process of the group is still there (zombies included).
+pub(crate) fn group_alive(pgid: i32) -> bool {
+    match Pid::from_raw(pgid) {
+        Some(pid) => rustix::process::test_kill_process_group(pid).is_ok(),
+        None => false,
+    }
+}
+
+struct LocalControl {
+    kill: mpsc::Sender<()>,
+    status: watch::Receiver<Option<Result<ExitStatus, String>>>,
+}
+
+#[async_trait]
+impl ProcessControl for LocalControl {
+    async fn wait(&mut self) -> Result<ExitStatus> {
+        let status = self.status.wait_for(Option::is_some).await.map_err(|_| {
+            Error::new(
+                ErrorKind::Backend,
+                "the process supervisor stopped without a status",
+            )
+        })?;
+        match status.as_ref() {
+            Some(Ok(status)) => Ok(*status),
+            Some(Err(message)) => Err(Error::new(ErrorKind::Backend, message.clone())),
+            None => Err(Error::new(ErrorKind::Backend, "no exit status")),
+        }
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        // A full channel means a kill is already on its way; a closed one means it ended.
+        let _ = self.kill.try_send(());
+        Ok(())
+    }
+}

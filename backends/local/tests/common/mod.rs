@@ -1,0 +1,84 @@
+//! Shared helpers for the local backend's tests: kernel feature probes and a view of
+//! which host processes belong to a sandbox.
+
+#![allow(dead_code)]
+
+use std::path::Path;
+
+/// Whether overlay mounts work here. Without them the overlay tests skip loudly, unless
+/// `SANDCELL_REQUIRE_OVERLAY=1` (set by CI), where a missing feature is a failure.
+pub(crate) fn overlay_available() -> bool {
+    let probe = tempfile::tempdir().unwrap();
+    let backend = sandcell_local::LocalBackend::builder()
+        .root(probe.path())
+        .workspace(sandcell_local::WorkspaceStrategy::Overlay)
+        .build()
+        .unwrap();
+    let rt = tokio::runtime::Handle::try_current();
+    let result = match rt {
+        Ok(_) => std::thread::scope(|s| {
+            s.spawn(|| {
+                tokio::runtime::Runtime::new()
+                    .unwrap()
+                    .block_on(probe_create(&backend))
+            })
+            .join()
+            .unwrap()
+        }),
+        Err(_) => tokio::runtime::Runtime::new()
+            .unwrap()
+            .block_on(probe_create(&backend)),
+    };
+    match result {
+        Ok(()) => true,
+        Err(why) if std::env::var("SANDCELL_REQUIRE_OVERLAY").as_deref() == Ok("1") => {
+            panic!(
+                "overlay mounts are required (SANDCELL_REQUIRE_OVERLAY=1) but unavailable: {why}"
+            )
+        }
+        Err(why) => {
+            eprintln!("SKIPPED: overlay mounts are unavailable here ({why}); set SANDCELL_REQUIRE_OVERLAY=1 to fail instead");
+            false
+        }
+    }
+}
+
+async fn probe_create(backend: &sandcell_local::LocalBackend) -> Result<(), String> {
+    use sandcell::SandboxBackend;
+    let sb = backend
+        .create(&sandcell::SandboxSpec::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    backend.destroy(&sb.id).await.map_err(|e| e.to_string())
+}
+
+/// Host processes whose working directory is inside `workspace` (how the tests see a
+/// sandbox's processes without trusting the backend's own bookkeeping).
+pub(crate) fn processes_in(workspace: &Path) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+        else {
+            continue;
+        };
+        if let Ok(cwd) = std::fs::read_link(entry.path().join("cwd")) {
+            if cwd.starts_with(workspace) && !is_zombie(pid) {
+                pids.push(pid);
+            }
+        }
+    }
+    pids
+}
+
+/// The state letter from /proc/<pid>/stat (R, S, T, Z ...).
+pub(crate) fn state(pid: i32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit(") ").next()?.chars().next()
+}
+
+fn is_zombie(pid: i32) -> bool {
+    state(pid) == Some('Z')
+}

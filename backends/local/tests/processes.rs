@@ -1,0 +1,220 @@
+//! Process trees on the local backend: timeouts and kills take the whole group, output
+//! caps keep draining, background processes live until destroy, pause freezes.
+
+// Test helpers outside #[test] fns report failures by panicking too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
+use sandcell_local::LocalBackend;
+
+mod common;
+
+struct Fixture {
+    _root: tempfile::TempDir,
+    backend: LocalBackend,
+    id: SandboxId,
+    workspace: PathBuf,
+}
+
+async fn fixture() -> Fixture {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .kill_grace(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let info = backend.create(&SandboxSpec::default()).await.unwrap();
+    let workspace = PathBuf::from(&info.details["host_path"]);
+    Fixture {
+        _root: root,
+        backend,
+        id: info.id,
+        workspace,
+    }
+}
+
+/// Waits briefly for processes to disappear (a SIGKILLed process is reaped by its parent
+/// shortly after, not instantly).
+async fn settled(workspace: &std::path::Path) -> Vec<i32> {
+    for _ in 0..100 {
+        let left = common::processes_in(workspace);
+        if left.is_empty() {
+            return left;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    common::processes_in(workspace)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_kills_the_whole_tree_promptly() {
+    let f = fixture().await;
+    let started = Instant::now();
+    let out = f
+        .backend
+        .run(
+            &f.id,
+            ExecRequest::shell("sleep 1000 & sleep 1000").timeout(Duration::from_secs(2)),
+        )
+        .await
+        .unwrap();
+    assert!(out.status.timed_out, "{:?}", out.status);
+    // Not a timing assertion on the implementation's speed: it only rules out a hang
+    // (the commands would run for 1000 s).
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(
+        settled(&f.workspace).await,
+        Vec::<i32>::new(),
+        "no process of the sandbox is left"
+    );
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_process_ignoring_sigterm_is_killed() {
+    let f = fixture().await;
+    let out = f
+        .backend
+        .run(
+            &f.id,
+            ExecRequest::shell("trap '' TERM; sleep 1000 & wait")
+                .timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn yes_is_capped_and_still_times_out() {
+    let f = fixture().await;
+    let out = f
+        .backend
+        .run(
+            &f.id,
+            ExecRequest::new(["yes"])
+                .output_limit(1000)
+                .timeout(Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout.len(), 1000);
+    assert!(out.stdout_truncated);
+    assert!(out.status.timed_out);
+    assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_grandchild_holding_stdout_cannot_hang_the_call() {
+    let f = fixture().await;
+    // The background sleep inherits stdout and keeps the pipe open.
+    let out = f
+        .backend
+        .run(&f.id, ExecRequest::shell("sleep 1000 & echo started"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "started\n");
+    assert!(out.success());
+    let alive = common::processes_in(&f.workspace);
+    assert_eq!(
+        alive.len(),
+        1,
+        "the background process outlives the exec: {alive:?}"
+    );
+
+    f.backend.destroy(&f.id).await.unwrap();
+    assert_eq!(
+        settled(&f.workspace).await,
+        Vec::<i32>::new(),
+        "destroy kills it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_kills_everything_and_keeps_the_workspace() {
+    let f = fixture().await;
+    f.backend
+        .run_shell(&f.id, "echo kept > file; sleep 1000 >/dev/null 2>&1 &")
+        .await
+        .unwrap();
+    assert_eq!(common::processes_in(&f.workspace).len(), 1);
+    f.backend.reset(&f.id).await.unwrap();
+    assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
+    assert_eq!(
+        f.backend
+            .read_to_string(&f.id, &"file".parse().unwrap())
+            .await
+            .unwrap(),
+        "kept\n"
+    );
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_freezes_and_resume_thaws() {
+    let f = fixture().await;
+    f.backend
+        .run_shell(&f.id, "sleep 1000 >/dev/null 2>&1 &")
+        .await
+        .unwrap();
+    let pids = common::processes_in(&f.workspace);
+    assert_eq!(pids.len(), 1);
+    f.backend.pause(&f.id).await.unwrap();
+    let mut stopped = false;
+    for _ in 0..100 {
+        if common::state(pids[0]) == Some('T') {
+            stopped = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(stopped, "paused process is stopped");
+    f.backend.resume(&f.id).await.unwrap();
+    let mut running = false;
+    for _ in 0..100 {
+        if common::state(pids[0]) == Some('S') {
+            running = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(running, "resumed process sleeps again");
+    f.backend.destroy(&f.id).await.unwrap();
+    assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_environment_is_clean() {
+    let f = fixture().await;
+    let out = f.backend.run_shell(&f.id, "env | sort").await.unwrap();
+    let text = out.stdout_str();
+    let mut keys: Vec<String> = text
+        .lines()
+        .filter_map(|l| l.split_once('=').map(|(k, _)| k.to_owned()))
+        .collect();
+    keys.retain(|k| !matches!(k.as_str(), "PWD" | "SHLVL" | "_" | "OLDPWD"));
+    assert_eq!(
+        keys,
+        ["HOME", "LANG", "PATH", "TMPDIR"],
+        "only the minimal base: {text}"
+    );
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_program_is_not_found() {
+    let f = fixture().await;
+    let err = f
+        .backend
+        .exec(&f.id, ExecRequest::new(["no-such-program-xyz"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::NotFound, "{err}");
+    f.backend.destroy(&f.id).await.unwrap();
+}

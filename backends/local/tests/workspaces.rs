@@ -1,0 +1,219 @@
+//! Workspaces on the local backend: templates stay shared and untouched, sandboxes do
+//! not see each other, snapshots never carry host bytes, and state outlives the process.
+
+// Test helpers outside #[test] fns report failures by panicking too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use sandcell::snapshot::{self, PackOptions};
+use sandcell::{SandboxBackend, SandboxBackendExt, SandboxPath, SandboxSpec};
+use sandcell_local::{LocalBackend, WorkspaceStrategy};
+
+mod common;
+
+fn template() -> tempfile::TempDir {
+    let t = tempfile::tempdir().unwrap();
+    std::fs::create_dir(t.path().join("src")).unwrap();
+    std::fs::write(t.path().join("src/lib.rs"), "// template\n").unwrap();
+    t
+}
+
+async fn isolated_from_each_other(strategy: WorkspaceStrategy) {
+    let root = tempfile::tempdir().unwrap();
+    let tpl = template();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .template("t", tpl.path())
+        .workspace(strategy)
+        .build()
+        .unwrap();
+    let a = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    let b = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    assert_eq!(a.details["workspace"], strategy_name(strategy));
+    let lib: SandboxPath = "src/lib.rs".parse().unwrap();
+    backend
+        .write_string(&a.id, &lib, "// changed in a\n")
+        .await
+        .unwrap();
+    backend
+        .write_string(&a.id, &"new.txt".parse().unwrap(), "a only")
+        .await
+        .unwrap();
+    backend
+        .remove(&a.id, &"src".parse().unwrap(), true)
+        .await
+        .unwrap();
+    assert_eq!(
+        backend.read_to_string(&b.id, &lib).await.unwrap(),
+        "// template\n"
+    );
+    assert!(!backend
+        .exists(&b.id, &"new.txt".parse().unwrap())
+        .await
+        .unwrap());
+    assert_eq!(
+        std::fs::read_to_string(tpl.path().join("src/lib.rs")).unwrap(),
+        "// template\n",
+        "template untouched"
+    );
+    assert!(!tpl.path().join("new.txt").exists());
+    backend.destroy(&a.id).await.unwrap();
+    backend.destroy(&b.id).await.unwrap();
+    assert!(
+        tpl.path().join("src/lib.rs").exists(),
+        "destroy leaves the template alone"
+    );
+}
+
+fn strategy_name(s: WorkspaceStrategy) -> &'static str {
+    match s {
+        WorkspaceStrategy::Overlay => "overlay",
+        _ => "copy",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_sandboxes_do_not_see_each_other() {
+    isolated_from_each_other(WorkspaceStrategy::Copy).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlay_sandboxes_do_not_see_each_other() {
+    if common::overlay_available() {
+        isolated_from_each_other(WorkspaceStrategy::Overlay).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_link_to_a_host_secret_snapshots_as_a_link() {
+    let root = tempfile::tempdir().unwrap();
+    let secret_dir = tempfile::tempdir().unwrap();
+    let secret = secret_dir.path().join("shadow");
+    let marker = format!("host-secret-{}", uuid_like());
+    std::fs::write(&secret, &marker).unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sb = backend.create(&SandboxSpec::default()).await.unwrap();
+    let script = format!("ln -s {} leak && ln -s /etc/shadow leak2", secret.display());
+    assert!(backend.run_shell(&sb.id, &script).await.unwrap().success());
+
+    let (manifest, blob) = snapshot::capture(
+        &backend,
+        &sb.id,
+        &SandboxPath::root(),
+        Vec::new(),
+        &PackOptions::default(),
+    )
+    .await
+    .unwrap();
+    let tar = zstd::decode_all(&blob[..]).unwrap();
+    assert!(
+        !contains(&tar, marker.as_bytes()),
+        "no host bytes in the snapshot"
+    );
+    if let Ok(shadow) = std::fs::read("/etc/shadow") {
+        if shadow.len() > 16 {
+            assert!(
+                !contains(&tar, &shadow[..16]),
+                "no /etc/shadow bytes in the snapshot"
+            );
+        }
+    }
+    let mut archive = tar::Archive::new(&tar[..]);
+    let kinds: Vec<(String, tar::EntryType)> = archive
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let e = e.unwrap();
+            (
+                e.path().unwrap().display().to_string(),
+                e.header().entry_type(),
+            )
+        })
+        .collect();
+    assert!(
+        kinds.contains(&("leak".to_owned(), tar::EntryType::Symlink)),
+        "{kinds:?}"
+    );
+    assert!(manifest.entry_count >= 2);
+    backend.destroy(&sb.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn state_outlives_the_backend_instance() {
+    let root = tempfile::tempdir().unwrap();
+    let first = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sb = first
+        .create(&SandboxSpec::default().with_label("who", "first"))
+        .await
+        .unwrap();
+    first
+        .write_string(&sb.id, &"kept.txt".parse().unwrap(), "still here")
+        .await
+        .unwrap();
+    first
+        .run_shell(&sb.id, "sleep 1000 >/dev/null 2>&1 &")
+        .await
+        .unwrap();
+    let workspace = PathBuf::from(&sb.details["host_path"]);
+    drop(first);
+
+    let second = LocalBackend::builder().root(root.path()).build().unwrap();
+    let seen = second.inspect(&sb.id).await.unwrap();
+    assert_eq!(seen.labels["who"], "first");
+    let listed = second
+        .list(&sandcell::LabelSelector::new().with("who", "first"))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(
+        second
+            .read_to_string(&sb.id, &"kept.txt".parse().unwrap())
+            .await
+            .unwrap(),
+        "still here"
+    );
+    assert_eq!(common::processes_in(&workspace).len(), 1);
+    second.destroy(&sb.id).await.unwrap();
+    for _ in 0..100 {
+        if common::processes_in(&workspace).is_empty() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        common::processes_in(&workspace).is_empty(),
+        "a new instance's destroy kills what the old one started"
+    );
+    assert!(!workspace.exists());
+}
+
+#[test]
+fn unavailable_isolation_levels_fail_at_build() {
+    let root = tempfile::tempdir().unwrap();
+    for level in [
+        sandcell_local::Isolation::Landlock,
+        sandcell_local::Isolation::Namespaces,
+    ] {
+        let err = LocalBackend::builder()
+            .root(root.path())
+            .isolation(level)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.kind(), sandcell::ErrorKind::Unsupported, "{err}");
+    }
+    let err = LocalBackend::builder()
+        .root(root.path())
+        .template("t", root.path().join("missing"))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::NotFound, "{err}");
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+fn uuid_like() -> String {
+    format!("{:x}", std::process::id() as u64 * 2654435761)
+}
