@@ -1,61 +1,56 @@
-//! Quickstart: create a sandbox, write and edit files, search them, snapshot the
-//! workspace and restore it into a fresh sandbox.
+//! Quickstart: a sandbox on this machine from a small template — write a file, run a
+//! command, snapshot, destroy, restore into a new sandbox, read the file back.
 //!
-//! Runs on the in-memory mock backend until the local backend lands:
-//! `cargo run --example quickstart --features testing`
+//! `cargo run --example quickstart`
 
 use sandcell::archive::ImportOptions;
 use sandcell::snapshot::{self, PackOptions};
-use sandcell::testing::{MockBackend, MockReply};
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxPath, SandboxSpec};
+use sandcell_local::LocalBackend;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // The mock answers commands with handlers; real backends run real processes.
-    let backend = MockBackend::new().on_exec("wc", |call| {
-        MockReply::stdout(format!(
-            "{}\n",
-            call.stdin.split(|b| *b == b'\n').count() - 1
-        ))
-    });
+    // A tiny template: every sandbox starts with a copy-on-write view of this directory.
+    let scratch = tempfile::tempdir()?;
+    let template = scratch.path().join("template");
+    std::fs::create_dir_all(template.join("src"))?;
+    std::fs::write(template.join("README.md"), "# demo project\n")?;
 
-    let spec = SandboxSpec::new("default").with_label("app", "quickstart");
+    let backend = LocalBackend::builder()
+        .root(scratch.path().join("sandboxes"))
+        .template("demo", &template)
+        .build()?;
+
+    let spec = SandboxSpec::new("demo").with_label("app", "quickstart");
     let sandbox = backend.create(&spec).await?;
     println!(
-        "created sandbox {} on backend {}",
-        sandbox.id, sandbox.backend
+        "1. created sandbox {} (workspace: {})",
+        sandbox.id,
+        sandbox
+            .details
+            .get("workspace")
+            .map(String::as_str)
+            .unwrap_or("?")
     );
 
     let main_py: SandboxPath = "src/main.py".parse()?;
     backend
-        .write_string(&sandbox.id, &main_py, "def greet():\n    return 'hi'\n")
+        .write_string(&sandbox.id, &main_py, "print('hello from the sandbox')\n")
         .await?;
-    backend
-        .edit_file(&sandbox.id, &main_py, "'hi'", "'hello, agent'")
-        .await?;
-    println!(
-        "src/main.py now reads:\n{}",
-        backend.read_to_string(&sandbox.id, &main_py).await?
-    );
+    println!("2. wrote {main_py}");
 
-    for hit in backend
-        .grep(&sandbox.id, &SandboxPath::root(), "hello")
-        .await?
-    {
-        println!("grep: {}:{}: {}", hit.path, hit.line_number, hit.line);
-    }
-    println!(
-        "glob **/*.py: {:?}",
-        backend.glob(&sandbox.id, "**/*.py").await?
-    );
-
-    let text = backend.read(&sandbox.id, &main_py).await?;
     let out = backend
-        .run(&sandbox.id, ExecRequest::new(["wc", "-l"]).stdin(text))
+        .run(
+            &sandbox.id,
+            ExecRequest::shell("ls -R . && wc -l src/main.py"),
+        )
         .await?;
-    println!("wc -l says {}", out.stdout_str().trim());
+    println!(
+        "3. ran a command (exit {:?}):\n{}",
+        out.exit_code(),
+        out.stdout_str().trim_end()
+    );
 
-    // Snapshot the workspace, throw the sandbox away, restore into a new one.
     let (manifest, blob) = snapshot::capture(
         &backend,
         &sandbox.id,
@@ -65,10 +60,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     println!(
-        "snapshot {}: {} entries, {} bytes compressed, sha256 {}",
-        manifest.id, manifest.entry_count, manifest.size_bytes, manifest.sha256
+        "4. snapshot {}: {} entries, {} bytes, sha256 {}…",
+        manifest.id,
+        manifest.entry_count,
+        manifest.size_bytes,
+        &manifest.sha256[..16]
     );
+
     backend.destroy(&sandbox.id).await?;
+    println!("5. destroyed {}", sandbox.id);
 
     let restored = backend.create(&spec).await?;
     snapshot::restore(
@@ -80,17 +80,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ImportOptions::replace(),
     )
     .await?;
-    println!(
-        "restored into {}: {}",
-        restored.id,
-        backend
-            .read_to_string(&restored.id, &main_py)
-            .await?
-            .lines()
-            .nth(1)
-            .unwrap_or_default()
-            .trim()
-    );
+    println!("6. restored the snapshot into {}", restored.id);
+
+    let text = backend.read_to_string(&restored.id, &main_py).await?;
+    println!("7. read {main_py} back: {}", text.trim_end());
     backend.destroy(&restored.id).await?;
     Ok(())
 }
