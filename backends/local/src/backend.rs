@@ -15,6 +15,7 @@ use sandcell::{
     SandboxSpec, SandboxStatus,
 };
 
+use crate::cgroup::CgroupRoots;
 use crate::config::{LocalBackendBuilder, LocalConfig};
 use crate::contained::Workspace;
 use crate::layout::{SandboxDir, SandboxMeta};
@@ -51,6 +52,7 @@ struct Inner {
     config: LocalConfig,
     grace: Duration,
     capabilities: Capabilities,
+    cgroups: CgroupRoots,
 }
 
 impl LocalBackend {
@@ -73,11 +75,14 @@ impl LocalBackend {
         // Processes share the host's network stack and can listen on its ports.
         capabilities.port_exposure = true;
         capabilities.symlinks = true;
+        let cgroups = CgroupRoots::detect();
+        capabilities.resource_limits = cgroups.enforces_limits();
         LocalBackend {
             inner: Arc::new(Inner {
                 grace: Duration::from_secs_f64(config.kill_grace_secs),
                 config,
                 capabilities,
+                cgroups,
             }),
         }
     }
@@ -125,10 +130,14 @@ where
         .map_err(|e| Error::with_source(ErrorKind::Backend, "a file operation task failed", e))?
 }
 
-/// Kills every recorded process group of the sandbox at once.
-fn kill_all(dir: &SandboxDir) -> Result<()> {
+/// Kills every process of the sandbox: its cgroup (which `setsid` cannot leave) where
+/// there is one, and every recorded process group.
+fn kill_all(dir: &SandboxDir, meta: Option<&SandboxMeta>) -> Result<()> {
     for pgid in dir.groups() {
         process::signal_group(pgid, Signal::KILL);
+    }
+    if let Some(cg) = meta.and_then(|m| m.cgroups.as_ref()) {
+        cg.kill_all(Duration::from_secs(5));
     }
     dir.clear_groups()
 }
@@ -171,8 +180,11 @@ impl SandboxBackend for LocalBackend {
         let dir = self.dir(&id);
         let strategy = self.inner.config.workspace;
         let spec = spec.clone();
+        let roots = self.inner.cgroups.clone();
         let meta = blocking(move || {
+            let mut cgroups = None;
             let result = (|| {
+                cgroups = roots.create(&id, &spec.limits)?;
                 std::fs::create_dir_all(dir.tmp())
                     .map_err(|e| Error::io("creating the sandbox directory", e))?;
                 let used = materialize::materialize(&dir, &template, strategy)?;
@@ -182,12 +194,16 @@ impl SandboxBackend for LocalBackend {
                     status: SandboxStatus::Running,
                     created_at: chrono::Utc::now(),
                     workspace: used.to_owned(),
+                    cgroups: cgroups.clone(),
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
             })();
             if result.is_err() {
-                // Leave nothing behind: no mount, no directory.
+                // Leave nothing behind: no cgroup, no mount, no directory.
+                if let Some(cg) = &cgroups {
+                    cg.remove();
+                }
                 let _ = materialize::unmount(&dir);
                 let _ = std::fs::remove_dir_all(dir.path());
             }
@@ -237,11 +253,20 @@ impl SandboxBackend for LocalBackend {
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
         let dir = self.dir(id);
+        let id = id.clone();
         blocking(move || {
             if !dir.path().exists() {
                 return Ok(());
             }
-            kill_all(&dir)?;
+            let meta = dir.read_meta(&id).ok();
+            if let Some(cg) = meta.as_ref().and_then(|m| m.cgroups.as_ref()) {
+                // Frozen processes die on SIGKILL, but thaw so none lingers frozen.
+                let _ = cg.freeze(false);
+            }
+            kill_all(&dir, meta.as_ref())?;
+            if let Some(cg) = meta.as_ref().and_then(|m| m.cgroups.as_ref()) {
+                cg.remove();
+            }
             materialize::unmount(&dir)?;
             match std::fs::remove_dir_all(dir.path()) {
                 Ok(()) => Ok(()),
@@ -256,24 +281,43 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<()> {
-        let (dir, _) = self.meta(id)?;
-        for pgid in dir.groups() {
-            process::signal_group(pgid, Signal::STOP);
+        let (dir, meta) = self.meta(id)?;
+        // The cgroup freezer reaches every process; signals only reach the groups.
+        let frozen = match &meta.cgroups {
+            Some(cg) => cg.freeze(true)?,
+            None => false,
+        };
+        if !frozen {
+            for pgid in dir.groups() {
+                process::signal_group(pgid, Signal::STOP);
+            }
         }
         self.set_status(id, SandboxStatus::Paused)
     }
 
     async fn resume(&self, id: &SandboxId) -> Result<()> {
-        let (dir, _) = self.meta(id)?;
-        for pgid in dir.groups() {
-            process::signal_group(pgid, Signal::CONT);
+        let (dir, meta) = self.meta(id)?;
+        let thawed = match &meta.cgroups {
+            Some(cg) => cg.freeze(false)?,
+            None => false,
+        };
+        if !thawed {
+            for pgid in dir.groups() {
+                process::signal_group(pgid, Signal::CONT);
+            }
         }
         self.set_status(id, SandboxStatus::Running)
     }
 
     async fn reset(&self, id: &SandboxId) -> Result<()> {
-        let (dir, _) = self.meta(id)?;
-        kill_all(&dir)?;
+        let (dir, meta) = self.meta(id)?;
+        blocking(move || {
+            if let Some(cg) = &meta.cgroups {
+                let _ = cg.freeze(false);
+            }
+            kill_all(&dir, Some(&meta))
+        })
+        .await?;
         self.set_status(id, SandboxStatus::Running)
     }
 
@@ -307,6 +351,10 @@ impl SandboxBackend for LocalBackend {
         env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
+        let cgroup_procs = match &meta.cgroups {
+            Some(cg) => cg.join_fds()?,
+            None => Vec::new(),
+        };
         let (process, pgid) = process::spawn(Launch {
             argv: request.argv,
             env,
@@ -314,6 +362,7 @@ impl SandboxBackend for LocalBackend {
             stdin: request.stdin,
             timeout: request.timeout.or(meta.spec.command_timeout),
             grace: self.inner.grace,
+            cgroup_procs,
         })?;
         dir.add_group(pgid)?;
         Ok(process)

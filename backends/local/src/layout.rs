@@ -27,6 +27,9 @@ pub(crate) struct SandboxMeta {
     pub(crate) created_at: DateTime<Utc>,
     /// "overlay" or "copy".
     pub(crate) workspace: String,
+    /// The sandbox's control groups, where the host has them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) cgroups: Option<crate::cgroup::SandboxCgroups>,
 }
 
 impl SandboxMeta {
@@ -39,6 +42,12 @@ impl SandboxMeta {
             "host_path".to_owned(),
             dir.workspace().display().to_string(),
         );
+        if let Some(cg) = &self.cgroups {
+            details.insert("cgroup".to_owned(), cg.unified.display().to_string());
+            if let Some(pids) = &cg.pids {
+                details.insert("cgroup_pids".to_owned(), pids.display().to_string());
+            }
+        }
         info.details = details;
         info
     }

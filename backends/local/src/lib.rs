@@ -38,12 +38,16 @@
 //! # Ok(()) }
 //! ```
 
+#![deny(unsafe_code)]
+
 mod backend;
+mod cgroup;
 mod config;
 mod contained;
 mod layout;
 mod materialize;
 mod process;
+mod sys;
 
 pub use backend::LocalBackend;
 pub use config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};

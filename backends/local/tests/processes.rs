@@ -156,6 +156,18 @@ async fn reset_kills_everything_and_keeps_the_workspace() {
     f.backend.destroy(&f.id).await.unwrap();
 }
 
+/// Polls `check` for up to two seconds (the kernel applies a freeze or a stop
+/// asynchronously); this bounds a wait, it does not measure speed.
+async fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_freezes_and_resume_thaws() {
     let f = fixture().await;
@@ -165,28 +177,136 @@ async fn pause_freezes_and_resume_thaws() {
         .unwrap();
     let pids = common::processes_in(&f.workspace);
     assert_eq!(pids.len(), 1);
+    let info = f.backend.inspect(&f.id).await.unwrap();
+    // With a cgroup the freezer pauses (it reaches every process); without, SIGSTOP.
+    let frozen_flag = |want: &'static str| {
+        let cgroup = info.details.get("cgroup").cloned();
+        move || match &cgroup {
+            Some(dir) => std::fs::read_to_string(format!("{dir}/cgroup.events"))
+                .is_ok_and(|e| e.lines().any(|l| l == format!("frozen {want}"))),
+            None => false,
+        }
+    };
     f.backend.pause(&f.id).await.unwrap();
-    let mut stopped = false;
-    for _ in 0..100 {
-        if common::state(pids[0]) == Some('T') {
-            stopped = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(stopped, "paused process is stopped");
+    let stopped = if info.details.contains_key("cgroup") {
+        eventually(frozen_flag("1")).await
+    } else {
+        eventually(|| common::state(pids[0]) == Some('T')).await
+    };
+    assert!(stopped, "paused processes are frozen");
     f.backend.resume(&f.id).await.unwrap();
-    let mut running = false;
-    for _ in 0..100 {
-        if common::state(pids[0]) == Some('S') {
-            running = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(running, "resumed process sleeps again");
+    let running = if info.details.contains_key("cgroup") {
+        eventually(frozen_flag("0")).await
+    } else {
+        eventually(|| common::state(pids[0]) == Some('S')).await
+    };
+    assert!(running, "resumed processes run again");
     f.backend.destroy(&f.id).await.unwrap();
     assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
+}
+
+/// Whether sandboxes get cgroups here; skips loudly unless `SANDCELL_REQUIRE_CGROUPS=1`.
+fn has_cgroup(info: &sandcell::SandboxInfo) -> bool {
+    if info.details.contains_key("cgroup") {
+        return true;
+    }
+    assert!(
+        std::env::var("SANDCELL_REQUIRE_CGROUPS").as_deref() != Ok("1"),
+        "cgroups are required (SANDCELL_REQUIRE_CGROUPS=1) but the sandbox has none"
+    );
+    eprintln!("SKIPPED: no writable cgroup v2 hierarchy here (run as root); set SANDCELL_REQUIRE_CGROUPS=1 to fail instead");
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_setsid_escapee_is_killed_on_destroy() {
+    let f = fixture().await;
+    let info = f.backend.inspect(&f.id).await.unwrap();
+    if !has_cgroup(&info) {
+        return;
+    }
+    let out = f
+        .backend
+        .run_shell(
+            &f.id,
+            "setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo ok",
+        )
+        .await
+        .unwrap();
+    assert!(out.success());
+    assert!(
+        eventually(|| common::processes_in(&f.workspace).len() == 1).await,
+        "the escapee runs"
+    );
+    f.backend.destroy(&f.id).await.unwrap();
+    assert_eq!(
+        settled(&f.workspace).await,
+        Vec::<i32>::new(),
+        "destroy reached it through the cgroup"
+    );
+    assert!(
+        !std::path::Path::new(&info.details["cgroup"]).exists(),
+        "the cgroup is removed"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_bomb_is_contained_and_destroy_leaves_nothing() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .kill_grace(Duration::from_millis(200))
+        .build()
+        .unwrap();
+    let spec = SandboxSpec::default().with_limits(sandcell::Limits::new().pids(64));
+    let info = match backend.create(&spec).await {
+        Ok(info) => info,
+        Err(e) if e.kind() == sandcell::ErrorKind::Unsupported => {
+            assert!(
+                std::env::var("SANDCELL_REQUIRE_CGROUPS").as_deref() != Ok("1"),
+                "pids limits are required here: {e}"
+            );
+            eprintln!("SKIPPED: pids limits unavailable: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    // Never start a fork bomb unless the limit is verifiably in place.
+    let pids_dir = info
+        .details
+        .get("cgroup_pids")
+        .or(info.details.get("cgroup"))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("{pids_dir}/pids.max"))
+            .unwrap()
+            .trim(),
+        "64"
+    );
+    let workspace = PathBuf::from(&info.details["host_path"]);
+
+    let out = backend
+        .run(
+            &info.id,
+            ExecRequest::shell("b() { b | b & }; b; sleep 1000").timeout(Duration::from_secs(3)),
+        )
+        .await
+        .unwrap();
+    assert!(out.status.timed_out || !out.success());
+    let peak: u64 = std::fs::read_to_string(format!("{pids_dir}/pids.peak"))
+        .ok()
+        .and_then(|p| p.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(peak <= 64, "the pids limit held: peak {peak}");
+
+    backend.destroy(&info.id).await.unwrap();
+    assert_eq!(
+        settled(&workspace).await,
+        Vec::<i32>::new(),
+        "nothing of the bomb survives destroy"
+    );
+    assert!(!std::path::Path::new(&pids_dir).exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,292 @@
+//! Per-sandbox control groups: membership a process cannot leave with `setsid`, a kill
+//! that reaches every member, freezing, and pids/memory/cpu limits.
+//!
+//! Works on pure cgroup v2 and on hybrid hosts (v2 for membership, kill and freeze;
+//! v1 `pids`, `memory` and `cpu` hierarchies for limits). Sandbox cgroups are created
+//! beneath the cgroup this process is in, and their paths are stored with the sandbox,
+//! so another process can find them again.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use rustix::fs::{Mode, OFlags};
+use sandcell::{Error, Limits, Result, SandboxId};
+use serde::{Deserialize, Serialize};
+
+/// Where each usable hierarchy is, for this process.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct CgroupRoots {
+    /// cgroup v2: membership, `cgroup.kill`, `cgroup.freeze`; limits if its controllers are on.
+    unified: Option<PathBuf>,
+    /// v1 hierarchies for limits on hybrid hosts.
+    pids_v1: Option<PathBuf>,
+    memory_v1: Option<PathBuf>,
+    cpu_v1: Option<PathBuf>,
+}
+
+impl CgroupRoots {
+    /// Finds the mounted hierarchies this process can create children in.
+    pub(crate) fn detect() -> Self {
+        let mut roots = CgroupRoots::default();
+        let (Ok(mountinfo), Ok(own)) = (
+            std::fs::read_to_string("/proc/self/mountinfo"),
+            std::fs::read_to_string("/proc/self/cgroup"),
+        ) else {
+            return roots;
+        };
+        // "hierarchy-id:controllers:path" per line; v2 is "0::path".
+        let own_path = |controller: &str| -> Option<String> {
+            own.lines().find_map(|line| {
+                let mut parts = line.splitn(3, ':');
+                let (_, ctrls, path) = (parts.next()?, parts.next()?, parts.next()?);
+                let matches = if controller.is_empty() {
+                    ctrls.is_empty()
+                } else {
+                    ctrls.split(',').any(|c| c == controller)
+                };
+                matches.then(|| path.to_owned())
+            })
+        };
+        for line in mountinfo.lines() {
+            // Fields: ... mount-point ... " - " fstype source super-options
+            let Some((left, right)) = line.split_once(" - ") else {
+                continue;
+            };
+            let mount_point = left.split(' ').nth(4).unwrap_or_default();
+            let mut right = right.split(' ');
+            let fstype = right.next().unwrap_or_default();
+            let options = right.nth(1).unwrap_or_default();
+            let base = |rel: Option<String>| {
+                rel.map(|r| Path::new(mount_point).join(r.trim_start_matches('/')))
+                    .filter(|p| writable(p))
+            };
+            match fstype {
+                "cgroup2" => roots.unified = base(own_path("")),
+                "cgroup" => {
+                    for controller in ["pids", "memory", "cpu"] {
+                        if options.split(',').any(|o| o == controller) {
+                            let found = base(own_path(controller));
+                            match controller {
+                                "pids" => roots.pids_v1 = roots.pids_v1.take().or(found),
+                                "memory" => roots.memory_v1 = roots.memory_v1.take().or(found),
+                                _ => roots.cpu_v1 = roots.cpu_v1.take().or(found),
+                            }
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+        roots
+    }
+
+    /// Whether sandboxes get a cgroup at all.
+    pub(crate) fn available(&self) -> bool {
+        self.unified.is_some()
+    }
+
+    /// Whether every limit kind in [`Limits`] can be enforced.
+    pub(crate) fn enforces_limits(&self) -> bool {
+        let v2 = |c: &str| self.unified.as_deref().is_some_and(|u| v2_controller(u, c));
+        self.available()
+            && (self.pids_v1.is_some() || v2("pids"))
+            && (self.memory_v1.is_some() || v2("memory"))
+            && (self.cpu_v1.is_some() || v2("cpu"))
+    }
+
+    /// Creates the sandbox's cgroups and applies `limits`. A limit no hierarchy can
+    /// enforce is `Unsupported`, and nothing is left behind.
+    pub(crate) fn create(&self, id: &SandboxId, limits: &Limits) -> Result<Option<SandboxCgroups>> {
+        let Some(unified) = &self.unified else {
+            if limits.pids.is_some() || limits.memory_bytes.is_some() || limits.cpu_millis.is_some()
+            {
+                return Err(Error::unsupported(
+                    "backend local cannot enforce cpu, memory or pids limits here: no writable cgroup v2 hierarchy (are you root?)",
+                ));
+            }
+            return Ok(None);
+        };
+        let leaf = |root: &Path| root.join("sandcell").join(id.as_str());
+        let mut cg = SandboxCgroups {
+            unified: leaf(unified),
+            pids: None,
+            memory: None,
+            cpu: None,
+        };
+        let result = (|| {
+            make_dir(&cg.unified)?;
+            if let Some(max) = limits.pids {
+                cg.pids = Some(self.limit_dir(&cg.unified, &self.pids_v1, "pids", id)?);
+                write_file(cg.pids.as_deref(), "pids.max", &max.to_string())?;
+            }
+            if let Some(bytes) = limits.memory_bytes {
+                let dir = self.limit_dir(&cg.unified, &self.memory_v1, "memory", id)?;
+                let file = if dir == cg.unified {
+                    "memory.max"
+                } else {
+                    "memory.limit_in_bytes"
+                };
+                write_file(Some(&dir), file, &bytes.to_string())?;
+                cg.memory = Some(dir);
+            }
+            if let Some(millis) = limits.cpu_millis {
+                let dir = self.limit_dir(&cg.unified, &self.cpu_v1, "cpu", id)?;
+                let quota = u64::from(millis) * 100; // microseconds per 100 ms period
+                if dir == cg.unified {
+                    write_file(Some(&dir), "cpu.max", &format!("{quota} 100000"))?;
+                } else {
+                    write_file(Some(&dir), "cpu.cfs_period_us", "100000")?;
+                    write_file(Some(&dir), "cpu.cfs_quota_us", &quota.to_string())?;
+                }
+                cg.cpu = Some(dir);
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(Some(cg)),
+            Err(e) => {
+                cg.remove();
+                Err(e)
+            }
+        }
+    }
+
+    /// The directory enforcing `controller`: the v2 leaf if v2 has it on, else a v1 leaf.
+    fn limit_dir(
+        &self,
+        v2_leaf: &Path,
+        v1_root: &Option<PathBuf>,
+        controller: &str,
+        id: &SandboxId,
+    ) -> Result<PathBuf> {
+        if let Some(parent) = v2_leaf.parent() {
+            if v2_controller(parent, controller) || enable_v2_controller(parent, controller) {
+                return Ok(v2_leaf.to_path_buf());
+            }
+        }
+        let Some(root) = v1_root else {
+            return Err(Error::unsupported(format!(
+                "backend local cannot enforce the {controller} limit here: the {controller} cgroup controller is not available"
+            )));
+        };
+        let dir = root.join("sandcell").join(id.as_str());
+        make_dir(&dir)?;
+        Ok(dir)
+    }
+}
+
+/// One sandbox's cgroup directories, stored in its metadata.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct SandboxCgroups {
+    pub(crate) unified: PathBuf,
+    pub(crate) pids: Option<PathBuf>,
+    pub(crate) memory: Option<PathBuf>,
+    pub(crate) cpu: Option<PathBuf>,
+}
+
+impl SandboxCgroups {
+    fn dirs(&self) -> impl Iterator<Item = &Path> {
+        std::iter::once(self.unified.as_path())
+            .chain(self.pids.as_deref())
+            .chain(self.memory.as_deref().filter(|m| *m != self.unified))
+            .chain(self.cpu.as_deref().filter(|c| *c != self.unified))
+    }
+
+    /// `cgroup.procs` of every directory, opened for a child to join before it execs.
+    pub(crate) fn join_fds(&self) -> Result<Vec<OwnedFd>> {
+        let mut fds = Vec::new();
+        for dir in self.dirs() {
+            let path = dir.join("cgroup.procs");
+            let fd = rustix::fs::open(&path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
+                .map_err(|e| Error::io(format_args!("opening {}", path.display()), e.into()))?;
+            fds.push(fd);
+        }
+        Ok(fds)
+    }
+
+    /// Process ids in the sandbox's cgroup.
+    pub(crate) fn pids(&self) -> Vec<i32> {
+        std::fs::read_to_string(self.unified.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.trim().parse().ok())
+            .collect()
+    }
+
+    /// Kills every member, including those that left their process group, and waits
+    /// (up to `wait`) until the cgroup is empty.
+    pub(crate) fn kill_all(&self, wait: Duration) {
+        let has_kill_file = self.unified.join("cgroup.kill").exists();
+        let deadline = Instant::now() + wait;
+        loop {
+            let pids = self.pids();
+            if pids.is_empty() || Instant::now() > deadline {
+                return;
+            }
+            if has_kill_file {
+                let _ = std::fs::write(self.unified.join("cgroup.kill"), "1");
+            } else {
+                for pid in pids {
+                    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                    }
+                }
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
+    /// Freezes (`true`) or thaws the cgroup; `false` if this kernel has no v2 freezer.
+    pub(crate) fn freeze(&self, frozen: bool) -> Result<bool> {
+        let file = self.unified.join("cgroup.freeze");
+        if !file.exists() {
+            return Ok(false);
+        }
+        std::fs::write(&file, if frozen { "1" } else { "0" })
+            .map_err(|e| Error::io(format_args!("writing {}", file.display()), e))?;
+        Ok(true)
+    }
+
+    /// Removes the directories (they must be empty of processes); best effort.
+    pub(crate) fn remove(&self) {
+        for dir in self.dirs() {
+            for _ in 0..50 {
+                match std::fs::remove_dir(dir) {
+                    Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                        std::thread::sleep(Duration::from_millis(10))
+                    }
+                    _ => break,
+                }
+            }
+        }
+    }
+}
+
+fn writable(path: &Path) -> bool {
+    rustix::fs::access(path, rustix::fs::Access::WRITE_OK).is_ok()
+}
+
+fn v2_controller(dir: &Path, controller: &str) -> bool {
+    std::fs::read_to_string(dir.join("cgroup.subtree_control"))
+        .is_ok_and(|s| s.split_whitespace().any(|c| c == controller))
+}
+
+/// Turns a v2 controller on for `dir`'s children, if the parent offers it.
+fn enable_v2_controller(dir: &Path, controller: &str) -> bool {
+    let offered = std::fs::read_to_string(dir.join("cgroup.controllers"))
+        .is_ok_and(|s| s.split_whitespace().any(|c| c == controller));
+    offered && std::fs::write(dir.join("cgroup.subtree_control"), format!("+{controller}")).is_ok()
+}
+
+fn make_dir(dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Error::io(format_args!("creating cgroup {}", dir.display()), e))
+}
+
+fn write_file(dir: Option<&Path>, file: &str, value: &str) -> Result<()> {
+    let Some(dir) = dir else { return Ok(()) };
+    let path = dir.join(file);
+    std::fs::write(&path, value)
+        .map_err(|e| Error::io(format_args!("writing {} to {}", value, path.display()), e))
+}
