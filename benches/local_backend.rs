@@ -1,0 +1,134 @@
+//! The local backend's costs, measured against what they are compared with in its issue.
+//!
+//! Run: `cargo bench --bench local_backend` (as root, for overlay mounts). Environment:
+//! `SANDCELL_BENCH_DIR` (default `target/bench-snapshot`; the 20,000-file template tree is
+//! shared with `snapshot_vs_tar` and reused), `SANDCELL_BENCH_ROUNDS` (default 50).
+//!
+//! Prints p50s and ratios:
+//! - create with a 20,000-file template: overlay vs copy;
+//! - exec round trip of `true`: `SandboxBackendExt::run` vs a raw tokio spawn-and-wait.
+
+// A bench is a test-like program: a failed step should stop it loudly.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
+
+mod common;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
+use sandcell_local::{LocalBackend, WorkspaceStrategy};
+
+fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn p50(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+async fn create_p50(backend: &LocalBackend, rounds: u64) -> (Duration, String) {
+    let mut times = Vec::new();
+    let mut used = String::new();
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let info = backend
+            .create(&SandboxSpec::new("big"))
+            .await
+            .expect("create");
+        times.push(start.elapsed());
+        used = info.details["workspace"].clone();
+        backend.destroy(&info.id).await.expect("destroy");
+    }
+    (p50(times), used)
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        println!("local_backend: run with `cargo bench --bench local_backend`");
+        return;
+    }
+    let rounds = env_u64("SANDCELL_BENCH_ROUNDS", 50).max(3);
+    let work = PathBuf::from(
+        std::env::var("SANDCELL_BENCH_DIR").unwrap_or_else(|_| "target/bench-snapshot".to_owned()),
+    );
+    let tree = work.join("tree-20000");
+    let marker = work.join("tree-20000.complete");
+    if !marker.exists() {
+        let _ = std::fs::remove_dir_all(&tree);
+        std::fs::create_dir_all(&tree).unwrap();
+        eprintln!(
+            "generating the 20,000-file template under {} ...",
+            tree.display()
+        );
+        common::generate(&tree, 20_000, 0x5eed).unwrap();
+        std::fs::write(&marker, b"").unwrap();
+    }
+    let stats = common::measure(&tree).unwrap();
+    println!(
+        "template: {} files, {:.1} MB; {rounds} rounds",
+        stats.files,
+        stats.bytes as f64 / 1e6
+    );
+
+    let root = tempfile::tempdir_in(&work).unwrap();
+    let build = |strategy| {
+        LocalBackend::builder()
+            .root(root.path().join(format!("{strategy:?}")))
+            .template("big", &tree)
+            .workspace(strategy)
+            .build()
+            .unwrap()
+    };
+    let overlay = build(WorkspaceStrategy::Overlay);
+    let copy = build(WorkspaceStrategy::Copy);
+    let (overlay_p50, used) = create_p50(&overlay, rounds).await;
+    assert_eq!(used, "overlay", "overlay mounts need root");
+    let (copy_p50, _) = create_p50(&copy, (rounds / 10).max(3)).await;
+
+    // Exec round trip: the backend against the same binary spawned directly.
+    let sb = overlay.create(&SandboxSpec::new("big")).await.unwrap();
+    let exec_rounds = rounds * 4;
+    let mut ours = Vec::new();
+    let mut raw = Vec::new();
+    for _ in 0..exec_rounds {
+        let start = Instant::now();
+        let out = overlay
+            .run(&sb.id, ExecRequest::new(["true"]))
+            .await
+            .unwrap();
+        ours.push(start.elapsed());
+        assert!(out.success());
+        let start = Instant::now();
+        let status = tokio::process::Command::new("true").status().await.unwrap();
+        raw.push(start.elapsed());
+        assert!(status.success());
+    }
+    overlay.destroy(&sb.id).await.unwrap();
+    let (ours, raw) = (p50(ours), p50(raw));
+
+    println!();
+    println!("| measurement | sandcell-local | baseline | ratio |");
+    println!("|---|---|---|---|");
+    println!(
+        "| create, 20,000-file template (p50) | overlay {:.2} ms | copy {:.0} ms | copy / overlay = {:.0}x |",
+        ms(overlay_p50),
+        ms(copy_p50),
+        copy_p50.as_secs_f64() / overlay_p50.as_secs_f64()
+    );
+    println!(
+        "| exec round trip of `true` (p50) | {:.2} ms | tokio spawn+wait {:.2} ms | {:.2} |",
+        ms(ours),
+        ms(raw),
+        ours.as_secs_f64() / raw.as_secs_f64()
+    );
+}
