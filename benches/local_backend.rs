@@ -113,8 +113,42 @@ async fn main() {
         raw.push(start.elapsed());
         assert!(status.success());
     }
+
+    // Incremental snapshot after changing one small file, against a full snapshot.
+    let small: sandcell::SandboxPath = "pkg00/mod00/file00000.rs".parse().unwrap();
+    let full_start = Instant::now();
+    let (full, _) = sandcell::snapshot::capture(
+        &overlay,
+        &sb.id,
+        &sandcell::SandboxPath::root(),
+        std::io::sink(),
+        &sandcell::snapshot::PackOptions::default(),
+    )
+    .await
+    .unwrap();
+    let full_time = full_start.elapsed();
+    let mut inc_times = Vec::new();
+    let mut inc_bytes = 0;
+    for round in 0..rounds {
+        overlay
+            .write_string(&sb.id, &small, &format!("// edit {round}\n"))
+            .await
+            .unwrap();
+        let start = Instant::now();
+        let (inc, _) = sandcell::snapshot::capture_changes(
+            &overlay,
+            &sb.id,
+            std::io::sink(),
+            &sandcell::snapshot::PackOptions::default(),
+        )
+        .await
+        .unwrap();
+        inc_times.push(start.elapsed());
+        inc_bytes = inc.size_bytes;
+    }
     overlay.destroy(&sb.id).await.unwrap();
     let (ours, raw) = (p50(ours), p50(raw));
+    let inc_p50 = p50(inc_times);
 
     println!();
     println!("| measurement | sandcell-local | baseline | ratio |");
@@ -130,5 +164,13 @@ async fn main() {
         ms(ours),
         ms(raw),
         ours.as_secs_f64() / raw.as_secs_f64()
+    );
+    println!(
+        "| incremental snapshot after a one-file edit (p50) | {:.2} ms, {} bytes | full snapshot {:.0} ms, {} bytes | {:.4}% of the bytes |",
+        ms(inc_p50),
+        inc_bytes,
+        ms(full_time),
+        full.size_bytes,
+        100.0 * inc_bytes as f64 / full.size_bytes as f64
     );
 }

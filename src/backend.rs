@@ -25,6 +25,31 @@ use crate::spec::SandboxSpec;
 /// A stream of bytes, used for tar archives in and out of sandboxes.
 pub type ByteStream = BoxStream<'static, Result<Bytes>>;
 
+/// What changed in a workspace since its template, from [`SandboxBackend::export_changes`].
+#[non_exhaustive]
+pub struct Changes {
+    /// Changed and added entries, as an uncompressed tar relative to the workspace root.
+    pub tar: ByteStream,
+    /// Template paths that no longer exist (a replaced directory is listed too, and its
+    /// new contents are in `tar`).
+    pub deleted: Vec<SandboxPath>,
+}
+
+impl Changes {
+    /// Assembles a change set; for backend implementors.
+    pub fn new(tar: ByteStream, deleted: Vec<SandboxPath>) -> Self {
+        Changes { tar, deleted }
+    }
+}
+
+impl std::fmt::Debug for Changes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Changes")
+            .field("deleted", &self.deleted)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The contract a sandbox backend implements.
 ///
 /// Common behavior for every method taking an id: an unknown or destroyed sandbox is
@@ -183,6 +208,21 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - A missing directory is `NotFound`.
     async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream>;
 
+    /// What changed in the workspace since its template. Needs
+    /// [`Capabilities::incremental_snapshot`].
+    ///
+    /// # Behavior
+    /// - Without the capability (or for a sandbox whose workspace cannot tell): `Unsupported`.
+    /// - Deleting the listed paths from a fresh sandbox of the same template, then merging
+    ///   the tar into its root, reproduces this workspace.
+    async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+        let _ = id;
+        Err(crate::Error::unsupported(format!(
+            "backend {} does not support incremental snapshots",
+            self.name()
+        )))
+    }
+
     /// Imports an uncompressed tar stream into the directory `path` (created if missing).
     ///
     /// # Behavior
@@ -269,6 +309,9 @@ macro_rules! forward_backend {
             }
             async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
                 (**self).export_tar(id, path).await
+            }
+            async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+                (**self).export_changes(id).await
             }
             async fn import_tar(
                 &self,

@@ -58,7 +58,7 @@ pub mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use backend::{ByteStream, SandboxBackend};
+pub use backend::{ByteStream, Changes, SandboxBackend};
 pub use capabilities::Capabilities;
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{ExecOutput, ExecRequest, ExitStatus, DEFAULT_OUTPUT_LIMIT};

@@ -111,6 +111,13 @@ pub struct SnapshotManifest {
     pub sha256: String,
     /// Always `"zstd"` for this format version.
     pub compression: String,
+    /// Whether the blob holds only what changed since the template (see [`capture_changes`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub incremental: bool,
+    /// For incremental snapshots: template paths that were deleted, removed before the
+    /// blob's entries are merged in on restore.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deleted: Vec<SandboxPath>,
 }
 
 impl SnapshotManifest {
@@ -129,6 +136,8 @@ impl SnapshotManifest {
             entry_count: blob.entry_count,
             sha256: blob.sha256.clone(),
             compression: "zstd".to_owned(),
+            incremental: false,
+            deleted: Vec::new(),
         }
     }
 
@@ -590,7 +599,60 @@ where
     R: Read + Send + 'static,
 {
     let reader = verified_tar_reader(blob, manifest, &opts.limits)?;
+    let mut opts = opts;
+    if manifest.incremental {
+        // The sandbox starts from the template; deletions go first (an opaque directory
+        // is deleted, then its new contents arrive), then the changes merge in.
+        for deleted in &manifest.deleted {
+            let target = path.join(deleted.as_str())?;
+            match backend.remove(id, &target, true).await {
+                Ok(()) => {}
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e.context(format_args!("applying deletion of {deleted}"))),
+            }
+        }
+        opts.mode = crate::archive::ImportMode::Merge;
+    }
     backend
         .import_tar(id, path, crate::stream::reader_to_stream(reader), opts)
         .await
+}
+
+/// Snapshots only what changed in a sandbox's workspace since its template: changed and
+/// added entries in the blob, deletions in the manifest. Needs
+/// [`Capabilities::incremental_snapshot`](crate::Capabilities::incremental_snapshot).
+/// [`restore`] applies it to a fresh sandbox of the same template on any backend.
+pub async fn capture_changes<B, W>(
+    backend: &B,
+    id: &SandboxId,
+    out: W,
+    opts: &PackOptions,
+) -> Result<(SnapshotManifest, W)>
+where
+    B: SandboxBackend + ?Sized,
+    W: Write + Send + 'static,
+{
+    if !backend.capabilities().incremental_snapshot {
+        return Err(Error::unsupported(format!(
+            "backend {} does not support incremental snapshots",
+            backend.name()
+        )));
+    }
+    let info = backend.inspect(id).await?;
+    let changes = backend.export_changes(id).await?;
+    let reader = crate::stream::stream_to_reader(changes.tar);
+    let opts = *opts;
+    let limits = ArchiveLimits::default();
+    let (blob, out) = tokio::task::spawn_blocking(move || {
+        let mut out = out;
+        let blob = pack_tar(reader, &mut out, &opts, &limits)?;
+        Ok::<_, Error>((blob, out))
+    })
+    .await
+    .map_err(|e| Error::with_source(ErrorKind::Backend, "snapshot task failed", e))??;
+    let mut manifest =
+        SnapshotManifest::new(&blob, backend.name(), info.template).with_sandbox(id.clone());
+    manifest.incremental = true;
+    manifest.deleted = changes.deleted;
+    Ok((manifest, out))
 }

@@ -29,3 +29,20 @@ async fn boxed_and_shared_trait_objects_pass_too() {
     conformance::hostile_archives_are_rejected(&shared).await;
     assert_eq!(mock.live_count(), 0);
 }
+
+#[tokio::test]
+async fn a_template_with_files_passes_too() {
+    // Exercises the cases that edit and delete template content (incremental snapshots).
+    let mock = MockBackend::new()
+        .with_template(
+            "default",
+            [
+                ("README.md", &b"# template\n"[..]),
+                ("src/lib.rs", b"pub fn f() {}\n"),
+                ("src/util/mod.rs", b"// util\n"),
+            ],
+        )
+        .unwrap();
+    conformance::run_all(&mock).await;
+    assert_eq!(mock.live_count(), 0);
+}

@@ -842,6 +842,65 @@ pub async fn snapshot_round_trip(b: &dyn SandboxBackend) {
     .await;
 }
 
+/// Changes captured since the template restore exactly into a fresh sandbox of the same
+/// template: added, overwritten and deleted files alike (deletions need a template with
+/// files; an empty template still checks additions).
+pub async fn incremental_snapshot_round_trip(b: &dyn SandboxBackend) {
+    let mut taken: Option<(SnapshotManifest, Vec<u8>, Fingerprint)> = None;
+    let slot = &mut taken;
+    with_sandbox(b, spec(), |id| async move {
+        let template_files: Vec<_> = b
+            .walk(&id, &SandboxPath::root())
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|e| e.kind == FileKind::File)
+            .collect();
+        if let Some(first) = template_files.first() {
+            b.write(&id, &first.path, Bytes::from_static(b"overwritten"))
+                .await
+                .unwrap();
+        }
+        if let Some(second) = template_files.get(1) {
+            b.remove(&id, &second.path, false).await.unwrap();
+        }
+        b.write(&id, &p("inc/new/deep.txt"), Bytes::from_static(b"added"))
+            .await
+            .unwrap();
+        b.mkdir(&id, &p("inc/empty")).await.unwrap();
+        let (manifest, blob) =
+            snapshot::capture_changes(b, &id, Vec::new(), &PackOptions::default())
+                .await
+                .expect("capture changes");
+        assert!(manifest.incremental);
+        assert_eq!(
+            manifest.deleted.len(),
+            usize::from(template_files.len() > 1)
+        );
+        *slot = Some((manifest, blob, fingerprint(b, &id).await));
+    })
+    .await;
+    let (manifest, blob, expected) = taken.expect("changes taken");
+    with_sandbox(b, spec(), |id| async move {
+        snapshot::restore(
+            b,
+            &id,
+            &SandboxPath::root(),
+            std::io::Cursor::new(blob),
+            &manifest,
+            ImportOptions::replace(),
+        )
+        .await
+        .expect("restore changes");
+        assert_eq!(
+            fingerprint(b, &id).await,
+            expected,
+            "template + changes equals the original"
+        );
+    })
+    .await;
+}
+
 /// Restoring a corrupted blob, a blob whose manifest hash does not match, or a zstd
 /// bomb fails with a typed error and leaves the workspace unchanged.
 pub async fn hostile_snapshots_are_rejected(b: &dyn SandboxBackend) {
@@ -1224,6 +1283,14 @@ pub async fn run_all(b: &dyn SandboxBackend) {
     case!(hostile_archives_are_rejected);
     case!(snapshot_round_trip);
     case!(hostile_snapshots_are_rejected);
+    if caps.incremental_snapshot {
+        case!(incremental_snapshot_round_trip);
+    } else {
+        eprintln!(
+            "conformance[{}]: incremental_snapshot_round_trip skipped: no incremental snapshots",
+            b.name()
+        );
+    }
     case!(ext_editing_and_search);
     case!(ext_upload_download);
     case!(exec_missing_program_is_not_found);

@@ -17,7 +17,7 @@ use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
 use crate::archive::{self, entry_header, EntryChecker, EntryKind, ImportMode, ImportOptions};
-use crate::backend::{ByteStream, SandboxBackend};
+use crate::backend::{ByteStream, Changes, SandboxBackend};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::{ExecRequest, ExitStatus};
@@ -321,6 +321,7 @@ impl SandboxBackend for MockBackend {
             pause: true,
             reset: true,
             symlinks: true,
+            incremental_snapshot: true,
             ..Capabilities::none()
         }
     }
@@ -657,31 +658,43 @@ impl SandboxBackend for MockBackend {
                     None => not_found(path),
                 });
             }
-            let mut builder = tar::Builder::new(Vec::new());
-            for (p, node) in children(&sb.files, &real) {
-                let rel = p.strip_prefix(&real).unwrap_or_else(SandboxPath::root);
-                let res = match node {
-                    Node::File { data, mode } => {
-                        let mut h =
-                            entry_header(tar::EntryType::Regular, *mode, data.len() as u64, 0);
-                        builder.append_data(&mut h, rel.as_str(), &data[..])
-                    }
-                    Node::Dir { mode } => {
-                        let mut h = entry_header(tar::EntryType::Directory, *mode, 0, 0);
-                        builder.append_data(&mut h, rel.as_str(), std::io::empty())
-                    }
-                    Node::Symlink(target) => {
-                        let mut h = entry_header(tar::EntryType::Symlink, 0o777, 0, 0);
-                        builder.append_link(&mut h, rel.as_str(), target)
-                    }
-                };
-                res.map_err(|e| Error::io(format_args!("archiving {p}"), e))?;
-            }
-            builder
-                .into_inner()
-                .map_err(|e| Error::io("finishing archive", e))
+            write_tar(children(&sb.files, &real).map(|(p, node)| {
+                (
+                    p.strip_prefix(&real).unwrap_or_else(SandboxPath::root),
+                    node,
+                )
+            }))
         })?;
         Ok(futures::stream::once(async move { Ok(Bytes::from(data)) }).boxed())
+    }
+
+    async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+        let (data, deleted) = self.with_sandbox(id, |sb| {
+            let empty = Tree::new();
+            let template = self.templates.get(&sb.spec.template).unwrap_or(&empty);
+            let changed = sb.files.iter().filter(|(p, node)| match template.get(*p) {
+                None => true,
+                Some(old) => !same_node(old, node),
+            });
+            let data = write_tar(changed.map(|(p, n)| (p.clone(), n)))?;
+            // A template path is deleted if it is gone or changed kind; list only the
+            // top-most one of a deleted subtree.
+            let mut deleted: Vec<SandboxPath> = Vec::new();
+            for (p, old) in template {
+                let gone = match sb.files.get(p) {
+                    None => true,
+                    Some(now) => kind_of(now) != kind_of(old),
+                };
+                if gone && !deleted.iter().any(|d| p.starts_with(d)) {
+                    deleted.push(p.clone());
+                }
+            }
+            Ok((data, deleted))
+        })?;
+        Ok(Changes::new(
+            futures::stream::once(async move { Ok(Bytes::from(data)) }).boxed(),
+            deleted,
+        ))
     }
 
     async fn import_tar(
@@ -775,6 +788,48 @@ impl SandboxBackend for MockBackend {
             sb.files = files;
             Ok(())
         })
+    }
+}
+
+/// Writes nodes (paths relative to the archive root) as a tar archive.
+fn write_tar<'a>(nodes: impl Iterator<Item = (SandboxPath, &'a Node)>) -> Result<Vec<u8>> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (rel, node) in nodes {
+        let res = match node {
+            Node::File { data, mode } => {
+                let mut h = entry_header(tar::EntryType::Regular, *mode, data.len() as u64, 0);
+                builder.append_data(&mut h, rel.as_str(), &data[..])
+            }
+            Node::Dir { mode } => {
+                let mut h = entry_header(tar::EntryType::Directory, *mode, 0, 0);
+                builder.append_data(&mut h, rel.as_str(), std::io::empty())
+            }
+            Node::Symlink(target) => {
+                let mut h = entry_header(tar::EntryType::Symlink, 0o777, 0, 0);
+                builder.append_link(&mut h, rel.as_str(), target)
+            }
+        };
+        res.map_err(|e| Error::io(format_args!("archiving {rel}"), e))?;
+    }
+    builder
+        .into_inner()
+        .map_err(|e| Error::io("finishing archive", e))
+}
+
+fn kind_of(node: &Node) -> FileKind {
+    match node {
+        Node::File { .. } => FileKind::File,
+        Node::Dir { .. } => FileKind::Dir,
+        Node::Symlink(_) => FileKind::Symlink,
+    }
+}
+
+fn same_node(a: &Node, b: &Node) -> bool {
+    match (a, b) {
+        (Node::File { data: x, mode: m }, Node::File { data: y, mode: n }) => x == y && m == n,
+        (Node::Dir { mode: m }, Node::Dir { mode: n }) => m == n,
+        (Node::Symlink(x), Node::Symlink(y)) => x == y,
+        _ => false,
     }
 }
 
@@ -927,6 +982,41 @@ mod tests {
         let status = proc.wait().await.unwrap();
         assert_eq!(status.signal, Some(9));
         assert!(!status.timed_out);
+    }
+
+    #[tokio::test]
+    async fn changes_cover_edits_deletions_and_kind_changes() {
+        let b = MockBackend::new()
+            .with_template(
+                "t",
+                [
+                    ("keep.txt", &b"same"[..]),
+                    ("edit.txt", b"old"),
+                    ("gone/a.txt", b"a"),
+                    ("gone/b.txt", b"b"),
+                    ("was_file", b"f"),
+                ],
+            )
+            .unwrap();
+        let sb = b.create(&SandboxSpec::new("t")).await.unwrap();
+        b.write(&sb.id, &p("edit.txt"), Bytes::from_static(b"new"))
+            .await
+            .unwrap();
+        b.remove(&sb.id, &p("gone"), true).await.unwrap();
+        b.remove(&sb.id, &p("was_file"), false).await.unwrap();
+        b.mkdir(&sb.id, &p("was_file")).await.unwrap();
+        let changes = b.export_changes(&sb.id).await.unwrap();
+        assert_eq!(changes.deleted, vec![p("gone"), p("was_file")]);
+        let tar: Vec<u8> = changes.tar.map(|c| c.unwrap().to_vec()).concat().await;
+        let mut names = Vec::new();
+        for entry in tar::Archive::new(&tar[..]).entries().unwrap() {
+            names.push(entry.unwrap().path().unwrap().display().to_string());
+        }
+        assert_eq!(
+            names,
+            ["edit.txt", "was_file"],
+            "unchanged files are not exported"
+        );
     }
 
     #[tokio::test]

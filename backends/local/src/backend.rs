@@ -10,7 +10,7 @@ use bytes::Bytes;
 use rustix::process::Signal;
 use sandcell::archive::{self, ImportMode, ImportOptions};
 use sandcell::{
-    ByteStream, Capabilities, DirEntry, Error, ErrorKind, ExecRequest, FileInfo, FileKind,
+    ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo, FileKind,
     LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
     SandboxSpec, SandboxStatus,
 };
@@ -75,6 +75,8 @@ impl LocalBackend {
         // Processes share the host's network stack and can listen on its ports.
         capabilities.port_exposure = true;
         capabilities.symlinks = true;
+        capabilities.incremental_snapshot =
+            config.workspace != crate::config::WorkspaceStrategy::Copy;
         let cgroups = CgroupRoots::detect();
         capabilities.resource_limits = cgroups.enforces_limits();
         LocalBackend {
@@ -421,6 +423,25 @@ impl SandboxBackend for LocalBackend {
         Ok(sandcell::stream::writer_to_stream(move |out| {
             ws.export_tar(&path, out).map(|_| ())
         }))
+    }
+
+    async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+        let (dir, meta) = self.meta(id)?;
+        if meta.workspace != "overlay" {
+            return Err(Error::unsupported(format!(
+                "sandbox {id} has a copied workspace; incremental snapshots need an overlay workspace"
+            )));
+        }
+        let upper = dir.upper();
+        let deleted = {
+            let upper = upper.clone();
+            blocking(move || crate::materialize::upper_deletions(&upper)).await?
+        };
+        // The upper layer is the change set; the packer skips whiteouts (device nodes).
+        let tar = sandcell::stream::writer_to_stream(move |out| {
+            archive::pack_dir_tar(&upper, out).map(|_| ())
+        });
+        Ok(Changes::new(tar, deleted))
     }
 
     async fn import_tar(

@@ -78,6 +78,48 @@ fn mount_overlay(dir: &SandboxDir, template: &Path) -> Result<()> {
     Ok(())
 }
 
+/// Template paths an overlay upper layer deletes: whiteouts (0:0 character devices)
+/// and opaque directories (which hide everything of the template beneath them).
+pub(crate) fn upper_deletions(upper: &Path) -> Result<Vec<sandcell::SandboxPath>> {
+    use std::os::unix::fs::{FileTypeExt, MetadataExt};
+    let mut deleted = Vec::new();
+    let mut stack = vec![upper.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = fs::read_dir(&dir)
+            .map_err(|e| Error::io(format_args!("reading {}", dir.display()), e))?;
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| Error::io(format_args!("reading {}", dir.display()), e))?;
+            let path = entry.path();
+            let meta = fs::symlink_metadata(&path)
+                .map_err(|e| Error::io(format_args!("inspecting {}", path.display()), e))?;
+            let rel = || -> Result<sandcell::SandboxPath> {
+                let rel = path.strip_prefix(upper).unwrap_or(&path);
+                sandcell::SandboxPath::new(&rel.to_string_lossy())
+            };
+            if meta.file_type().is_char_device() && meta.rdev() == 0 {
+                deleted.push(rel()?);
+            } else if meta.is_dir() {
+                if is_opaque(&path) {
+                    deleted.push(rel()?);
+                }
+                stack.push(path);
+            }
+        }
+    }
+    deleted.sort();
+    Ok(deleted)
+}
+
+fn is_opaque(dir: &Path) -> bool {
+    ["trusted.overlay.opaque", "user.overlay.opaque"]
+        .iter()
+        .any(|name| {
+            let mut value = [0u8; 4];
+            matches!(rustix::fs::lgetxattr(dir, *name, &mut value), Ok(n) if value[..n] == *b"y")
+        })
+}
+
 /// Unmounts the workspace if it is a mount point; succeeds if it is not mounted.
 pub(crate) fn unmount(dir: &SandboxDir) -> Result<()> {
     let workspace = dir.workspace();

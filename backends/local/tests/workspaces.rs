@@ -217,3 +217,101 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 fn uuid_like() -> String {
     format!("{:x}", std::process::id() as u64 * 2654435761)
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn overlay_changes_restore_here_and_on_another_backend() {
+    if !common::overlay_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let tpl = tempfile::tempdir().unwrap();
+    let files: [(&str, &[u8]); 5] = [
+        ("keep.txt", b"same"),
+        ("edit.txt", b"old"),
+        ("gone/a.txt", b"a"),
+        ("replaced/old.txt", b"old"),
+        ("del.txt", b"bye"),
+    ];
+    for (path, data) in files {
+        let host = tpl.path().join(path);
+        std::fs::create_dir_all(host.parent().unwrap()).unwrap();
+        std::fs::write(host, data).unwrap();
+    }
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .template("t", tpl.path())
+        .workspace(WorkspaceStrategy::Overlay)
+        .build()
+        .unwrap();
+    let sb = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    let script = "echo new > edit.txt && rm -r gone del.txt && rm -r replaced && mkdir replaced && echo fresh > replaced/new.txt && mkdir -p add/deep && echo hi > add/deep/f";
+    assert!(backend.run_shell(&sb.id, script).await.unwrap().success());
+
+    let (manifest, blob) =
+        snapshot::capture_changes(&backend, &sb.id, Vec::new(), &PackOptions::default())
+            .await
+            .unwrap();
+    let deleted: Vec<&str> = manifest.deleted.iter().map(|p| p.as_str()).collect();
+    assert_eq!(
+        deleted,
+        ["del.txt", "gone", "replaced"],
+        "whiteouts and the opaque dir"
+    );
+    let expected = sandcell::testing::conformance::fingerprint(&backend, &sb.id).await;
+
+    let fresh = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    snapshot::restore(
+        &backend,
+        &fresh.id,
+        &SandboxPath::root(),
+        std::io::Cursor::new(blob.clone()),
+        &manifest,
+        sandcell::archive::ImportOptions::replace(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sandcell::testing::conformance::fingerprint(&backend, &fresh.id).await,
+        expected
+    );
+
+    // Any backend with the same template can take the change set.
+    let mock = sandcell::testing::MockBackend::new()
+        .with_template("t", files)
+        .unwrap();
+    let other = mock.create(&SandboxSpec::new("t")).await.unwrap();
+    snapshot::restore(
+        &mock,
+        &other.id,
+        &SandboxPath::root(),
+        std::io::Cursor::new(blob),
+        &manifest,
+        sandcell::archive::ImportOptions::replace(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        sandcell::testing::conformance::fingerprint(&mock, &other.id).await,
+        expected
+    );
+
+    backend.destroy(&sb.id).await.unwrap();
+    backend.destroy(&fresh.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copied_workspaces_refuse_incremental_export() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .workspace(WorkspaceStrategy::Copy)
+        .build()
+        .unwrap();
+    assert!(!backend.capabilities().incremental_snapshot);
+    let sb = backend.create(&SandboxSpec::default()).await.unwrap();
+    let err = snapshot::capture_changes(&backend, &sb.id, Vec::new(), &PackOptions::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::Unsupported);
+    backend.destroy(&sb.id).await.unwrap();
+}
