@@ -75,6 +75,7 @@ impl LocalBackend {
         // Processes share the host's network stack and can listen on its ports.
         capabilities.port_exposure = true;
         capabilities.symlinks = true;
+        capabilities.host_mounts = true;
         capabilities.incremental_snapshot =
             config.workspace != crate::config::WorkspaceStrategy::Copy;
         let cgroups = CgroupRoots::detect();
@@ -173,11 +174,6 @@ impl SandboxBackend for LocalBackend {
                 "backend local does not run commands as another user yet",
             ));
         }
-        if !spec.mounts.is_empty() {
-            return Err(Error::unsupported(
-                "backend local does not support host mounts yet",
-            ));
-        }
         let id = SandboxId::generate("local");
         let dir = self.dir(&id);
         let strategy = self.inner.config.workspace;
@@ -190,6 +186,7 @@ impl SandboxBackend for LocalBackend {
                 std::fs::create_dir_all(dir.tmp())
                     .map_err(|e| Error::io("creating the sandbox directory", e))?;
                 let used = materialize::materialize(&dir, &template, strategy)?;
+                materialize::attach_mounts(&dir, &spec.mounts)?;
                 let meta = SandboxMeta {
                     id: id.clone(),
                     spec,
@@ -206,8 +203,9 @@ impl SandboxBackend for LocalBackend {
                 if let Some(cg) = &cgroups {
                     cg.remove();
                 }
-                let _ = materialize::unmount(&dir);
-                let _ = std::fs::remove_dir_all(dir.path());
+                if materialize::unmount_all(&dir).is_ok() {
+                    let _ = std::fs::remove_dir_all(dir.path());
+                }
             }
             result
         })
@@ -269,7 +267,7 @@ impl SandboxBackend for LocalBackend {
             if let Some(cg) = meta.as_ref().and_then(|m| m.cgroups.as_ref()) {
                 cg.remove();
             }
-            materialize::unmount(&dir)?;
+            materialize::unmount_all(&dir)?;
             match std::fs::remove_dir_all(dir.path()) {
                 Ok(()) => Ok(()),
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),

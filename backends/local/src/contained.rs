@@ -356,9 +356,17 @@ impl Workspace {
             pending: Vec::new(),
             dir,
         };
+        // Host directories mounted into the workspace are not part of it: the walk stays
+        // on the workspace's own file system (a mount point is exported empty).
+        let top_dev = rustix::fs::fstat(&top)
+            .map_err(|e| fail(format_args!("exporting {dir}"), e))?
+            .st_dev;
         export.directory(top, String::new())?;
         while let Some(next) = export.pending.pop() {
             match open_subdir(next.parent.as_fd(), &next.name) {
+                Ok(fd) if rustix::fs::fstat(&fd).map(|st| st.st_dev).ok() != Some(top_dev) => {
+                    tracing::debug!(dir = %dir, entry = %next.rel, "not exporting a mount point's contents");
+                }
                 Ok(fd) => export.directory(fd, next.rel)?,
                 Err(Errno::NOENT | Errno::NOTDIR | Errno::LOOP) => {
                     tracing::warn!(dir = %dir, entry = %next.rel, "a directory was removed or replaced while exporting; its contents are left out");
@@ -617,6 +625,7 @@ fn fail(context: impl fmt::Display, e: Errno) -> Error {
             Some("the path resolves outside the workspace"),
         ),
         Errno::ACCESS | Errno::PERM => (ErrorKind::PermissionDenied, None),
+        Errno::ROFS => (ErrorKind::PermissionDenied, Some("read-only mount")),
         Errno::NOENT => (ErrorKind::NotFound, Some("no such file or directory")),
         Errno::NOTDIR => (ErrorKind::InvalidInput, Some("not a directory")),
         Errno::ISDIR => (ErrorKind::InvalidInput, Some("is a directory")),

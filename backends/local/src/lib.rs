@@ -13,11 +13,14 @@
 //! | capability | |
 //! |---|---|
 //! | shell, python | where `sh` / `python3` are on the default PATH |
-//! | pause / resume | yes (SIGSTOP / SIGCONT of every process group) |
+//! | pause / resume | yes (the cgroup freezer; SIGSTOP / SIGCONT where there is no cgroup) |
 //! | reset | yes (kills every process, keeps the workspace) |
 //! | port exposure | yes (processes share the host network) |
 //! | symlinks | yes |
-//! | host mounts, network isolation, resource limits, incremental snapshots | not yet |
+//! | host mounts | yes (bind mounts; read-only ones refuse writes, but at `Isolation::None` a root process could remount them, so `read_only_mounts_enforced` is false) |
+//! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
+//! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
+//! | network isolation | not yet (needs `Isolation::Namespaces`) |
 //!
 //! Isolation: only [`Isolation::None`] is available in this release; asking for
 //! `Landlock` or `Namespaces` fails at `build()` rather than running with less isolation

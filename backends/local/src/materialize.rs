@@ -120,20 +120,107 @@ fn is_opaque(dir: &Path) -> bool {
         })
 }
 
-/// Unmounts the workspace if it is a mount point; succeeds if it is not mounted.
-pub(crate) fn unmount(dir: &SandboxDir) -> Result<()> {
-    let workspace = dir.workspace();
-    match rustix::mount::unmount(&workspace, UnmountFlags::empty()) {
-        Ok(()) => Ok(()),
-        // Not a mount point (copy strategy, or already unmounted), or gone.
-        Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => Ok(()),
-        Err(rustix::io::Errno::BUSY) => rustix::mount::unmount(&workspace, UnmountFlags::DETACH)
-            .map_err(|e| Error::io(format_args!("unmounting {}", workspace.display()), e.into())),
-        Err(e) => Err(Error::io(
-            format_args!("unmounting {}", workspace.display()),
-            e.into(),
+/// Bind-mounts the spec's host directories into the workspace, read-only where asked.
+/// Runs at create time, before any sandbox process exists, with targets resolved
+/// inside the workspace by the contained file operations.
+pub(crate) fn attach_mounts(dir: &SandboxDir, mounts: &[sandcell::Mount]) -> Result<()> {
+    if mounts.is_empty() {
+        return Ok(());
+    }
+    let ws = crate::contained::Workspace::open(&dir.workspace())?;
+    for m in mounts {
+        let meta = fs::metadata(&m.host)
+            .map_err(|e| Error::io(format_args!("mount source {}", m.host.display()), e))?;
+        if !meta.is_dir() {
+            return Err(Error::invalid_input(format!(
+                "mount source {} is not a directory",
+                m.host.display()
+            )));
+        }
+        ws.mkdir(&m.target)?;
+        let target = ws.resolve_dir(&m.target)?;
+        rustix::mount::mount_bind(&m.host, &target).map_err(|e| {
+            Error::io(
+                format_args!("bind-mounting {} at {}", m.host.display(), m.target),
+                e.into(),
+            )
+        })?;
+        if m.read_only {
+            rustix::mount::mount_remount(
+                &target,
+                MountFlags::BIND | MountFlags::RDONLY | MountFlags::NOSUID | MountFlags::NODEV,
+                "",
+            )
+            .map_err(|e| Error::io(format_args!("making {} read-only", m.target), e.into()))?;
+        }
+    }
+    Ok(())
+}
+
+/// Unmounts everything mounted beneath the sandbox directory (host mounts, then the
+/// overlay), deepest first, and fails if anything is still mounted afterwards: the
+/// directory must never be deleted while a host directory is mounted inside it.
+pub(crate) fn unmount_all(dir: &SandboxDir) -> Result<()> {
+    for _ in 0..3 {
+        let mut points = mounts_beneath(dir.path());
+        if points.is_empty() {
+            return Ok(());
+        }
+        points.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
+        for point in points {
+            match rustix::mount::unmount(&point, UnmountFlags::empty()) {
+                Ok(()) | Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOENT) => {}
+                Err(_) => {
+                    let _ = rustix::mount::unmount(&point, UnmountFlags::DETACH);
+                }
+            }
+        }
+    }
+    match mounts_beneath(dir.path()).first() {
+        None => Ok(()),
+        Some(left) => Err(Error::new(
+            ErrorKind::Backend,
+            format!(
+                "{} is still mounted; refusing to delete the sandbox directory",
+                left.display()
+            ),
         )),
     }
+}
+
+/// Mount points at or beneath `root`, from /proc/self/mountinfo.
+fn mounts_beneath(root: &Path) -> Vec<std::path::PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|line| line.split(' ').nth(4))
+        .map(|p| std::path::PathBuf::from(unescape_mountinfo(p)))
+        .filter(|p| p.starts_with(root))
+        .collect()
+}
+
+/// mountinfo writes space, tab, newline and backslash as octal escapes (`\040`).
+fn unescape_mountinfo(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let octal = bytes
+            .get(i + 1..i + 4)
+            .filter(|d| bytes[i] == b'\\' && d.iter().all(|b| (b'0'..=b'7').contains(b)));
+        match octal {
+            Some(d) => {
+                out.push((d[0] - b'0') * 64 + (d[1] - b'0') * 8 + (d[2] - b'0'));
+                i += 4;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }
 
 /// Copies a template tree: files with their modes, directories, symlinks as links;
