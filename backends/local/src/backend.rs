@@ -16,7 +16,7 @@ use sandcell::{
 };
 
 use crate::cgroup::CgroupRoots;
-use crate::config::{LocalBackendBuilder, LocalConfig};
+use crate::config::{Isolation, LocalBackendBuilder, LocalConfig};
 use crate::contained::Workspace;
 use crate::layout::{SandboxDir, SandboxMeta};
 use crate::materialize;
@@ -76,6 +76,8 @@ impl LocalBackend {
         capabilities.port_exposure = true;
         capabilities.symlinks = true;
         capabilities.host_mounts = true;
+        // Landlocked processes cannot mount or remount, so a read-only mount stays so.
+        capabilities.read_only_mounts_enforced = config.isolation == Isolation::Landlock;
         capabilities.incremental_snapshot =
             config.workspace != crate::config::WorkspaceStrategy::Copy;
         let cgroups = CgroupRoots::detect();
@@ -355,6 +357,14 @@ impl SandboxBackend for LocalBackend {
             Some(cg) => cg.join_fds()?,
             None => Vec::new(),
         };
+        let landlock = match self.inner.config.isolation {
+            Isolation::Landlock => Some(crate::landlock::ruleset(
+                crate::landlock::abi()?,
+                &self.inner.config.readable,
+                &[dir.workspace(), dir.tmp()],
+            )?),
+            _ => None,
+        };
         let (process, pgid) = process::spawn(Launch {
             argv: request.argv,
             env,
@@ -362,7 +372,10 @@ impl SandboxBackend for LocalBackend {
             stdin: request.stdin,
             timeout: request.timeout.or(meta.spec.command_timeout),
             grace: self.inner.grace,
-            cgroup_procs,
+            setup: crate::sys::ChildSetup {
+                cgroup_procs,
+                landlock,
+            },
         })?;
         dir.add_group(pgid)?;
         Ok(process)

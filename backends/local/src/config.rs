@@ -23,9 +23,13 @@ pub enum Isolation {
     /// through the backend are still contained to the workspace.
     #[default]
     None,
-    /// Writes confined to the workspace by Landlock (not available in this release).
+    /// Landlock (Linux 5.13+): sandbox processes may write only beneath their workspace
+    /// and temp directory (plus `/dev/null` and similar), read and execute beneath
+    /// [`LocalConfig::readable`], and cannot mount — so read-only host mounts hold.
+    /// They still share the host's network, processes and users.
     Landlock,
-    /// User, mount, pid, network, IPC and UTS namespaces (not available in this release).
+    /// User, mount, pid, network, IPC and UTS namespaces (not implemented yet: `build()`
+    /// refuses it).
     Namespaces,
 }
 
@@ -61,6 +65,9 @@ pub struct LocalConfig {
     pub workspace: WorkspaceStrategy,
     /// Time between SIGTERM and SIGKILL when a process tree is killed, in seconds.
     pub kill_grace_secs: f64,
+    /// At `Isolation::Landlock`, where sandbox processes may read and execute
+    /// (default: everywhere, `/`).
+    pub readable: Vec<PathBuf>,
 }
 
 impl Default for LocalConfig {
@@ -71,6 +78,7 @@ impl Default for LocalConfig {
             isolation: Isolation::None,
             workspace: WorkspaceStrategy::Auto,
             kill_grace_secs: 2.0,
+            readable: vec![PathBuf::from("/")],
         }
     }
 }
@@ -124,14 +132,35 @@ impl LocalBackendBuilder {
         self
     }
 
+    /// Sets where sandbox processes may read and execute at `Isolation::Landlock`.
+    pub fn readable<I, P>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<PathBuf>,
+    {
+        self.config.readable = paths.into_iter().map(Into::into).collect();
+        self
+    }
+
     /// Validates everything and creates the root directory.
     pub fn build(self) -> Result<LocalBackend> {
         let mut config = self.config;
         match config.isolation {
             Isolation::None => {}
+            Isolation::Landlock => {
+                crate::landlock::abi()?;
+                for path in &config.readable {
+                    if !path.exists() {
+                        return Err(Error::not_found(format!(
+                            "readable path {} does not exist",
+                            path.display()
+                        )));
+                    }
+                }
+            }
             level => {
                 return Err(Error::unsupported(format!(
-                    "isolation level {level:?} is not implemented by this release of sandcell-local; use Isolation::None"
+                    "isolation level {level:?} is not implemented by this release of sandcell-local; use Isolation::None or Isolation::Landlock"
                 )))
             }
         }

@@ -22,9 +22,14 @@
 //! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
 //! | network isolation | not yet (needs `Isolation::Namespaces`) |
 //!
-//! Isolation: only [`Isolation::None`] is available in this release; asking for
-//! `Landlock` or `Namespaces` fails at `build()` rather than running with less isolation
-//! than asked for.
+//! Isolation levels, chosen explicitly:
+//! - [`Isolation::None`]: trust-based; processes run as the caller with a clean
+//!   environment, in their own process group and cgroup.
+//! - [`Isolation::Landlock`]: additionally, processes may write only beneath their
+//!   workspace and temp directory, and cannot mount (so read-only mounts hold). A kernel
+//!   without Landlock fails `build()` with an error naming what is missing.
+//! - [`Isolation::Namespaces`] is not implemented yet and fails `build()`, rather than
+//!   running with less isolation than asked for.
 //!
 //! ```no_run
 //! # async fn demo() -> sandcell::Result<()> {
@@ -47,6 +52,7 @@ mod backend;
 mod cgroup;
 mod config;
 mod contained;
+mod landlock;
 mod layout;
 mod materialize;
 mod process;

@@ -31,8 +31,8 @@ pub(crate) struct Launch {
     pub(crate) stdin: Option<Bytes>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) grace: Duration,
-    /// `cgroup.procs` files the child joins before it execs.
-    pub(crate) cgroup_procs: Vec<std::os::fd::OwnedFd>,
+    /// What the child does before it execs (cgroups, Landlock).
+    pub(crate) setup: crate::sys::ChildSetup,
 }
 
 /// Starts the command in its own process group and returns the handle and the group id.
@@ -47,7 +47,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
-    crate::sys::before_exec(&mut cmd, launch.cgroup_procs);
+    crate::sys::before_exec(&mut cmd, launch.setup);
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::not_found(format!(
             "program {:?} was not found on the sandbox's PATH",
