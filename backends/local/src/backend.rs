@@ -76,8 +76,13 @@ impl LocalBackend {
         capabilities.port_exposure = true;
         capabilities.symlinks = true;
         capabilities.host_mounts = true;
-        // Landlocked processes cannot mount or remount, so a read-only mount stays so.
-        capabilities.read_only_mounts_enforced = config.isolation == Isolation::Landlock;
+        // Landlocked or capability-less namespaced processes cannot mount or remount,
+        // so a read-only mount stays so.
+        capabilities.read_only_mounts_enforced = matches!(
+            config.isolation,
+            Isolation::Landlock | Isolation::Namespaces
+        );
+        capabilities.network_isolation = config.isolation == Isolation::Namespaces;
         capabilities.incremental_snapshot =
             config.workspace != crate::config::WorkspaceStrategy::Copy;
         let cgroups = CgroupRoots::detect();
@@ -196,6 +201,7 @@ impl SandboxBackend for LocalBackend {
                     created_at: chrono::Utc::now(),
                     workspace: used.to_owned(),
                     cgroups: cgroups.clone(),
+                    ns_init: None,
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
@@ -212,7 +218,13 @@ impl SandboxBackend for LocalBackend {
             result
         })
         .await?;
-        let (dir, meta) = meta;
+        let (dir, mut meta) = meta;
+        if self.inner.config.isolation == Isolation::Namespaces {
+            if let Err(e) = start_namespaces(&dir, &mut meta).await {
+                let _ = self.destroy(&meta.id).await;
+                return Err(e);
+            }
+        }
         tracing::debug!(sandbox = %meta.id, workspace = %meta.workspace, "created local sandbox");
         Ok(meta.info(&dir))
     }
@@ -320,6 +332,11 @@ impl SandboxBackend for LocalBackend {
             kill_all(&dir, Some(&meta))
         })
         .await?;
+        if self.inner.config.isolation == Isolation::Namespaces {
+            // Killing everything took the namespaces' pid 1 too; make fresh ones.
+            let (dir, mut meta) = self.meta(id)?;
+            start_namespaces(&dir, &mut meta).await?;
+        }
         self.set_status(id, SandboxStatus::Running)
     }
 
@@ -342,14 +359,36 @@ impl SandboxBackend for LocalBackend {
             .clone()
             .unwrap_or_else(|| meta.spec.workdir.clone());
         let workspace_path = dir.workspace();
-        let cwd = {
+        let mut cwd = {
             let cwd_path = cwd_path.clone();
             blocking(move || Workspace::open(&workspace_path)?.resolve_dir(&cwd_path)).await?
         };
+        let mut argv = request.argv;
+        let (home, tmp) = match meta.ns_init {
+            Some(init) => {
+                if !crate::namespace::alive(init) {
+                    return Err(Error::new(
+                        ErrorKind::InvalidState,
+                        format!("the namespaces of sandbox {id} are gone (was the host restarted?); reset it"),
+                    ));
+                }
+                program_exists(&argv[0], &cwd)?;
+                let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
+                let rel = SandboxPath::new(&rel.to_string_lossy())?;
+                argv = crate::namespace::enter(init, &rel, argv)?;
+                // --wdns sets the directory inside; the launcher itself needs none.
+                cwd = PathBuf::from("/");
+                (crate::namespace::WORKSPACE.to_owned(), "/tmp".to_owned())
+            }
+            None => (
+                dir.workspace().display().to_string(),
+                dir.tmp().display().to_string(),
+            ),
+        };
         let mut env = BTreeMap::new();
         env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
-        env.insert("HOME".to_owned(), dir.workspace().display().to_string());
-        env.insert("TMPDIR".to_owned(), dir.tmp().display().to_string());
+        env.insert("HOME".to_owned(), home);
+        env.insert("TMPDIR".to_owned(), tmp);
         env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
@@ -366,7 +405,7 @@ impl SandboxBackend for LocalBackend {
             _ => None,
         };
         let (process, pgid) = process::spawn(Launch {
-            argv: request.argv,
+            argv,
             env,
             cwd,
             stdin: request.stdin,
@@ -466,6 +505,56 @@ impl SandboxBackend for LocalBackend {
         let path = path.clone();
         let reader = sandcell::stream::stream_to_reader(tar);
         blocking(move || import(&dir.workspace(), &path, reader, options)).await
+    }
+}
+
+/// Starts the sandbox's namespaces (bubblewrap, idling) inside its cgroup and records
+/// their pid 1.
+async fn start_namespaces(dir: &SandboxDir, meta: &mut SandboxMeta) -> Result<()> {
+    let mut cmd = crate::namespace::init_command(dir, &meta.spec.network)?;
+    let cgroup_procs = match &meta.cgroups {
+        Some(cg) => cg.join_fds()?,
+        None => Vec::new(),
+    };
+    crate::sys::before_exec(
+        &mut cmd,
+        crate::sys::ChildSetup {
+            cgroup_procs,
+            landlock: None,
+        },
+    );
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::io("starting bubblewrap", e))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| Error::new(ErrorKind::Backend, "bubblewrap exited at once"))?;
+    dir.add_group(pid as i32)?;
+    let init = crate::namespace::find_init(pid).await;
+    // Reap bubblewrap whenever it ends (destroy or reset kills it).
+    tokio::spawn(async move {
+        let _ = child.wait().await;
+    });
+    meta.ns_init = Some(init?);
+    dir.write_meta(meta)
+}
+
+/// Whether `program` can be found the way the command will look for it, so a missing
+/// one is `NotFound` (as on every backend) rather than a 127 from inside the namespaces.
+fn program_exists(program: &str, cwd: &Path) -> Result<()> {
+    let found = if program.contains('/') {
+        cwd.join(program).is_file()
+    } else {
+        DEFAULT_PATH
+            .split(':')
+            .any(|dir| Path::new(dir).join(program).is_file())
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(Error::not_found(format!(
+            "program {program:?} was not found on the sandbox's PATH"
+        )))
     }
 }
 

@@ -28,8 +28,10 @@ pub enum Isolation {
     /// [`LocalConfig::readable`], and cannot mount — so read-only host mounts hold.
     /// They still share the host's network, processes and users.
     Landlock,
-    /// User, mount, pid, network, IPC and UTS namespaces (not implemented yet: `build()`
-    /// refuses it).
+    /// User, mount, pid, network, IPC and UTS namespaces (via bubblewrap, one set per
+    /// sandbox, joined by every command): the sandbox sees its workspace at `/workspace`,
+    /// read-only system directories, its own `/tmp`, `/proc` and `/dev`, and no network
+    /// unless the spec asks for `Network::Full`. Commands run without capabilities.
     Namespaces,
 }
 
@@ -158,11 +160,7 @@ impl LocalBackendBuilder {
                     }
                 }
             }
-            level => {
-                return Err(Error::unsupported(format!(
-                    "isolation level {level:?} is not implemented by this release of sandcell-local; use Isolation::None or Isolation::Landlock"
-                )))
-            }
+            Isolation::Namespaces => crate::namespace::probe()?,
         }
         if !(config.kill_grace_secs.is_finite() && config.kill_grace_secs >= 0.0) {
             return Err(Error::invalid_input(

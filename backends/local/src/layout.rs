@@ -30,6 +30,9 @@ pub(crate) struct SandboxMeta {
     /// The sandbox's control groups, where the host has them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) cgroups: Option<crate::cgroup::SandboxCgroups>,
+    /// At `Isolation::Namespaces`: host pid of the namespaces' pid 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ns_init: Option<i32>,
 }
 
 impl SandboxMeta {

@@ -17,10 +17,10 @@
 //! | reset | yes (kills every process, keeps the workspace) |
 //! | port exposure | yes (processes share the host network) |
 //! | symlinks | yes |
-//! | host mounts | yes (bind mounts; read-only ones refuse writes, but at `Isolation::None` a root process could remount them, so `read_only_mounts_enforced` is false) |
+//! | host mounts | yes (bind mounts; read-only ones refuse writes; enforced against remounting at `Landlock` and `Namespaces`, not at `None`, where a root process could remount) |
 //! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
 //! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
-//! | network isolation | not yet (needs `Isolation::Namespaces`) |
+//! | network isolation | at `Isolation::Namespaces` |
 //!
 //! Isolation levels, chosen explicitly:
 //! - [`Isolation::None`]: trust-based; processes run as the caller with a clean
@@ -28,8 +28,14 @@
 //! - [`Isolation::Landlock`]: additionally, processes may write only beneath their
 //!   workspace and temp directory, and cannot mount (so read-only mounts hold). A kernel
 //!   without Landlock fails `build()` with an error naming what is missing.
-//! - [`Isolation::Namespaces`] is not implemented yet and fails `build()`, rather than
-//!   running with less isolation than asked for.
+//! - [`Isolation::Namespaces`]: user, mount, pid, network, IPC and UTS namespaces, one set
+//!   per sandbox (made by bubblewrap, joined by every command with `nsenter`): the
+//!   workspace at `/workspace`, read-only system directories, private `/tmp`, `/proc` and
+//!   `/dev`, no network unless the spec asks, and no capabilities. Needs `bwrap`,
+//!   `nsenter` and `setpriv`; without them `build()` fails and says what to install.
+//!
+//! A level the host cannot provide fails at `build()`; it never runs with less isolation
+//! than asked for.
 //!
 //! ```no_run
 //! # async fn demo() -> sandcell::Result<()> {
@@ -55,6 +61,7 @@ mod contained;
 mod landlock;
 mod layout;
 mod materialize;
+mod namespace;
 mod process;
 mod sys;
 

@@ -1,0 +1,185 @@
+//! `Isolation::Namespaces`: one long-lived set of namespaces per sandbox, made by
+//! bubblewrap at create, which every exec joins with `nsenter`.
+//!
+//! Inside, the sandbox sees its workspace at `/workspace`, its own `/tmp`, read-only
+//! system directories, fresh `/proc` and `/dev`, and no network unless the spec asks
+//! for it. The namespaces' pid 1 (bubblewrap's init, waiting on `sleep infinity`)
+//! keeps them alive between commands, so background processes live on until reset or
+//! destroy, and reaps orphans.
+//!
+//! Namespace setup is delegated to bubblewrap instead of being done in a `pre_exec`
+//! hook: doing it right (allocation-free setup between fork and exec, a reaping pid 1,
+//! pivoting the root) is exactly what that tool exists for.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use sandcell::{Error, ErrorKind, Network, Result, SandboxPath};
+
+use crate::layout::SandboxDir;
+use crate::process::DEFAULT_PATH;
+
+/// Where the workspace appears inside the namespaces.
+pub(crate) const WORKSPACE: &str = "/workspace";
+
+fn find(program: &str) -> Option<PathBuf> {
+    DEFAULT_PATH
+        .split(':')
+        .map(|dir| Path::new(dir).join(program))
+        .find(|p| p.is_file())
+}
+
+/// The tools this level needs, checked at `build()`: bubblewrap and nsenter, and a
+/// kernel that lets bubblewrap create user, pid and network namespaces.
+pub(crate) fn probe() -> Result<()> {
+    let bwrap = find("bwrap").ok_or_else(|| {
+        Error::unsupported(
+            "isolation level Namespaces needs bubblewrap: install it (apt-get install bubblewrap)",
+        )
+    })?;
+    for tool in ["nsenter", "setpriv"] {
+        find(tool).ok_or_else(|| {
+            Error::unsupported(format!(
+                "isolation level Namespaces needs {tool} from util-linux"
+            ))
+        })?;
+    }
+    let out = std::process::Command::new(bwrap)
+        .args(["--unshare-all", "--ro-bind", "/", "/", "--", "true"])
+        .env_clear()
+        .output()
+        .map_err(|e| Error::io("probing bubblewrap", e))?;
+    if !out.status.success() {
+        return Err(Error::unsupported(format!(
+            "isolation level Namespaces is not available: bubblewrap could not create namespaces ({}); user namespaces may be disabled",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(())
+}
+
+/// The bubblewrap command that creates a sandbox's namespaces and then idles.
+pub(crate) fn init_command(dir: &SandboxDir, network: &Network) -> Result<tokio::process::Command> {
+    let bwrap = find("bwrap").ok_or_else(|| Error::unsupported("bubblewrap is not installed"))?;
+    let mut args: Vec<String> = vec!["--unshare-all".into()];
+    match network {
+        Network::None => {}
+        Network::Full => args.push("--share-net".into()),
+        _ => return Err(Error::unsupported(
+            "backend local cannot enforce a network allowlist; use Network::None or Network::Full",
+        )),
+    }
+    for system in ["/usr", "/etc", "/opt"] {
+        if Path::new(system).is_dir() {
+            args.extend(["--ro-bind".into(), system.into(), system.into()]);
+        }
+    }
+    for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64"] {
+        let path = Path::new(top);
+        match std::fs::read_link(path) {
+            Ok(target) => {
+                args.extend(["--symlink".into(), target.display().to_string(), top.into()])
+            }
+            Err(_) if path.is_dir() => args.extend(["--ro-bind".into(), top.into(), top.into()]),
+            Err(_) => {}
+        }
+    }
+    args.extend([
+        "--proc".into(),
+        "/proc".into(),
+        "--dev".into(),
+        "/dev".into(),
+        "--bind".into(),
+        dir.tmp().display().to_string(),
+        "/tmp".into(),
+        "--bind".into(),
+        dir.workspace().display().to_string(),
+        WORKSPACE.into(),
+        "--chdir".into(),
+        WORKSPACE.into(),
+        "--hostname".into(),
+        "sandcell".into(),
+        "--".into(),
+        "sleep".into(),
+        "infinity".into(),
+    ]);
+    let mut cmd = tokio::process::Command::new(bwrap);
+    cmd.args(args)
+        .env_clear()
+        .env("PATH", DEFAULT_PATH)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(false);
+    Ok(cmd)
+}
+
+/// The host pid of the idle `sleep infinity` inside the finished namespaces. Joining
+/// bubblewrap's own child instead would race its setup (it is still building the new
+/// root before `pivot_root`), so this waits for the command it runs last.
+pub(crate) async fn find_init(bwrap_pid: u32) -> Result<i32> {
+    for _ in 0..400 {
+        let mut queue = vec![bwrap_pid.to_string()];
+        while let Some(pid) = queue.pop() {
+            if std::fs::read(format!("/proc/{pid}/cmdline"))
+                .is_ok_and(|c| c == b"sleep\x00infinity\x00")
+            {
+                if let Ok(pid) = pid.parse() {
+                    return Ok(pid);
+                }
+            }
+            if let Ok(children) =
+                std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            {
+                queue.extend(children.split_whitespace().map(str::to_owned));
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Err(Error::new(
+        ErrorKind::Backend,
+        "bubblewrap did not finish setting up the sandbox's namespaces in time",
+    ))
+}
+
+/// Whether the namespaces' idle process is still there.
+pub(crate) fn alive(init: i32) -> bool {
+    std::path::Path::new(&format!("/proc/{init}/ns/pid")).exists()
+}
+
+/// `argv` wrapped so it runs inside the namespaces of `init`, in `cwd`.
+pub(crate) fn enter(init: i32, cwd: &SandboxPath, argv: Vec<String>) -> Result<Vec<String>> {
+    let nsenter = find("nsenter").ok_or_else(|| Error::unsupported("nsenter is not installed"))?;
+    let setpriv = find("setpriv").ok_or_else(|| Error::unsupported("setpriv is not installed"))?;
+    // Bubblewrap running as root may share our user namespace; joining it again fails.
+    let own_userns = std::fs::read_link("/proc/self/ns/user").ok();
+    let their_userns = std::fs::read_link(format!("/proc/{init}/ns/user")).ok();
+    let inside = if cwd.is_root() {
+        WORKSPACE.to_owned()
+    } else {
+        format!("{WORKSPACE}/{cwd}")
+    };
+    let mut out = vec![nsenter.display().to_string(), format!("--target={init}")];
+    if own_userns != their_userns {
+        out.push("--user".into());
+    }
+    out.extend([
+        "--mount".into(),
+        "--uts".into(),
+        "--ipc".into(),
+        "--net".into(),
+        "--pid".into(),
+        "--preserve-credentials".into(),
+        format!("--wdns={inside}"),
+        "--".into(),
+        // No capabilities inside: a root process cannot remount, mount or escape.
+        setpriv.display().to_string(),
+        "--bounding-set=-all".into(),
+        "--inh-caps=-all".into(),
+        "--no-new-privs".into(),
+        "--".into(),
+    ]);
+    out.extend(argv);
+    Ok(out)
+}
