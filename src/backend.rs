@@ -148,6 +148,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - When `request.timeout` (or the spec's default) passes, the process and its
     ///   children are killed and `wait` reports `timed_out`.
     /// - `Process::kill` ends the process and its children.
+    /// - The process carries the spec's `Limits::output_bytes` as its default output cap
+    ///   ([`Process::output_limit`](crate::Process::output_limit)).
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process>;
 
     /// Reads a whole file.

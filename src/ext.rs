@@ -75,11 +75,16 @@ pub const GREP_MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
 /// every backend, including `Box<dyn SandboxBackend>`.
 #[async_trait]
 pub trait SandboxBackendExt: SandboxBackend {
-    /// Runs a command to completion and collects its output, capped at the request's
-    /// `output_limit` (default [`DEFAULT_OUTPUT_LIMIT`]) per stream.
+    /// Runs a command to completion and collects its output, capped per stream at the
+    /// request's `output_limit`, else the spec's `Limits::output_bytes`, else
+    /// [`DEFAULT_OUTPUT_LIMIT`].
     async fn run(&self, id: &SandboxId, request: ExecRequest) -> Result<ExecOutput> {
-        let limit = request.output_limit.unwrap_or(DEFAULT_OUTPUT_LIMIT);
-        self.exec(id, request).await?.collect(limit).await
+        let requested = request.output_limit;
+        let process = self.exec(id, request).await?;
+        let limit = requested
+            .or(process.output_limit())
+            .unwrap_or(DEFAULT_OUTPUT_LIMIT);
+        process.collect(limit).await
     }
 
     /// Runs `script` with `sh -c` and collects its output.

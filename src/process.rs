@@ -51,6 +51,7 @@ pub struct Process {
     stderr: Option<OutputStream>,
     control: Box<dyn ProcessControl>,
     started: Instant,
+    output_limit: Option<usize>,
 }
 
 impl fmt::Debug for Process {
@@ -77,7 +78,20 @@ impl Process {
             stderr: Some(stderr),
             control,
             started: Instant::now(),
+            output_limit: None,
         }
+    }
+
+    /// Sets the output cap the sandbox's spec asks for (`Limits::output_bytes`), used by
+    /// collectors when the request sets none; for backend implementors.
+    pub fn with_output_limit(mut self, limit: Option<usize>) -> Self {
+        self.output_limit = limit;
+        self
+    }
+
+    /// The sandbox's default output cap, if its spec sets one.
+    pub fn output_limit(&self) -> Option<usize> {
+        self.output_limit
     }
 
     /// Takes the stdin writer; `None` if the request supplied stdin bytes or it was taken.

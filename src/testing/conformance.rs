@@ -1130,7 +1130,10 @@ pub async fn ext_upload_download(b: &dyn SandboxBackend) {
 /// Streams, exit codes, stdin, env, cwd, output caps, timeouts and kill, on backends
 /// with a shell.
 pub async fn exec_basics(b: &dyn SandboxBackend) {
-    with_sandbox(b, spec().with_env("FROM_SPEC", "spec"), |id| async move {
+    let spec = spec()
+        .with_env("FROM_SPEC", "spec")
+        .with_limits(crate::Limits::new().output_bytes(4096));
+    with_sandbox(b, spec, |id| async move {
         let out = b
             .run_shell(&id, "echo out; echo err >&2; exit 3")
             .await
@@ -1201,6 +1204,12 @@ pub async fn exec_basics(b: &dyn SandboxBackend) {
         assert!(
             out.success(),
             "the pipe kept draining, so the command finished normally"
+        );
+        let out = b.run_shell(&id, "head -c 100000 /dev/zero").await.unwrap();
+        assert_eq!(
+            (out.stdout.len(), out.stdout_truncated),
+            (4096, true),
+            "the spec's output cap applies when the request sets none"
         );
 
         let out = b

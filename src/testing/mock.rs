@@ -488,7 +488,8 @@ impl SandboxBackend for MockBackend {
             stdin_writer,
             receiver_stream(out_rx),
             receiver_stream(err_rx),
-        ))
+        )
+        .with_output_limit(spec.limits.output_bytes))
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {

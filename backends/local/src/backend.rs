@@ -181,10 +181,18 @@ impl SandboxBackend for LocalBackend {
                 "backend local does not run commands as another user yet",
             ));
         }
+        // Unset limits take the backend's defaults; the stored spec shows what applies.
+        let mut spec = spec.clone();
+        let defaults = &self.inner.config.default_limits;
+        let limits = &mut spec.limits;
+        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
+        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
+        limits.pids = limits.pids.or(defaults.pids);
+        limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
+        limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
         let id = SandboxId::generate("local");
         let dir = self.dir(&id);
         let strategy = self.inner.config.workspace;
-        let spec = spec.clone();
         let roots = self.inner.cgroups.clone();
         let meta = blocking(move || {
             let mut cgroups = None;
@@ -414,10 +422,11 @@ impl SandboxBackend for LocalBackend {
             setup: crate::sys::ChildSetup {
                 cgroup_procs,
                 landlock,
+                max_file_bytes: meta.spec.limits.disk_bytes,
             },
         })?;
         dir.add_group(pgid)?;
-        Ok(process)
+        Ok(process.with_output_limit(meta.spec.limits.output_bytes))
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
@@ -521,6 +530,7 @@ async fn start_namespaces(dir: &SandboxDir, meta: &mut SandboxMeta) -> Result<()
         crate::sys::ChildSetup {
             cgroup_procs,
             landlock: None,
+            max_file_bytes: None,
         },
     );
     let mut child = cmd

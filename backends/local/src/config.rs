@@ -70,6 +70,8 @@ pub struct LocalConfig {
     /// At `Isolation::Landlock`, where sandbox processes may read and execute
     /// (default: everywhere, `/`).
     pub readable: Vec<PathBuf>,
+    /// Limits applied where a spec leaves one unset.
+    pub default_limits: sandcell::Limits,
 }
 
 impl Default for LocalConfig {
@@ -81,6 +83,7 @@ impl Default for LocalConfig {
             workspace: WorkspaceStrategy::Auto,
             kill_grace_secs: 2.0,
             readable: vec![PathBuf::from("/")],
+            default_limits: sandcell::Limits::default(),
         }
     }
 }
@@ -131,6 +134,12 @@ impl LocalBackendBuilder {
     /// Sets the time between SIGTERM and SIGKILL when a process tree is killed.
     pub fn kill_grace(mut self, grace: Duration) -> Self {
         self.config.kill_grace_secs = grace.as_secs_f64();
+        self
+    }
+
+    /// Sets the limits applied where a spec leaves one unset.
+    pub fn default_limits(mut self, limits: sandcell::Limits) -> Self {
+        self.config.default_limits = limits;
         self
     }
 

@@ -100,6 +100,8 @@ pub(crate) struct ChildSetup {
     pub(crate) cgroup_procs: Vec<OwnedFd>,
     /// A Landlock ruleset to enforce.
     pub(crate) landlock: Option<OwnedFd>,
+    /// Largest file the process may write (`RLIMIT_FSIZE`), from `Limits::disk_bytes`.
+    pub(crate) max_file_bytes: Option<u64>,
 }
 
 /// Makes the child join the sandbox's cgroups, drop core dumps and enforce its Landlock
@@ -110,6 +112,10 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
         current: Some(0),
         maximum: Some(0),
     };
+    let file_size = setup.max_file_bytes.map(|bytes| rustix::process::Rlimit {
+        current: Some(bytes),
+        maximum: Some(bytes),
+    });
     // SAFETY: the closure runs in the forked child, where only async-signal-safe work is
     // allowed. It makes raw syscalls only — write(2) of a static buffer to descriptors
     // the parent opened, setrlimit(2), prctl(2) and landlock_restrict_self(2) — and
@@ -121,6 +127,9 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
                 rustix::io::write(fd, b"0")?;
             }
             rustix::process::setrlimit(rustix::process::Resource::Core, no_core)?;
+            if let Some(limit) = file_size {
+                rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
+            }
             if let Some(ruleset) = &setup.landlock {
                 rustix::thread::set_no_new_privs(true)?;
                 if libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) < 0 {

@@ -338,3 +338,49 @@ async fn a_missing_program_is_not_found() {
     assert_eq!(err.kind(), sandcell::ErrorKind::NotFound, "{err}");
     f.backend.destroy(&f.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn default_and_disk_limits_apply() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .default_limits(sandcell::Limits::new().disk_bytes(1000).pids(128))
+        .build()
+        .unwrap();
+    let info = match backend.create(&SandboxSpec::default()).await {
+        Ok(info) => info,
+        Err(e) if e.kind() == sandcell::ErrorKind::Unsupported => {
+            assert!(
+                std::env::var("SANDCELL_REQUIRE_CGROUPS").as_deref() != Ok("1"),
+                "{e}"
+            );
+            eprintln!("SKIPPED: {e}");
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let pids_dir = info
+        .details
+        .get("cgroup_pids")
+        .or(info.details.get("cgroup"))
+        .cloned()
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(format!("{pids_dir}/pids.max"))
+            .unwrap()
+            .trim(),
+        "128",
+        "the default pids limit applied"
+    );
+    // RLIMIT_FSIZE from disk_bytes: no file may grow past it.
+    let out = backend
+        .run_shell(&info.id, "head -c 5000 /dev/zero > big; wc -c < big")
+        .await
+        .unwrap();
+    let size: u64 = out.stdout_str().trim().parse().unwrap();
+    assert!(
+        size <= 1000,
+        "a file stopped at the disk limit: {size} bytes"
+    );
+    backend.destroy(&info.id).await.unwrap();
+}
