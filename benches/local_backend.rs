@@ -19,18 +19,6 @@ use std::time::{Duration, Instant};
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_local::{LocalBackend, WorkspaceStrategy};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn p50(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -48,7 +36,7 @@ async fn create_p50(backend: &LocalBackend, rounds: u64) -> (Duration, String) {
         used = info.details["workspace"].clone();
         backend.destroy(&info.id).await.expect("destroy");
     }
-    (p50(times), used)
+    (common::median(times), used)
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -57,7 +45,7 @@ async fn main() {
         println!("local_backend: run with `cargo bench --bench local_backend`");
         return;
     }
-    let rounds = env_u64("SANDCELL_BENCH_ROUNDS", 50).max(3);
+    let rounds = common::env_u64("SANDCELL_BENCH_ROUNDS", 50).max(3);
     let work = PathBuf::from(
         std::env::var("SANDCELL_BENCH_DIR").unwrap_or_else(|_| "target/bench-snapshot".to_owned()),
     );
@@ -147,8 +135,8 @@ async fn main() {
         inc_bytes = inc.size_bytes;
     }
     overlay.destroy(&sb.id).await.unwrap();
-    let (ours, raw) = (p50(ours), p50(raw));
-    let inc_p50 = p50(inc_times);
+    let (ours, raw) = (common::median(ours), common::median(raw));
+    let inc_p50 = common::median(inc_times);
 
     println!();
     println!("| measurement | sandcell-local | baseline | ratio |");

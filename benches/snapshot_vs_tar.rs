@@ -23,13 +23,6 @@ use std::time::{Duration, Instant};
 use sandcell::archive::ArchiveLimits;
 use sandcell::snapshot::{self, PackOptions, SnapshotManifest};
 
-fn env_u64(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 fn sh(script: &str) -> Duration {
     let start = Instant::now();
     let status = Command::new("sh")
@@ -45,11 +38,6 @@ fn sh(script: &str) -> Duration {
 /// Flushes dirty pages so one step's writeback is not billed to the next.
 fn settle() {
     let _ = Command::new("sync").status();
-}
-
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
 }
 
 fn fresh(path: &Path) {
@@ -75,8 +63,8 @@ fn main() {
             "{tool} is not installed; the comparison needs it (apt-get install {tool})"
         );
     }
-    let files = env_u64("SANDCELL_BENCH_FILES", 20_000);
-    let rounds = env_u64("SANDCELL_BENCH_ROUNDS", 3).max(1);
+    let files = common::env_u64("SANDCELL_BENCH_FILES", 20_000);
+    let rounds = common::env_u64("SANDCELL_BENCH_ROUNDS", 3).max(1);
     let work = PathBuf::from(
         std::env::var("SANDCELL_BENCH_DIR").unwrap_or_else(|_| "target/bench-snapshot".to_owned()),
     );
@@ -199,10 +187,10 @@ fn main() {
     let theirs_size = fs::metadata(&theirs).map(|m| m.len()).unwrap_or(0);
 
     let (ps, pt, us, ut) = (
-        median(pack_s),
-        median(pack_t),
-        median(unpack_s),
-        median(unpack_t),
+        common::median(pack_s),
+        common::median(pack_t),
+        common::median(unpack_s),
+        common::median(unpack_t),
     );
     println!();
     println!("| operation | sandcell | tar + zstd | ratio (sandcell / tar) |");

@@ -568,16 +568,7 @@ where
 {
     let info = backend.inspect(id).await?;
     let stream = backend.export_tar(id, path).await?;
-    let reader = crate::stream::stream_to_reader(stream);
-    let opts = *opts;
-    let limits = ArchiveLimits::default();
-    let (blob, out) = tokio::task::spawn_blocking(move || {
-        let mut out = out;
-        let blob = pack_tar(reader, &mut out, &opts, &limits)?;
-        Ok::<_, Error>((blob, out))
-    })
-    .await
-    .map_err(|e| Error::with_source(ErrorKind::Backend, "snapshot task failed", e))??;
+    let (blob, out) = pack_stream(stream, out, opts).await?;
     let manifest =
         SnapshotManifest::new(&blob, backend.name(), info.template).with_sandbox(id.clone());
     Ok((manifest, out))
@@ -618,6 +609,26 @@ where
         .await
 }
 
+/// Normalizes and compresses a backend's tar stream into `out` on a blocking thread.
+async fn pack_stream<W>(
+    stream: crate::ByteStream,
+    out: W,
+    opts: &PackOptions,
+) -> Result<(PackedBlob, W)>
+where
+    W: Write + Send + 'static,
+{
+    let reader = crate::stream::stream_to_reader(stream);
+    let opts = *opts;
+    tokio::task::spawn_blocking(move || {
+        let mut out = out;
+        let blob = pack_tar(reader, &mut out, &opts, &ArchiveLimits::default())?;
+        Ok::<_, Error>((blob, out))
+    })
+    .await
+    .map_err(|e| Error::with_source(ErrorKind::Backend, "snapshot task failed", e))?
+}
+
 /// Snapshots only what changed in a sandbox's workspace since its template: changed and
 /// added entries in the blob, deletions in the manifest. Needs
 /// [`Capabilities::incremental_snapshot`](crate::Capabilities::incremental_snapshot).
@@ -640,16 +651,7 @@ where
     }
     let info = backend.inspect(id).await?;
     let changes = backend.export_changes(id).await?;
-    let reader = crate::stream::stream_to_reader(changes.tar);
-    let opts = *opts;
-    let limits = ArchiveLimits::default();
-    let (blob, out) = tokio::task::spawn_blocking(move || {
-        let mut out = out;
-        let blob = pack_tar(reader, &mut out, &opts, &limits)?;
-        Ok::<_, Error>((blob, out))
-    })
-    .await
-    .map_err(|e| Error::with_source(ErrorKind::Backend, "snapshot task failed", e))??;
+    let (blob, out) = pack_stream(changes.tar, out, opts).await?;
     let mut manifest =
         SnapshotManifest::new(&blob, backend.name(), info.template).with_sandbox(id.clone());
     manifest.incremental = true;

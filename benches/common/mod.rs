@@ -7,6 +7,20 @@ use std::fs;
 use std::io::Write;
 use std::path::Path;
 
+/// An integer from the environment, or `default`.
+pub(crate) fn env_u64(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// The median of a set of timings.
+pub(crate) fn median(mut v: Vec<std::time::Duration>) -> std::time::Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
 /// xorshift64*: a tiny deterministic generator, so every run packs the same bytes.
 pub(crate) struct Rng(u64);
 

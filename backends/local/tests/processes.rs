@@ -36,6 +36,21 @@ async fn fixture() -> Fixture {
     }
 }
 
+/// Destroys the sandbox even when a test fails half-way (destroy is idempotent, so
+/// tests that destroy it themselves are unaffected).
+impl Drop for Fixture {
+    fn drop(&mut self) {
+        let (backend, id) = (self.backend.clone(), self.id.clone());
+        std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Runtime::new() {
+                let _ = rt.block_on(backend.destroy(&id));
+            }
+        })
+        .join()
+        .ok();
+    }
+}
+
 /// Waits briefly for processes to disappear (a SIGKILLed process is reaped by its parent
 /// shortly after, not instantly).
 async fn settled(workspace: &std::path::Path) -> Vec<i32> {

@@ -311,89 +311,95 @@ async fn a_sandbox_process_swapping_a_dir_for_a_link_never_leads_file_operations
     let outside = tempfile::tempdir().unwrap();
     std::fs::write(outside.path().join("secret"), "outside-secret-bytes").unwrap();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
-    let sb = backend.create(&SandboxSpec::default()).await.unwrap();
-    // `d` is always there, atomically retargeted (rename of one link over another)
-    // between a directory inside the workspace and the outside directory.
-    let script = format!(
-        "mkdir -p real && ln -sfn real d && while :; do ln -sfn {} d.tmp && mv -T d.tmp d; ln -sfn real d.tmp && mv -T d.tmp d; done 2>/dev/null",
-        outside.path().display()
-    );
-    let mut swapper = backend
-        .exec(
-            &sb.id,
-            sandcell::ExecRequest::shell(script).timeout(std::time::Duration::from_secs(60)),
-        )
-        .await
-        .unwrap();
-    // Start only once the swapper owns `d` (an early write would create it as a
-    // directory and jam the swapping).
-    let d: SandboxPath = "d".parse().unwrap();
-    let mut ready = false;
-    for _ in 0..500 {
-        if backend
-            .stat(&sb.id, &d)
-            .await
-            .is_ok_and(|i| i.kind == sandcell::FileKind::Symlink)
-        {
-            ready = true;
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-    }
-    assert!(ready, "the swapper started");
-    let d_file: SandboxPath = "d/f".parse().unwrap();
-    let (mut operations, mut written, mut refused) = (0, 0, 0);
-    for i in 0..300 {
-        match backend
-            .write(&sb.id, &d_file, bytes::Bytes::from(format!("{i}")))
-            .await
-        {
-            Ok(()) => written += 1,
-            Err(e) if e.kind() == sandcell::ErrorKind::PermissionDenied => refused += 1,
-            Err(_) => {}
-        }
-        if let Ok(data) = backend.read(&sb.id, &d_file).await {
-            assert!(!data.starts_with(b"outside"), "read through the link");
-        }
-        let _ = backend.list_dir(&sb.id, &"d".parse().unwrap()).await;
-        let _ = backend.mkdir(&sb.id, &"d/sub".parse().unwrap()).await;
-        if i % 30 == 0 {
-            let (_, blob) = snapshot::capture(
-                &backend,
-                &sb.id,
-                &SandboxPath::root(),
-                Vec::new(),
-                &PackOptions::default(),
-            )
-            .await
-            .unwrap();
-            let tar = zstd::decode_all(&blob[..]).unwrap();
+    let outside_path = outside.path().to_path_buf();
+    sandcell::testing::conformance::with_sandbox(&backend, SandboxSpec::default(), |id| {
+        let backend = &backend;
+        let outside = &outside_path;
+        async move {
+            // `d` is always there, atomically retargeted (rename of one link over another)
+            // between a directory inside the workspace and the outside directory.
+            let script = format!(
+                "mkdir -p real && ln -sfn real d && while :; do ln -sfn {} d.tmp && mv -T d.tmp d; ln -sfn real d.tmp && mv -T d.tmp d; done 2>/dev/null",
+                outside.as_path().display()
+            );
+            let mut swapper = backend
+                .exec(
+                    &id,
+                    sandcell::ExecRequest::shell(script).timeout(std::time::Duration::from_secs(60)),
+                )
+                .await
+                .unwrap();
+            // Start only once the swapper owns `d` (an early write would create it as a
+            // directory and jam the swapping).
+            let d: SandboxPath = "d".parse().unwrap();
+            let mut ready = false;
+            for _ in 0..500 {
+                if backend
+                    .stat(&id, &d)
+                    .await
+                    .is_ok_and(|i| i.kind == sandcell::FileKind::Symlink)
+                {
+                    ready = true;
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            assert!(ready, "the swapper started");
+            let d_file: SandboxPath = "d/f".parse().unwrap();
+            let (mut operations, mut written, mut refused) = (0, 0, 0);
+            for i in 0..300 {
+                match backend
+                    .write(&id, &d_file, bytes::Bytes::from(format!("{i}")))
+                    .await
+                {
+                    Ok(()) => written += 1,
+                    Err(e) if e.kind() == sandcell::ErrorKind::PermissionDenied => refused += 1,
+                    Err(_) => {}
+                }
+                if let Ok(data) = backend.read(&id, &d_file).await {
+                    assert!(!data.starts_with(b"outside"), "read through the link");
+                }
+                let _ = backend.list_dir(&id, &"d".parse().unwrap()).await;
+                let _ = backend.mkdir(&id, &"d/sub".parse().unwrap()).await;
+                if i % 30 == 0 {
+                    let (_, blob) = snapshot::capture(
+                        backend,
+                        &id,
+                        &SandboxPath::root(),
+                        Vec::new(),
+                        &PackOptions::default(),
+                    )
+                    .await
+                    .unwrap();
+                    let tar = zstd::decode_all(&blob[..]).unwrap();
+                    assert!(
+                        !contains(&tar, b"outside-secret-bytes"),
+                        "export followed the link"
+                    );
+                }
+                operations += 1;
+            }
+            swapper.kill().await.unwrap();
+            let _ = swapper.wait().await;
+            assert_eq!(operations, 300);
             assert!(
-                !contains(&tar, b"outside-secret-bytes"),
-                "export followed the link"
+                written > 0 && refused > 0,
+                "both states were hit: {written} written, {refused} refused"
+            );
+            let names: Vec<_> = std::fs::read_dir(outside.as_path())
+                .unwrap()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            assert_eq!(
+                names,
+                ["secret"],
+                "nothing was written outside the workspace"
+            );
+            assert_eq!(
+                std::fs::read_to_string(outside.as_path().join("secret")).unwrap(),
+                "outside-secret-bytes"
             );
         }
-        operations += 1;
-    }
-    swapper.kill().await.unwrap();
-    let _ = swapper.wait().await;
-    assert_eq!(operations, 300);
-    assert!(
-        written > 0 && refused > 0,
-        "both states were hit: {written} written, {refused} refused"
-    );
-    let names: Vec<_> = std::fs::read_dir(outside.path())
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .collect();
-    assert_eq!(
-        names,
-        ["secret"],
-        "nothing was written outside the workspace"
-    );
-    assert_eq!(
-        std::fs::read_to_string(outside.path().join("secret")).unwrap(),
-        "outside-secret-bytes"
-    );
-    backend.destroy(&sb.id).await.unwrap();
+    })
+    .await;
 }
