@@ -1270,6 +1270,97 @@ pub async fn exec_missing_program_is_not_found(b: &dyn SandboxBackend) {
     .await;
 }
 
+/// Polls `check` up to 200 times, 10 ms apart: bounds a wait for something the kernel
+/// does asynchronously (reaping, freezing); it measures nothing.
+async fn eventually<F, Fut>(mut check: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if check().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    false
+}
+
+/// A process left running in the background by one command is still there for the
+/// next one, and `reset` ends it (backends with a shell and reset).
+pub async fn background_processes_live_until_reset(b: &dyn SandboxBackend) {
+    let marker = format!("sandcell-bg-{}", uuid::Uuid::new_v4().simple());
+    with_sandbox(b, spec(), |id| {
+        let marker = marker.clone();
+        async move {
+            // `$0` of the idle shell is the marker, one NUL-separated argument of its own,
+            // so it matches a whole line below while the checking script's text never does.
+            let count = format!(
+                "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\000' '\\n' | grep -c '^{marker}$'"
+            );
+            let running = |want: &'static str| {
+                let count = count.clone();
+                let id = id.clone();
+                move || {
+                    let count = count.clone();
+                    let id = id.clone();
+                    async move {
+                        b.run_shell(&id, &count)
+                            .await
+                            .is_ok_and(|out| out.stdout_str().trim() == want)
+                    }
+                }
+            };
+            let start = format!("sh -c 'sleep 1000; :' {marker} >/dev/null 2>&1 </dev/null &");
+            assert!(b.run_shell(&id, &start).await.unwrap().success());
+            assert!(
+                eventually(running("1")).await,
+                "the background process outlives its command"
+            );
+            b.reset(&id).await.expect("reset");
+            assert!(eventually(running("0")).await, "reset ends it");
+        }
+    })
+    .await;
+}
+
+/// A read-only host mount can be read but not written, and the host directory is left
+/// as it was (backends with host mounts).
+pub async fn read_only_mounts_refuse_writes(b: &dyn SandboxBackend) {
+    let host = tempfile::tempdir().expect("host temp dir");
+    std::fs::write(host.path().join("facts.md"), "fact").unwrap();
+    let spec = spec().with_mount(crate::Mount::read_only(host.path(), p("files")));
+    with_sandbox(b, spec, |id| async move {
+        assert_eq!(
+            &b.read(&id, &p("files/facts.md")).await.unwrap()[..],
+            b"fact"
+        );
+        assert_kind(
+            b.write(&id, &p("files/new.md"), Bytes::from_static(b"x"))
+                .await,
+            ErrorKind::PermissionDenied,
+            "write into a read-only mount",
+        );
+        if b.capabilities().shell {
+            let out = b.run_shell(&id, "echo x > files/new.md").await.unwrap();
+            assert!(
+                !out.success(),
+                "a sandbox process cannot write there either"
+            );
+        }
+    })
+    .await;
+    let names: Vec<_> = std::fs::read_dir(host.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["facts.md"], "the host directory is unchanged");
+    assert_eq!(
+        std::fs::read_to_string(host.path().join("facts.md")).unwrap(),
+        "fact"
+    );
+}
+
 /// Runs every case that applies to `b`, in order, printing each name.
 pub async fn run_all(b: &dyn SandboxBackend) {
     let caps = b.capabilities();
@@ -1310,6 +1401,17 @@ pub async fn run_all(b: &dyn SandboxBackend) {
             "conformance[{}]: symlink_escapes_are_refused skipped: no symlink support",
             b.name()
         );
+    }
+    if caps.host_mounts {
+        case!(read_only_mounts_refuse_writes);
+    } else {
+        eprintln!(
+            "conformance[{}]: read_only_mounts_refuse_writes skipped: no host mounts",
+            b.name()
+        );
+    }
+    if caps.shell && caps.reset {
+        case!(background_processes_live_until_reset);
     }
     if caps.shell {
         case!(exec_basics);

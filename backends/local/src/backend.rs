@@ -1,6 +1,7 @@
 //! `LocalBackend`: the `SandboxBackend` implementation over directories and process groups.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -53,6 +54,16 @@ struct Inner {
     grace: Duration,
     capabilities: Capabilities,
     cgroups: CgroupRoots,
+    probed: Probed,
+    /// Landlock rulesets by sandbox: built on first exec, enforced by every child.
+    rulesets: std::sync::Mutex<HashMap<SandboxId, Arc<OwnedFd>>>,
+}
+
+/// What `build()` found out about the host for the chosen isolation level.
+#[derive(Debug, Default)]
+pub(crate) struct Probed {
+    pub(crate) landlock_abi: Option<u32>,
+    pub(crate) namespace_tools: Option<crate::namespace::Tools>,
 }
 
 impl LocalBackend {
@@ -61,7 +72,7 @@ impl LocalBackend {
         LocalBackendBuilder::new()
     }
 
-    pub(crate) fn from_config(config: LocalConfig) -> Self {
+    pub(crate) fn from_config(config: LocalConfig, probed: Probed) -> Self {
         let on_path = |program: &str| {
             DEFAULT_PATH
                 .split(':')
@@ -75,7 +86,8 @@ impl LocalBackend {
         // Processes share the host's network stack and can listen on its ports.
         capabilities.port_exposure = true;
         capabilities.symlinks = true;
-        capabilities.host_mounts = true;
+        // Bind mounts (like overlay mounts and cgroups) need root.
+        capabilities.host_mounts = rustix::process::geteuid().is_root();
         // Landlocked or capability-less namespaced processes cannot mount or remount,
         // so a read-only mount stays so.
         capabilities.read_only_mounts_enforced = matches!(
@@ -93,6 +105,8 @@ impl LocalBackend {
                 config,
                 capabilities,
                 cgroups,
+                probed,
+                rulesets: std::sync::Mutex::new(HashMap::new()),
             }),
         }
     }
@@ -121,6 +135,37 @@ impl LocalBackend {
     {
         let (dir, _) = self.meta(id)?;
         blocking(move || op(&Workspace::open(&dir.workspace())?)).await
+    }
+
+    fn lock_rulesets(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Arc<OwnedFd>>> {
+        // Entries are whole values inserted or removed at once: a poisoned map is intact.
+        self.inner
+            .rulesets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sandbox's Landlock ruleset, built on first use: the paths it names never
+    /// change, and one ruleset can be enforced by any number of children.
+    fn ruleset(&self, id: &SandboxId, abi: u32, dir: &SandboxDir) -> Result<Arc<OwnedFd>> {
+        if let Some(fd) = self.lock_rulesets().get(id) {
+            return Ok(fd.clone());
+        }
+        let fd = Arc::new(crate::landlock::ruleset(
+            abi,
+            &self.inner.config.readable,
+            &[dir.workspace(), dir.tmp()],
+        )?);
+        self.lock_rulesets().insert(id.clone(), fd.clone());
+        Ok(fd)
+    }
+
+    fn namespace_tools(&self) -> Result<&crate::namespace::Tools> {
+        self.inner
+            .probed
+            .namespace_tools
+            .as_ref()
+            .ok_or_else(|| Error::new(ErrorKind::Backend, "namespace tools were not probed"))
     }
 
     fn set_status(&self, id: &SandboxId, status: SandboxStatus) -> Result<()> {
@@ -210,6 +255,7 @@ impl SandboxBackend for LocalBackend {
                     workspace: used.to_owned(),
                     cgroups: cgroups.clone(),
                     ns_init: None,
+                    ns_user: false,
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
@@ -228,7 +274,8 @@ impl SandboxBackend for LocalBackend {
         .await?;
         let (dir, mut meta) = meta;
         if self.inner.config.isolation == Isolation::Namespaces {
-            if let Err(e) = start_namespaces(&dir, &mut meta).await {
+            let tools = self.namespace_tools()?;
+            if let Err(e) = start_namespaces(tools, &dir, &mut meta).await {
                 let _ = self.destroy(&meta.id).await;
                 return Err(e);
             }
@@ -274,6 +321,7 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
+        self.lock_rulesets().remove(id);
         let dir = self.dir(id);
         let id = id.clone();
         blocking(move || {
@@ -343,7 +391,7 @@ impl SandboxBackend for LocalBackend {
         if self.inner.config.isolation == Isolation::Namespaces {
             // Killing everything took the namespaces' pid 1 too; make fresh ones.
             let (dir, mut meta) = self.meta(id)?;
-            start_namespaces(&dir, &mut meta).await?;
+            start_namespaces(self.namespace_tools()?, &dir, &mut meta).await?;
         }
         self.set_status(id, SandboxStatus::Running)
     }
@@ -381,7 +429,8 @@ impl SandboxBackend for LocalBackend {
                 program_exists(&argv[0], &cwd)?;
                 let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
                 let rel = SandboxPath::new(&rel.to_string_lossy())?;
-                argv = crate::namespace::enter(init, &rel, argv)?;
+                let tools = self.namespace_tools()?;
+                argv = crate::namespace::enter(tools, init, meta.ns_user, &rel, argv);
                 // --wdns sets the directory inside; the launcher itself needs none.
                 cwd = PathBuf::from("/");
                 (crate::namespace::WORKSPACE.to_owned(), "/tmp".to_owned())
@@ -402,13 +451,9 @@ impl SandboxBackend for LocalBackend {
             Some(cg) => cg.join_fds()?,
             None => Vec::new(),
         };
-        let landlock = match self.inner.config.isolation {
-            Isolation::Landlock => Some(crate::landlock::ruleset(
-                crate::landlock::abi()?,
-                &self.inner.config.readable,
-                &[dir.workspace(), dir.tmp()],
-            )?),
-            _ => None,
+        let landlock = match self.inner.probed.landlock_abi {
+            Some(abi) => Some(self.ruleset(id, abi, &dir)?),
+            None => None,
         };
         let (process, pgid) = process::spawn(Launch {
             argv,
@@ -520,8 +565,12 @@ impl SandboxBackend for LocalBackend {
 
 /// Starts the sandbox's namespaces (bubblewrap, idling) inside its cgroup and records
 /// their pid 1.
-async fn start_namespaces(dir: &SandboxDir, meta: &mut SandboxMeta) -> Result<()> {
-    let mut cmd = crate::namespace::init_command(dir, &meta.spec.network)?;
+async fn start_namespaces(
+    tools: &crate::namespace::Tools,
+    dir: &SandboxDir,
+    meta: &mut SandboxMeta,
+) -> Result<()> {
+    let mut cmd = crate::namespace::init_command(tools, dir, &meta.spec.network)?;
     let cgroup_procs = match &meta.cgroups {
         Some(cg) => cg.join_fds()?,
         None => Vec::new(),
@@ -546,7 +595,9 @@ async fn start_namespaces(dir: &SandboxDir, meta: &mut SandboxMeta) -> Result<()
     tokio::spawn(async move {
         let _ = child.wait().await;
     });
-    meta.ns_init = Some(init?);
+    let init = init?;
+    meta.ns_init = Some(init);
+    meta.ns_user = crate::namespace::has_own_user_ns(init);
     dir.write_meta(meta)
 }
 

@@ -156,10 +156,11 @@ impl LocalBackendBuilder {
     /// Validates everything and creates the root directory.
     pub fn build(self) -> Result<LocalBackend> {
         let mut config = self.config;
+        let mut probed = crate::backend::Probed::default();
         match config.isolation {
             Isolation::None => {}
             Isolation::Landlock => {
-                crate::landlock::abi()?;
+                probed.landlock_abi = Some(crate::landlock::abi()?);
                 for path in &config.readable {
                     if !path.exists() {
                         return Err(Error::not_found(format!(
@@ -169,7 +170,7 @@ impl LocalBackendBuilder {
                     }
                 }
             }
-            Isolation::Namespaces => crate::namespace::probe()?,
+            Isolation::Namespaces => probed.namespace_tools = Some(crate::namespace::probe()?),
         }
         if !(config.kill_grace_secs.is_finite() && config.kill_grace_secs >= 0.0) {
             return Err(Error::invalid_input(
@@ -194,7 +195,7 @@ impl LocalBackendBuilder {
         for (name, dir) in config.templates.iter_mut() {
             validate_template(name, dir)?;
         }
-        Ok(LocalBackend::from_config(config))
+        Ok(LocalBackend::from_config(config, probed))
     }
 }
 

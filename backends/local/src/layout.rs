@@ -33,6 +33,9 @@ pub(crate) struct SandboxMeta {
     /// At `Isolation::Namespaces`: host pid of the namespaces' pid 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ns_init: Option<i32>,
+    /// Whether those namespaces include a user namespace of their own to join.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) ns_user: bool,
 }
 
 impl SandboxMeta {

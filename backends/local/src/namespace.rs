@@ -29,22 +29,35 @@ fn find(program: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// The tools this level needs, checked at `build()`: bubblewrap and nsenter, and a
-/// kernel that lets bubblewrap create user, pid and network namespaces.
-pub(crate) fn probe() -> Result<()> {
+/// The programs this level runs, found once at `build()`.
+#[derive(Debug, Clone)]
+pub(crate) struct Tools {
+    bwrap: PathBuf,
+    nsenter: PathBuf,
+    setpriv: PathBuf,
+}
+
+/// Finds the tools this level needs and checks that bubblewrap can create user, pid
+/// and network namespaces on this kernel.
+pub(crate) fn probe() -> Result<Tools> {
     let bwrap = find("bwrap").ok_or_else(|| {
         Error::unsupported(
             "isolation level Namespaces needs bubblewrap: install it (apt-get install bubblewrap)",
         )
     })?;
-    for tool in ["nsenter", "setpriv"] {
+    let util_linux = |tool: &str| {
         find(tool).ok_or_else(|| {
             Error::unsupported(format!(
                 "isolation level Namespaces needs {tool} from util-linux"
             ))
-        })?;
-    }
-    let out = std::process::Command::new(bwrap)
+        })
+    };
+    let tools = Tools {
+        nsenter: util_linux("nsenter")?,
+        setpriv: util_linux("setpriv")?,
+        bwrap,
+    };
+    let out = std::process::Command::new(&tools.bwrap)
         .args(["--unshare-all", "--ro-bind", "/", "/", "--", "true"])
         .env_clear()
         .output()
@@ -55,12 +68,15 @@ pub(crate) fn probe() -> Result<()> {
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    Ok(())
+    Ok(tools)
 }
 
 /// The bubblewrap command that creates a sandbox's namespaces and then idles.
-pub(crate) fn init_command(dir: &SandboxDir, network: &Network) -> Result<tokio::process::Command> {
-    let bwrap = find("bwrap").ok_or_else(|| Error::unsupported("bubblewrap is not installed"))?;
+pub(crate) fn init_command(
+    tools: &Tools,
+    dir: &SandboxDir,
+    network: &Network,
+) -> Result<tokio::process::Command> {
     let mut args: Vec<String> = vec!["--unshare-all".into()];
     match network {
         Network::None => {}
@@ -103,7 +119,7 @@ pub(crate) fn init_command(dir: &SandboxDir, network: &Network) -> Result<tokio:
         "sleep".into(),
         "infinity".into(),
     ]);
-    let mut cmd = tokio::process::Command::new(bwrap);
+    let mut cmd = tokio::process::Command::new(&tools.bwrap);
     cmd.args(args)
         .env_clear()
         .env("PATH", DEFAULT_PATH)
@@ -148,20 +164,32 @@ pub(crate) fn alive(init: i32) -> bool {
     std::path::Path::new(&format!("/proc/{init}/ns/pid")).exists()
 }
 
+/// Whether `init` has a user namespace of its own to join. Bubblewrap running as root
+/// may share ours, and joining one's own user namespace again fails.
+pub(crate) fn has_own_user_ns(init: i32) -> bool {
+    let own = std::fs::read_link("/proc/self/ns/user").ok();
+    let theirs = std::fs::read_link(format!("/proc/{init}/ns/user")).ok();
+    own != theirs
+}
+
 /// `argv` wrapped so it runs inside the namespaces of `init`, in `cwd`.
-pub(crate) fn enter(init: i32, cwd: &SandboxPath, argv: Vec<String>) -> Result<Vec<String>> {
-    let nsenter = find("nsenter").ok_or_else(|| Error::unsupported("nsenter is not installed"))?;
-    let setpriv = find("setpriv").ok_or_else(|| Error::unsupported("setpriv is not installed"))?;
-    // Bubblewrap running as root may share our user namespace; joining it again fails.
-    let own_userns = std::fs::read_link("/proc/self/ns/user").ok();
-    let their_userns = std::fs::read_link(format!("/proc/{init}/ns/user")).ok();
+pub(crate) fn enter(
+    tools: &Tools,
+    init: i32,
+    join_user_ns: bool,
+    cwd: &SandboxPath,
+    argv: Vec<String>,
+) -> Vec<String> {
     let inside = if cwd.is_root() {
         WORKSPACE.to_owned()
     } else {
         format!("{WORKSPACE}/{cwd}")
     };
-    let mut out = vec![nsenter.display().to_string(), format!("--target={init}")];
-    if own_userns != their_userns {
+    let mut out = vec![
+        tools.nsenter.display().to_string(),
+        format!("--target={init}"),
+    ];
+    if join_user_ns {
         out.push("--user".into());
     }
     out.extend([
@@ -174,12 +202,12 @@ pub(crate) fn enter(init: i32, cwd: &SandboxPath, argv: Vec<String>) -> Result<V
         format!("--wdns={inside}"),
         "--".into(),
         // No capabilities inside: a root process cannot remount, mount or escape.
-        setpriv.display().to_string(),
+        tools.setpriv.display().to_string(),
         "--bounding-set=-all".into(),
         "--inh-caps=-all".into(),
         "--no-new-privs".into(),
         "--".into(),
     ]);
     out.extend(argv);
-    Ok(out)
+    out
 }

@@ -99,7 +99,7 @@ pub(crate) struct ChildSetup {
     /// `cgroup.procs` descriptors to join.
     pub(crate) cgroup_procs: Vec<OwnedFd>,
     /// A Landlock ruleset to enforce.
-    pub(crate) landlock: Option<OwnedFd>,
+    pub(crate) landlock: Option<std::sync::Arc<OwnedFd>>,
     /// Largest file the process may write (`RLIMIT_FSIZE`), from `Limits::disk_bytes`.
     pub(crate) max_file_bytes: Option<u64>,
 }

@@ -7,6 +7,8 @@ use sandcell::testing::conformance;
 use sandcell::{ErrorKind, Mount, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
+mod common;
+
 /// A Landlock backend, or `None` (loudly) where the kernel has no Landlock, unless
 /// `SANDCELL_REQUIRE_LANDLOCK=1` (set by CI), where that is a failure.
 fn landlock_backend(root: &std::path::Path) -> Option<LocalBackend> {
@@ -121,17 +123,6 @@ fn sleepers(info: &sandcell::SandboxInfo) -> usize {
         .count()
 }
 
-/// Polls for up to two seconds; bounds a wait, measures nothing.
-async fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..200 {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn namespaces_pass_the_conformance_suite() {
     let root = tempfile::tempdir().unwrap();
@@ -237,7 +228,7 @@ async fn namespaced_background_processes_live_until_destroy() {
                 .unwrap();
             assert!(started.success());
             assert!(
-                eventually(|| sleepers(&info) == 2).await,
+                common::eventually(|| sleepers(&info) == 2).await,
                 "both background processes outlive their command"
             );
             *slot = Some(info);

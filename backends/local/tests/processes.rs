@@ -171,18 +171,6 @@ async fn reset_kills_everything_and_keeps_the_workspace() {
     f.backend.destroy(&f.id).await.unwrap();
 }
 
-/// Polls `check` for up to two seconds (the kernel applies a freeze or a stop
-/// asynchronously); this bounds a wait, it does not measure speed.
-async fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..200 {
-        if check() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    false
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pause_freezes_and_resume_thaws() {
     let f = fixture().await;
@@ -204,16 +192,16 @@ async fn pause_freezes_and_resume_thaws() {
     };
     f.backend.pause(&f.id).await.unwrap();
     let stopped = if info.details.contains_key("cgroup") {
-        eventually(frozen_flag("1")).await
+        common::eventually(frozen_flag("1")).await
     } else {
-        eventually(|| common::state(pids[0]) == Some('T')).await
+        common::eventually(|| common::state(pids[0]) == Some('T')).await
     };
     assert!(stopped, "paused processes are frozen");
     f.backend.resume(&f.id).await.unwrap();
     let running = if info.details.contains_key("cgroup") {
-        eventually(frozen_flag("0")).await
+        common::eventually(frozen_flag("0")).await
     } else {
-        eventually(|| common::state(pids[0]) == Some('S')).await
+        common::eventually(|| common::state(pids[0]) == Some('S')).await
     };
     assert!(running, "resumed processes run again");
     f.backend.destroy(&f.id).await.unwrap();
@@ -250,7 +238,7 @@ async fn a_setsid_escapee_is_killed_on_destroy() {
         .unwrap();
     assert!(out.success());
     assert!(
-        eventually(|| common::processes_in(&f.workspace).len() == 1).await,
+        common::eventually(|| common::processes_in(&f.workspace).len() == 1).await,
         "the escapee runs"
     );
     f.backend.destroy(&f.id).await.unwrap();

@@ -82,3 +82,15 @@ pub(crate) fn state(pid: i32) -> Option<char> {
 fn is_zombie(pid: i32) -> bool {
     state(pid) == Some('Z')
 }
+
+/// Polls `check` up to 200 times, 10 ms apart: bounds a wait for something the kernel
+/// does asynchronously (reaping, freezing); it measures nothing.
+pub(crate) async fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..200 {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    false
+}
