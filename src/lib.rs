@@ -54,6 +54,7 @@ mod process;
 mod sandbox;
 pub mod snapshot;
 mod spec;
+pub mod store;
 pub mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -21,6 +21,7 @@
 pub mod conformance;
 mod hostile;
 mod mock;
+pub mod stores;
 mod tar_builder;
 
 pub use hostile::{hostile_archives, HostileArchive};

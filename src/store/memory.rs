@@ -1,0 +1,203 @@
+//! In-memory stores: for tests, examples and single-process embedders that need no restore.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use chrono::{DateTime, Utc};
+use futures::StreamExt;
+
+use crate::backend::ByteStream;
+use crate::error::{Error, Result};
+use crate::snapshot::SnapshotManifest;
+use crate::store::session::{
+    decide_claim, Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore,
+};
+use crate::store::snapshots::{sort_manifests, SnapshotKey, SnapshotStore};
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every mutation below replaces whole values, so a poisoned lock still holds
+    // consistent data.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+#[derive(Debug, Default)]
+struct StateInner {
+    sessions: BTreeMap<SessionKey, SessionRecord>,
+    pool: BTreeMap<String, PoolEntry>,
+}
+
+/// A [`StateStore`] in memory. Clones share the same state, so several managers in one
+/// process can share it; nothing survives the process.
+#[derive(Debug, Clone, Default)]
+pub struct InMemoryStateStore {
+    inner: Arc<Mutex<StateInner>>,
+}
+
+impl InMemoryStateStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+#[async_trait]
+impl StateStore for InMemoryStateStore {
+    async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
+        let mut inner = lock(&self.inner);
+        let key = &claim.record.key;
+        let tenant = inner
+            .sessions
+            .values()
+            .filter(|r| r.key.tenant() == key.tenant());
+        let outcome = decide_claim(claim, inner.sessions.get(key), tenant)?;
+        if let ClaimOutcome::Claimed(previous) = &outcome {
+            let mut record = claim.record.clone();
+            if let Some(previous) = previous {
+                record.created_at = previous.created_at;
+            }
+            inner.sessions.insert(key.clone(), record);
+        }
+        Ok(outcome)
+    }
+
+    async fn get(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        Ok(lock(&self.inner).sessions.get(key).cloned())
+    }
+
+    async fn put(&self, record: &SessionRecord) -> Result<()> {
+        lock(&self.inner)
+            .sessions
+            .insert(record.key.clone(), record.clone());
+        Ok(())
+    }
+
+    async fn touch(&self, key: &SessionKey, at: DateTime<Utc>) -> Result<()> {
+        if let Some(r) = lock(&self.inner).sessions.get_mut(key) {
+            r.last_active = r.last_active.max(at);
+        }
+        Ok(())
+    }
+
+    async fn delete(&self, key: &SessionKey) -> Result<()> {
+        lock(&self.inner).sessions.remove(key);
+        Ok(())
+    }
+
+    async fn list(&self, tenant: Option<&str>) -> Result<Vec<SessionRecord>> {
+        Ok(lock(&self.inner)
+            .sessions
+            .values()
+            .filter(|r| tenant.is_none_or(|t| r.key.tenant() == t))
+            .cloned()
+            .collect())
+    }
+
+    async fn pool_put(&self, entry: &PoolEntry) -> Result<()> {
+        lock(&self.inner)
+            .pool
+            .insert(entry.slot.clone(), entry.clone());
+        Ok(())
+    }
+
+    async fn pool_take(&self, pool: &str) -> Result<Option<PoolEntry>> {
+        let mut inner = lock(&self.inner);
+        let oldest = inner
+            .pool
+            .values()
+            .filter(|e| e.pool == pool && e.sandbox_id.is_some())
+            .min_by(|a, b| a.created_at.cmp(&b.created_at).then(a.slot.cmp(&b.slot)))
+            .map(|e| e.slot.clone());
+        Ok(oldest.and_then(|slot| inner.pool.remove(&slot)))
+    }
+
+    async fn pool_list(&self) -> Result<Vec<PoolEntry>> {
+        Ok(lock(&self.inner).pool.values().cloned().collect())
+    }
+
+    async fn pool_remove(&self, slot: &str) -> Result<()> {
+        lock(&self.inner).pool.remove(slot);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Default)]
+struct StoredSnapshot {
+    blob: Option<Bytes>,
+    manifest: Option<SnapshotManifest>,
+}
+
+/// A [`SnapshotStore`] in memory. Clones share the same snapshots.
+#[derive(Debug, Clone, Default)]
+pub struct InMemorySnapshotStore {
+    inner: Arc<Mutex<BTreeMap<SnapshotKey, StoredSnapshot>>>,
+}
+
+impl InMemorySnapshotStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn missing(key: &SnapshotKey) -> Error {
+    Error::not_found(format!("snapshot {key} does not exist"))
+}
+
+#[async_trait]
+impl SnapshotStore for InMemorySnapshotStore {
+    async fn put_blob(&self, key: &SnapshotKey, mut blob: ByteStream) -> Result<u64> {
+        let mut buf = BytesMut::new();
+        while let Some(chunk) = blob.next().await {
+            buf.extend_from_slice(&chunk?);
+        }
+        let len = buf.len() as u64;
+        lock(&self.inner).entry(key.clone()).or_default().blob = Some(buf.freeze());
+        Ok(len)
+    }
+
+    async fn put_manifest(&self, key: &SnapshotKey, manifest: &SnapshotManifest) -> Result<()> {
+        let mut inner = lock(&self.inner);
+        match inner.get_mut(key) {
+            Some(s) if s.blob.is_some() => {
+                s.manifest = Some(manifest.clone());
+                Ok(())
+            }
+            _ => Err(Error::not_found(format!(
+                "snapshot {key} has no stored blob; store the blob before its manifest"
+            ))),
+        }
+    }
+
+    async fn manifest(&self, key: &SnapshotKey) -> Result<SnapshotManifest> {
+        lock(&self.inner)
+            .get(key)
+            .and_then(|s| s.manifest.clone())
+            .ok_or_else(|| missing(key))
+    }
+
+    async fn blob(&self, key: &SnapshotKey) -> Result<ByteStream> {
+        let blob = lock(&self.inner)
+            .get(key)
+            .filter(|s| s.manifest.is_some())
+            .and_then(|s| s.blob.clone())
+            .ok_or_else(|| missing(key))?;
+        Ok(futures::stream::iter([Ok(blob)]).boxed())
+    }
+
+    async fn list(&self, session: &SessionKey) -> Result<Vec<SnapshotManifest>> {
+        let mut out: Vec<_> = lock(&self.inner)
+            .iter()
+            .filter(|(k, _)| k.session() == session)
+            .filter_map(|(_, s)| s.manifest.clone())
+            .collect();
+        sort_manifests(&mut out);
+        Ok(out)
+    }
+
+    async fn delete(&self, key: &SnapshotKey) -> Result<()> {
+        lock(&self.inner).remove(key);
+        Ok(())
+    }
+}

@@ -1,0 +1,30 @@
+//! Where the manager keeps what must outlive its process: session records
+//! ([`StateStore`]) and snapshots ([`SnapshotStore`]).
+//!
+//! | store | implementations |
+//! |---|---|
+//! | [`StateStore`] | [`SqliteStateStore`] (feature `sqlite`, default; one file), [`InMemoryStateStore`] |
+//! | [`SnapshotStore`] | [`FsSnapshotStore`] (durable files), [`InMemorySnapshotStore`], [`ObjectSnapshotStore`] (feature `object-store`) |
+//!
+//! Both traits are small on purpose: the manager holds the policy (limits, reaping,
+//! retention) and a store only has to be atomic where its `# Behavior` list says so.
+//! [`testing::store_conformance`](crate::testing) (feature `testing`) checks any
+//! implementation against those lists.
+
+mod fs;
+mod memory;
+#[cfg(feature = "object-store")]
+mod object;
+mod session;
+mod snapshots;
+#[cfg(feature = "sqlite")]
+mod sqlite;
+
+pub use fs::FsSnapshotStore;
+pub use memory::{InMemorySnapshotStore, InMemoryStateStore};
+#[cfg(feature = "object-store")]
+pub use object::ObjectSnapshotStore;
+pub use session::{Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore};
+pub use snapshots::{SnapshotKey, SnapshotStore};
+#[cfg(feature = "sqlite")]
+pub use sqlite::SqliteStateStore;

@@ -1,0 +1,207 @@
+//! [`ObjectSnapshotStore`]: snapshots in any `object_store` (feature `object-store`).
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures::{StreamExt, TryStreamExt};
+use object_store::path::Path;
+use object_store::{ObjectStore, PutPayload, WriteMultipart};
+
+use crate::backend::ByteStream;
+use crate::error::{Error, ErrorKind, Result};
+use crate::snapshot::SnapshotManifest;
+use crate::store::session::SessionKey;
+use crate::store::snapshots::{sort_manifests, SnapshotKey, SnapshotStore};
+
+/// A [`SnapshotStore`] over any [`ObjectStore`] (S3, GCS, Azure, memory, local files).
+///
+/// Objects: `{prefix}/{tenant}/{session}/{id}.tar.zst` (uploaded as a multipart upload,
+/// aborted on error) and `{id}.json`. Object stores make each object appear whole or
+/// not at all, so the manifest written last is the commit point.
+///
+/// ```
+/// # async fn demo() -> sandcell::Result<()> {
+/// use std::sync::Arc;
+/// use sandcell::store::{ObjectSnapshotStore, SessionKey, SnapshotStore};
+///
+/// let store = ObjectSnapshotStore::new(Arc::new(object_store::memory::InMemory::new()), "snapshots");
+/// assert!(store.list(&SessionKey::new("acme", "s1")?).await?.is_empty());
+/// # Ok(()) }
+/// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+/// ```
+#[derive(Debug, Clone)]
+pub struct ObjectSnapshotStore {
+    store: Arc<dyn ObjectStore>,
+    prefix: Path,
+}
+
+fn store_error(context: impl std::fmt::Display, e: object_store::Error) -> Error {
+    let kind = match &e {
+        object_store::Error::NotFound { .. } => ErrorKind::NotFound,
+        object_store::Error::AlreadyExists { .. } => ErrorKind::AlreadyExists,
+        object_store::Error::PermissionDenied { .. }
+        | object_store::Error::Unauthenticated { .. } => ErrorKind::PermissionDenied,
+        _ => ErrorKind::Unavailable,
+    };
+    let temporary = kind == ErrorKind::Unavailable;
+    Error::with_source(kind, format!("snapshot store: {context}"), e).set_temporary(temporary)
+}
+
+impl ObjectSnapshotStore {
+    /// A store keeping its objects under `prefix` (may be empty) of `store`.
+    pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Self {
+        ObjectSnapshotStore {
+            store,
+            prefix: Path::from(prefix),
+        }
+    }
+
+    fn session_prefix(&self, session: &SessionKey) -> Path {
+        self.prefix.child(session.tenant()).child(session.session())
+    }
+
+    fn blob_path(&self, key: &SnapshotKey) -> Path {
+        self.session_prefix(key.session())
+            .child(format!("{}.tar.zst", key.id()))
+    }
+
+    fn manifest_path(&self, key: &SnapshotKey) -> Path {
+        self.session_prefix(key.session())
+            .child(format!("{}.json", key.id()))
+    }
+}
+
+#[async_trait]
+impl SnapshotStore for ObjectSnapshotStore {
+    async fn put_blob(&self, key: &SnapshotKey, mut blob: ByteStream) -> Result<u64> {
+        let path = self.blob_path(key);
+        let upload = self
+            .store
+            .put_multipart(&path)
+            .await
+            .map_err(|e| store_error(format_args!("starting upload of {key}"), e))?;
+        let mut writer = WriteMultipart::new(upload);
+        let mut written = 0u64;
+        let result: Result<()> = async {
+            while let Some(chunk) = blob.next().await {
+                let chunk = chunk?;
+                writer
+                    .wait_for_capacity(4)
+                    .await
+                    .map_err(|e| store_error(format_args!("uploading {key}"), e))?;
+                written += chunk.len() as u64;
+                writer.put(chunk);
+            }
+            Ok(())
+        }
+        .await;
+        match result {
+            Ok(()) => {
+                writer
+                    .finish()
+                    .await
+                    .map_err(|e| store_error(format_args!("finishing upload of {key}"), e))?;
+                Ok(written)
+            }
+            Err(e) => {
+                if let Err(abort) = writer.abort().await {
+                    tracing::warn!(snapshot = %key, error = %abort, "could not abort a failed snapshot upload");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    async fn put_manifest(&self, key: &SnapshotKey, manifest: &SnapshotManifest) -> Result<()> {
+        match self.store.head(&self.blob_path(key)).await {
+            Ok(_) => {}
+            Err(object_store::Error::NotFound { .. }) => {
+                return Err(Error::not_found(format!(
+                    "snapshot {key} has no stored blob; store the blob before its manifest"
+                )))
+            }
+            Err(e) => return Err(store_error(format_args!("checking the blob of {key}"), e)),
+        }
+        let json = manifest.to_json()?;
+        self.store
+            .put(
+                &self.manifest_path(key),
+                PutPayload::from(json.into_bytes()),
+            )
+            .await
+            .map_err(|e| store_error(format_args!("writing the manifest of {key}"), e))?;
+        Ok(())
+    }
+
+    async fn manifest(&self, key: &SnapshotKey) -> Result<SnapshotManifest> {
+        let bytes = self
+            .store
+            .get(&self.manifest_path(key))
+            .await
+            .map_err(|e| store_error(format_args!("reading snapshot {key}"), e))?
+            .bytes()
+            .await
+            .map_err(|e| store_error(format_args!("reading snapshot {key}"), e))?;
+        let json = std::str::from_utf8(&bytes).map_err(|e| {
+            Error::with_source(
+                ErrorKind::Corrupt,
+                format!("manifest of {key} is not UTF-8"),
+                e,
+            )
+        })?;
+        SnapshotManifest::from_json(json).map_err(|e| e.context(format_args!("snapshot {key}")))
+    }
+
+    async fn blob(&self, key: &SnapshotKey) -> Result<ByteStream> {
+        self.manifest(key).await?;
+        let result = self
+            .store
+            .get(&self.blob_path(key))
+            .await
+            .map_err(|e| store_error(format_args!("reading the blob of {key}"), e))?;
+        let key = key.clone();
+        Ok(result
+            .into_stream()
+            .map_err(move |e| store_error(format_args!("reading the blob of {key}"), e))
+            .boxed())
+    }
+
+    async fn list(&self, session: &SessionKey) -> Result<Vec<SnapshotManifest>> {
+        let prefix = self.session_prefix(session);
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&prefix))
+            .try_collect()
+            .await
+            .map_err(|e| store_error(format_args!("listing snapshots of {session}"), e))?;
+        let mut out = Vec::new();
+        for object in objects {
+            let Some(id) = object
+                .location
+                .filename()
+                .and_then(|n| n.strip_suffix(".json"))
+            else {
+                continue;
+            };
+            let key = SnapshotKey::new(session.clone(), id)?;
+            match self.manifest(&key).await {
+                Ok(m) => out.push(m),
+                // Deleted between the listing and the read.
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+        sort_manifests(&mut out);
+        Ok(out)
+    }
+
+    async fn delete(&self, key: &SnapshotKey) -> Result<()> {
+        for path in [self.manifest_path(key), self.blob_path(key)] {
+            match self.store.delete(&path).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => {}
+                Err(e) => return Err(store_error(format_args!("deleting {key}"), e)),
+            }
+        }
+        Ok(())
+    }
+}
