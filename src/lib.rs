@@ -49,6 +49,7 @@ mod error;
 mod exec;
 mod ext;
 mod fs;
+pub mod manager;
 mod path;
 mod process;
 mod sandbox;
@@ -65,7 +66,12 @@ pub use error::{Error, ErrorKind, Result};
 pub use exec::{ExecOutput, ExecRequest, ExitStatus, DEFAULT_OUTPUT_LIMIT};
 pub use ext::{EditOutcome, GrepMatch, Language, SandboxBackendExt, GREP_MAX_FILE_BYTES};
 pub use fs::{DirEntry, FileInfo, FileKind};
+pub use manager::{
+    EventKind, ManagerBuilder, ManagerEvent, ManagerSettings, ReleaseMode, SandboxHandle,
+    SandboxManager,
+};
 pub use path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
 pub use process::{OutputStream, Process, ProcessControl, ProcessEvent, ProcessStdin};
 pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 pub use spec::{Limits, Mount, Network, SandboxSpec};
+pub use store::SessionKey;

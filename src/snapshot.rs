@@ -658,3 +658,28 @@ where
     manifest.deleted = changes.deleted;
     Ok((manifest, out))
 }
+
+/// Normalizes and compresses an uncompressed tar stream as a stream of blob bytes.
+///
+/// The blob streams out while it is packed (on a blocking thread), so a store can write it
+/// without holding it in memory. The receiver yields the [`PackedBlob`] (sizes and hash)
+/// once the stream has been consumed to its end; if packing fails, the stream's last item
+/// is the error and the receiver is closed. Must be called inside a tokio runtime.
+pub fn compress_stream(
+    tar: crate::ByteStream,
+    opts: &PackOptions,
+) -> (
+    crate::ByteStream,
+    tokio::sync::oneshot::Receiver<PackedBlob>,
+) {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let opts = *opts;
+    let reader = crate::stream::stream_to_reader(tar);
+    let blob = crate::stream::writer_to_stream(move |out| {
+        let mut reader = reader;
+        let packed = pack_tar(&mut reader, out, &opts, &ArchiveLimits::default())?;
+        let _ = tx.send(packed);
+        Ok(())
+    });
+    (blob, rx)
+}

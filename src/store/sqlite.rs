@@ -25,7 +25,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 /// all of them together. The database runs in WAL mode and waits up to 30 s for a lock.
 ///
 /// ```
-/// # async fn demo() -> sandcell::Result<()> {
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use sandcell::store::{SqliteStateStore, StateStore};
 ///
 /// let dir = tempfile::tempdir()?;

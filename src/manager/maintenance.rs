@@ -1,0 +1,584 @@
+//! The manager's housekeeping: reaping, retention, reconcile, warm pools, background
+//! tasks and shutdown.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use tracing::Instrument;
+
+use crate::backend::SandboxBackend;
+use crate::error::{Error, ErrorKind, Result};
+use crate::manager::{
+    chrono_duration, live_sandbox, lock, EventKind, Inner, ReleaseMode, SandboxManager,
+    ShutdownPolicy, SnapshotRetention, LABEL_MANAGER, LABEL_POOL, LABEL_POOL_SLOT, LABEL_SESSION,
+    LABEL_TENANT,
+};
+use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
+use crate::snapshot::SnapshotManifest;
+use crate::spec::SandboxSpec;
+use crate::store::{PoolEntry, SessionKey, SessionRecord, SnapshotKey};
+
+/// What one [`reap_once`](SandboxManager::reap_once) pass did.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ReapReport {
+    /// Idle sessions snapshotted and destroyed.
+    pub suspended: Vec<SessionKey>,
+    /// Sessions whose sandbox passed its lifetime and was destroyed.
+    pub expired: Vec<SessionKey>,
+    /// Sessions whose sandbox was unhealthy, now failed.
+    pub failed: Vec<SessionKey>,
+    /// Sessions whose sandbox had disappeared.
+    pub lost: Vec<SessionKey>,
+    /// Sessions due for suspension whose snapshot failed; their sandboxes were kept.
+    pub snapshot_failures: Vec<SessionKey>,
+    /// Snapshots deleted by retention.
+    pub snapshots_deleted: Vec<SnapshotKey>,
+    /// Other failures, one line each; the pass went on past them.
+    pub errors: Vec<String>,
+}
+
+/// What [`reconcile`](SandboxManager::reconcile) did.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ReconcileReport {
+    /// Resources with this manager's label that the store did not know, destroyed.
+    pub destroyed: Vec<SandboxId>,
+    /// Sessions whose sandbox was gone from the backend, marked accordingly.
+    pub lost: Vec<SessionKey>,
+    /// Warm-pool entries whose sandbox was gone (or never created), removed.
+    pub pool_entries_removed: usize,
+}
+
+/// What [`shutdown`](SandboxManager::shutdown) did with this manager's sessions.
+#[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
+pub struct ShutdownReport {
+    /// Sessions suspended.
+    pub suspended: Vec<SessionKey>,
+    /// Sessions destroyed.
+    pub destroyed: Vec<SessionKey>,
+    /// Sessions left running.
+    pub kept: Vec<SessionKey>,
+    /// Warm-pool sandboxes of this manager destroyed.
+    pub pool_destroyed: usize,
+    /// Sessions that could not be handled, with why; their sandboxes were kept.
+    pub errors: Vec<(SessionKey, String)>,
+}
+
+/// The snapshots `retention` deletes from one session's list (oldest first).
+pub(crate) fn expired_snapshots<'a>(
+    manifests: &'a [SnapshotManifest],
+    retention: &SnapshotRetention,
+    now: DateTime<Utc>,
+) -> Vec<&'a SnapshotManifest> {
+    let n = manifests.len();
+    manifests
+        .iter()
+        .enumerate()
+        .filter(|(i, m)| {
+            let beyond_count = retention.keep_last.is_some_and(|k| i + k < n);
+            let too_old = retention
+                .max_age
+                .is_some_and(|age| m.created_at + chrono_duration(age) < now);
+            beyond_count || too_old
+        })
+        .map(|(_, m)| m)
+        .collect()
+}
+
+impl<B: SandboxBackend> SandboxManager<B> {
+    /// One reaper pass, for callers with their own scheduler:
+    /// - a sandbox gone from the backend marks its session lost (restorable if it has a
+    ///   snapshot); an unhealthy one (`Failed`) is destroyed and its session marked failed;
+    /// - past `max_lifetime`: snapshot (per `snapshot_on_expiry`), then destroy;
+    /// - idle past `idle_timeout`: snapshot, then destroy.
+    ///
+    /// A failed snapshot is logged, reported and emitted as
+    /// [`EventKind::SnapshotFailed`]; the sandbox is kept for the next pass. Then
+    /// snapshots past retention are deleted. Sessions busy in this process are skipped.
+    pub async fn reap_once(&self) -> Result<ReapReport> {
+        self.inner
+            .reap_once()
+            .instrument(tracing::info_span!("sandcell.reap"))
+            .await
+    }
+
+    /// Destroys resources labelled with this manager's id that the state store does not
+    /// know (orphans of a crash), and marks records whose sandbox is gone. Resources
+    /// without this manager's label are never touched. Runs at `build` unless disabled.
+    pub async fn reconcile(&self) -> Result<ReconcileReport> {
+        self.inner
+            .reconcile()
+            .instrument(tracing::info_span!("sandcell.reconcile"))
+            .await
+    }
+
+    /// Creates warm-pool sandboxes until every pool is full; returns how many it
+    /// created. The background filler calls this too.
+    pub async fn fill_pools(&self) -> Result<usize> {
+        self.inner
+            .fill_pools()
+            .instrument(tracing::info_span!("sandcell.fill_pools"))
+            .await
+    }
+
+    /// Stops the background tasks, then applies the [`ShutdownPolicy`] to the sessions
+    /// this manager acquired; with `Suspend` or `Destroy`, also destroys the warm-pool
+    /// sandboxes it created. Afterwards `acquire` fails with `InvalidState`.
+    pub async fn shutdown(&self) -> ShutdownReport {
+        self.inner
+            .shutdown()
+            .instrument(tracing::info_span!("sandcell.shutdown"))
+            .await
+    }
+
+    pub(crate) fn start_background_tasks(&self) {
+        let weak = Arc::downgrade(&self.inner);
+        let cancel = self.inner.cancel.clone();
+        let mut tasks = lock(&self.inner.tasks);
+        if let Some(interval) = self.inner.settings.reaper_interval {
+            tasks.push(tokio::spawn(reaper_loop(
+                weak.clone(),
+                cancel.clone(),
+                interval,
+            )));
+        }
+        if !self.inner.pools.is_empty() {
+            let wakeup = Arc::clone(&self.inner.pool_wakeup);
+            tasks.push(tokio::spawn(pool_loop(weak, cancel, wakeup)));
+        }
+    }
+}
+
+async fn reaper_loop<B: SandboxBackend>(
+    inner: Weak<Inner<B>>,
+    cancel: tokio_util::sync::CancellationToken,
+    interval: Duration,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        // Hold the manager only for the pass, so dropping it ends this task.
+        let Some(inner) = inner.upgrade() else { return };
+        let pass = inner
+            .reap_once()
+            .instrument(tracing::info_span!("sandcell.reap"));
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            result = pass => if let Err(e) = result {
+                tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
+            }
+        }
+    }
+}
+
+async fn pool_loop<B: SandboxBackend>(
+    inner: Weak<Inner<B>>,
+    cancel: tokio_util::sync::CancellationToken,
+    wakeup: Arc<tokio::sync::Notify>,
+) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        let fill = strong
+            .fill_pools()
+            .instrument(tracing::info_span!("sandcell.fill_pools"));
+        let failed = tokio::select! {
+            _ = cancel.cancelled() => return,
+            result = fill => match result {
+                Ok(_) => false,
+                Err(e) => {
+                    tracing::warn!(error = %e, "warm pool refill failed; retrying");
+                    true
+                }
+            }
+        };
+        drop(strong);
+        let pause = if failed {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_secs(60)
+        };
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = wakeup.notified() => {}
+            _ = tokio::time::sleep(pause) => {}
+        }
+    }
+}
+
+impl<B: SandboxBackend> Inner<B> {
+    fn is_live(record: &SessionRecord) -> bool {
+        record.holds_sandbox() && record.status != SandboxStatus::Provisioning
+    }
+
+    pub(crate) async fn reap_once(&self) -> Result<ReapReport> {
+        let mut report = ReapReport::default();
+        let records = self.state.list(None).await?;
+        for record in &records {
+            if record.backend != self.backend.name() || !Self::is_live(record) {
+                continue;
+            }
+            let key = &record.key;
+            // A session in use in this process is not idle; look again next pass.
+            let Some(_guard) = self.try_lock_key(key) else {
+                continue;
+            };
+            let Some(mut record) = self.state.get(key).await? else {
+                continue;
+            };
+            if !Self::is_live(&record) {
+                continue;
+            }
+            if let Err(e) = self.reap_session(&mut record, &mut report).await {
+                tracing::warn!(session = %key, error = %e, "reaping a session failed");
+                report.errors.push(format!("{key}: {e}"));
+            }
+        }
+        let now = self.clock.now();
+        for record in &records {
+            let manifests = match self.snapshots.list(&record.key).await {
+                Ok(m) => m,
+                Err(e) => {
+                    report.errors.push(format!("{}: {e}", record.key));
+                    continue;
+                }
+            };
+            for manifest in expired_snapshots(&manifests, &self.settings.retention, now) {
+                let key = SnapshotKey::new(record.key.clone(), manifest.id.clone())?;
+                match self.snapshots.delete(&key).await {
+                    Ok(()) => {
+                        self.emit(
+                            self.event(EventKind::SnapshotDeleted)
+                                .session(&record.key)
+                                .snapshot(&manifest.id),
+                        );
+                        report.snapshots_deleted.push(key);
+                    }
+                    Err(e) => report.errors.push(format!("{key}: {e}")),
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    async fn reap_session(
+        &self,
+        record: &mut SessionRecord,
+        report: &mut ReapReport,
+    ) -> Result<()> {
+        let id = live_sandbox(record)?;
+        let key = record.key.clone();
+        match self.backend.inspect(&id).await {
+            Ok(info)
+                if matches!(
+                    info.status,
+                    SandboxStatus::Failed | SandboxStatus::Terminated
+                ) =>
+            {
+                self.fail_sandbox(record, &format!("the backend reports it {}", info.status))
+                    .await?;
+                report.failed.push(key);
+                return Ok(());
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                self.mark_gone(record, EventKind::Lost, "the sandbox no longer exists")
+                    .await?;
+                report.lost.push(key);
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        }
+        let now = self.clock.now();
+        let expired = match (self.settings.max_lifetime, record.sandbox_created_at) {
+            (Some(max), Some(born)) => born + chrono_duration(max) <= now,
+            _ => false,
+        };
+        let idle = self
+            .settings
+            .idle_timeout
+            .is_some_and(|t| record.last_active + chrono_duration(t) <= now);
+        if expired && !self.settings.snapshot_on_expiry {
+            self.backend.destroy(&id).await?;
+            record.status = SandboxStatus::Terminated;
+            record.sandbox_id = None;
+            record.sandbox_created_at = None;
+            record.updated_at = now;
+            self.state.put(record).await?;
+            self.emit(
+                self.event(EventKind::ReapedExpired)
+                    .session(&key)
+                    .sandbox(&id),
+            );
+            report.expired.push(key);
+        } else if expired || idle {
+            let kind = if expired {
+                EventKind::ReapedExpired
+            } else {
+                EventKind::ReapedIdle
+            };
+            match self.snapshot_sandbox(&key, &id, &record.spec).await {
+                Ok(manifest) => {
+                    self.finish_suspend(record, &id, &manifest, kind).await?;
+                    if expired {
+                        report.expired.push(key);
+                    } else {
+                        report.suspended.push(key);
+                    }
+                }
+                Err(e) => {
+                    // Never destroy what could not be saved: keep it for the next pass.
+                    tracing::warn!(session = %key, sandbox = %id, error = %e, "snapshot failed; keeping the sandbox");
+                    self.emit(
+                        self.event(EventKind::SnapshotFailed)
+                            .session(&key)
+                            .sandbox(&id)
+                            .detail(&e),
+                    );
+                    report.snapshot_failures.push(key);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn reconcile(&self) -> Result<ReconcileReport> {
+        let mut report = ReconcileReport::default();
+        let now = self.clock.now();
+        let stale_before = now - chrono_duration(self.settings.provision_timeout);
+        let selector = LabelSelector::new().with(LABEL_MANAGER, &self.settings.manager_id);
+        let listed = self.backend.list(&selector).await?;
+        let records = self.state.list(None).await?;
+        let pool = self.state.pool_list().await?;
+        let by_id: HashSet<&SandboxId> = records
+            .iter()
+            .filter_map(|r| r.sandbox_id.as_ref())
+            .collect();
+        let by_key: HashMap<&SessionKey, &SessionRecord> =
+            records.iter().map(|r| (&r.key, r)).collect();
+        let slots: HashMap<&str, &PoolEntry> = pool.iter().map(|e| (e.slot.as_str(), e)).collect();
+        let in_flight = |r: &SessionRecord| {
+            r.status == SandboxStatus::Provisioning && r.updated_at >= stale_before
+        };
+        let any_in_flight = records.iter().any(&in_flight);
+        for info in &listed {
+            if by_id.contains(&info.id) {
+                continue;
+            }
+            if let Some(slot) = info.labels.get(LABEL_POOL_SLOT) {
+                match slots.get(slot.as_str()) {
+                    Some(entry) if entry.sandbox_id.as_ref().is_none_or(|id| id == &info.id) => {
+                        continue
+                    }
+                    // Taken from the pool by an acquire that has not recorded it yet.
+                    None if any_in_flight => continue,
+                    _ => {}
+                }
+            }
+            let session = match (
+                info.labels.get(LABEL_TENANT),
+                info.labels.get(LABEL_SESSION),
+            ) {
+                (Some(t), Some(s)) => SessionKey::new(t, s).ok(),
+                _ => None,
+            };
+            if let Some(record) = session.as_ref().and_then(|k| by_key.get(k)) {
+                if in_flight(record) {
+                    continue;
+                }
+            }
+            self.backend.destroy(&info.id).await?;
+            tracing::info!(sandbox = %info.id, session = ?session, "destroyed an orphaned sandbox");
+            let mut event = self.event(EventKind::OrphanDestroyed).sandbox(&info.id);
+            if let Some(k) = &session {
+                event = event.session(k);
+            }
+            self.emit(event);
+            report.destroyed.push(info.id.clone());
+        }
+        let listed_ids: HashSet<&SandboxId> = listed.iter().map(|i| &i.id).collect();
+        for record in &records {
+            let Some(id) = &record.sandbox_id else {
+                continue;
+            };
+            if !Self::is_live(record)
+                || listed_ids.contains(id)
+                || record.backend != self.backend.name()
+            {
+                continue;
+            }
+            let _guard = self.lock_key(&record.key).await;
+            let Some(mut fresh) = self.state.get(&record.key).await? else {
+                continue;
+            };
+            if fresh.sandbox_id.as_ref() != Some(id) || !Self::is_live(&fresh) {
+                continue;
+            }
+            match self.backend.inspect(id).await {
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    self.mark_gone(&mut fresh, EventKind::Lost, "the sandbox no longer exists")
+                        .await?;
+                    report.lost.push(record.key.clone());
+                }
+                Err(e) => return Err(e),
+                Ok(_) => {}
+            }
+        }
+        for entry in &pool {
+            let gone = match &entry.sandbox_id {
+                Some(id) => !listed_ids.contains(id),
+                None => entry.created_at < stale_before,
+            };
+            if gone {
+                self.state.pool_remove(&entry.slot).await?;
+                report.pool_entries_removed += 1;
+            }
+        }
+        Ok(report)
+    }
+
+    pub(crate) async fn fill_pools(&self) -> Result<usize> {
+        let mut created = 0;
+        let stale_before = self.clock.now() - chrono_duration(self.settings.provision_timeout);
+        for pool in &self.pools {
+            let have = self
+                .state
+                .pool_list()
+                .await?
+                .iter()
+                .filter(|e| {
+                    e.pool == pool.name && (e.sandbox_id.is_some() || e.created_at >= stale_before)
+                })
+                .count();
+            for _ in have..pool.size {
+                if self.cancel.is_cancelled() {
+                    return Ok(created);
+                }
+                let mut entry = PoolEntry::new(&pool.name, self.clock.now());
+                // The entry goes in first so a concurrent reconcile sees the sandbox as
+                // in flight, never as an orphan.
+                self.state.pool_put(&entry).await?;
+                lock(&self.own_slots).insert(entry.slot.clone());
+                let spec = pool
+                    .spec
+                    .clone()
+                    .with_label(LABEL_MANAGER, &self.settings.manager_id)
+                    .with_label(LABEL_POOL, &pool.name)
+                    .with_label(LABEL_POOL_SLOT, &entry.slot);
+                let info = match self.backend.create(&spec).await {
+                    Ok(info) => info,
+                    Err(e) => {
+                        self.state.pool_remove(&entry.slot).await?;
+                        lock(&self.own_slots).remove(&entry.slot);
+                        return Err(e.context(format_args!("filling warm pool {}", pool.name)));
+                    }
+                };
+                entry.sandbox_id = Some(info.id.clone());
+                if let Err(e) = self.state.pool_put(&entry).await {
+                    let _ = self.backend.destroy(&info.id).await;
+                    return Err(e);
+                }
+                self.emit(
+                    self.event(EventKind::PoolFilled)
+                        .sandbox(&info.id)
+                        .detail(&pool.name),
+                );
+                created += 1;
+            }
+        }
+        Ok(created)
+    }
+
+    /// A ready sandbox from the pool whose spec equals `spec`, if there is one.
+    pub(crate) async fn take_from_pool(&self, spec: &SandboxSpec) -> Result<Option<SandboxInfo>> {
+        let Some(pool) = self.pools.iter().find(|p| p.spec == *spec) else {
+            return Ok(None);
+        };
+        // Whatever happens, the pool needs refilling.
+        self.pool_wakeup.notify_one();
+        while let Some(entry) = self.state.pool_take(&pool.name).await? {
+            lock(&self.own_slots).remove(&entry.slot);
+            let Some(id) = entry.sandbox_id else { continue };
+            match self.backend.inspect(&id).await {
+                Ok(info) if info.status == SandboxStatus::Running => return Ok(Some(info)),
+                Ok(_) => {
+                    let _ = self.backend.destroy(&id).await;
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => {
+                    let _ = self.backend.destroy(&id).await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    pub(crate) async fn shutdown(&self) -> ShutdownReport {
+        self.cancel.cancel();
+        let tasks: Vec<_> = lock(&self.tasks).drain(..).collect();
+        for task in tasks {
+            let _ = task.await;
+        }
+        let mut report = ShutdownReport::default();
+        let mut keys: Vec<_> = lock(&self.owned).drain().collect();
+        keys.sort();
+        let policy = self.settings.shutdown;
+        for key in keys {
+            let mode = match policy {
+                ShutdownPolicy::Keep => {
+                    report.kept.push(key);
+                    continue;
+                }
+                ShutdownPolicy::Destroy => ReleaseMode::Destroy,
+                _ => ReleaseMode::Suspend,
+            };
+            match self.release(&key, mode).await {
+                Ok(()) if mode == ReleaseMode::Destroy => report.destroyed.push(key),
+                Ok(()) => report.suspended.push(key),
+                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::error!(session = %key, error = %e, "could not shut down a session; its sandbox was kept");
+                    report.errors.push((key, e.to_string()));
+                }
+            }
+        }
+        if policy != ShutdownPolicy::Keep {
+            let slots: HashSet<String> = lock(&self.own_slots).drain().collect();
+            match self.state.pool_list().await {
+                Ok(entries) => {
+                    for entry in entries.into_iter().filter(|e| slots.contains(&e.slot)) {
+                        if let Some(id) = &entry.sandbox_id {
+                            if let Err(e) = self.backend.destroy(id).await {
+                                tracing::warn!(sandbox = %id, error = %e, "could not destroy a warm-pool sandbox");
+                                continue;
+                            }
+                            report.pool_destroyed += 1;
+                        }
+                        if let Err(e) = self.state.pool_remove(&entry.slot).await {
+                            tracing::warn!(slot = %entry.slot, error = %e, "could not remove a pool entry");
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not list warm-pool entries at shutdown")
+                }
+            }
+        }
+        report
+    }
+}
+
+pub(crate) fn shut_down_error() -> Error {
+    Error::new(ErrorKind::InvalidState, "the manager has been shut down")
+}

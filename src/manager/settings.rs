@@ -1,0 +1,205 @@
+//! The manager's policy knobs as serializable data: limits, timeouts, retention, strategies.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+
+/// How [`ReleaseMode::Suspend`](crate::ReleaseMode::Suspend) (and idle reaping) parks a
+/// session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SuspendStrategy {
+    /// Snapshot the workspace, then destroy the sandbox; `acquire` restores it.
+    #[default]
+    Snapshot,
+    /// Freeze the sandbox with the backend's `pause` (needs
+    /// [`Capabilities::pause`](crate::Capabilities::pause)); `acquire` resumes it.
+    /// Idle reaping still snapshots and destroys.
+    Pause,
+}
+
+/// What [`SandboxManager::shutdown`](crate::SandboxManager::shutdown) does with the live
+/// sessions this manager acquired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum ShutdownPolicy {
+    /// Leave them running; a later manager on the same stores reconnects to them.
+    Keep,
+    /// Suspend each (snapshot, then destroy).
+    #[default]
+    Suspend,
+    /// Destroy each, keeping their snapshots.
+    Destroy,
+}
+
+/// Which snapshots the reaper deletes. A snapshot is deleted when it is not among the
+/// newest `keep_last` of its session, or when it is older than `max_age`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct SnapshotRetention {
+    /// Keep at most this many snapshots per session (newest first).
+    pub keep_last: Option<usize>,
+    /// Delete snapshots older than this (seconds in config files).
+    #[serde(with = "secs_opt")]
+    pub max_age: Option<Duration>,
+}
+
+impl SnapshotRetention {
+    /// Keeps everything.
+    pub fn keep_all() -> Self {
+        Self::default()
+    }
+
+    /// Keeps at most `n` snapshots per session.
+    pub fn keep_last(mut self, n: usize) -> Self {
+        self.keep_last = Some(n);
+        self
+    }
+
+    /// Deletes snapshots older than `age`.
+    pub fn max_age(mut self, age: Duration) -> Self {
+        self.max_age = Some(age);
+        self
+    }
+}
+
+/// The manager's settings; every field has a default, and config files give durations in
+/// seconds.
+///
+/// ```
+/// let settings: sandcell::ManagerSettings = serde_json::from_str(
+///     r#"{"max_sandboxes_per_tenant": 5, "idle_timeout": 900, "retention": {"keep_last": 3}}"#,
+/// ).unwrap();
+/// assert_eq!(settings.idle_timeout, Some(std::time::Duration::from_secs(900)));
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ManagerSettings {
+    /// Labels every resource this manager creates (`sandcell.manager`). Managers sharing
+    /// stores must share the id; reconcile only ever touches resources carrying it.
+    pub manager_id: String,
+    /// At most this many sessions of one tenant hold a sandbox at once.
+    pub max_sandboxes_per_tenant: Option<u32>,
+    /// A session unused this long is suspended by the reaper.
+    #[serde(with = "secs_opt")]
+    pub idle_timeout: Option<Duration>,
+    /// A sandbox older than this is destroyed by the reaper.
+    #[serde(with = "secs_opt")]
+    pub max_lifetime: Option<Duration>,
+    /// Snapshot a sandbox before destroying it for its lifetime (default true).
+    pub snapshot_on_expiry: bool,
+    /// Which snapshots the reaper deletes.
+    pub retention: SnapshotRetention,
+    /// Run the reaper in the background at this interval (`None`: call
+    /// [`reap_once`](crate::SandboxManager::reap_once) yourself).
+    #[serde(with = "secs_opt")]
+    pub reaper_interval: Option<Duration>,
+    /// How a session is suspended.
+    pub suspend: SuspendStrategy,
+    /// What shutdown does with live sessions.
+    pub shutdown: ShutdownPolicy,
+    /// An acquire that has not finished provisioning after this long is presumed dead:
+    /// its claim no longer blocks the session and its sandbox counts as an orphan.
+    #[serde(with = "secs")]
+    pub provision_timeout: Duration,
+    /// zstd level for snapshots.
+    pub snapshot_level: i32,
+}
+
+impl Default for ManagerSettings {
+    fn default() -> Self {
+        ManagerSettings {
+            manager_id: "sandcell".to_owned(),
+            max_sandboxes_per_tenant: None,
+            idle_timeout: None,
+            max_lifetime: None,
+            snapshot_on_expiry: true,
+            retention: SnapshotRetention::default(),
+            reaper_interval: None,
+            suspend: SuspendStrategy::Snapshot,
+            shutdown: ShutdownPolicy::Suspend,
+            provision_timeout: Duration::from_secs(600),
+            snapshot_level: 1,
+        }
+    }
+}
+
+impl ManagerSettings {
+    /// Checks the settings; the builder calls this.
+    pub fn validate(&self) -> Result<()> {
+        crate::store::validate_name("manager id", &self.manager_id)?;
+        if self.max_sandboxes_per_tenant == Some(0) {
+            return Err(Error::invalid_input(
+                "max_sandboxes_per_tenant must be at least 1 (leave it unset for no limit)",
+            ));
+        }
+        for (name, value) in [
+            ("idle_timeout", self.idle_timeout),
+            ("max_lifetime", self.max_lifetime),
+            ("reaper_interval", self.reaper_interval),
+            ("provision_timeout", Some(self.provision_timeout)),
+        ] {
+            if value == Some(Duration::ZERO) {
+                return Err(Error::invalid_input(format!(
+                    "{name} must be greater than zero"
+                )));
+            }
+        }
+        if !(-7..=22).contains(&self.snapshot_level) {
+            return Err(Error::invalid_input(format!(
+                "snapshot_level {} is outside zstd's range -7..=22",
+                self.snapshot_level
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Durations as (fractional) seconds in config files.
+mod secs {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_f64(d.as_secs_f64())
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        let secs = f64::deserialize(d)?;
+        Duration::try_from_secs_f64(secs).map_err(|_| {
+            serde::de::Error::custom(format!("{secs} is not a valid number of seconds"))
+        })
+    }
+}
+
+mod secs_opt {
+    use std::time::Duration;
+
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => s.serialize_some(&d.as_secs_f64()),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        d: D,
+    ) -> Result<Option<Duration>, D::Error> {
+        Option::<f64>::deserialize(d)?
+            .map(|secs| {
+                Duration::try_from_secs_f64(secs).map_err(|_| {
+                    serde::de::Error::custom(format!("{secs} is not a valid number of seconds"))
+                })
+            })
+            .transpose()
+    }
+}
