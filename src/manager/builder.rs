@@ -230,6 +230,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             cancel: CancellationToken::new(),
             tasks: Mutex::new(Vec::new()),
             pool_wakeup: Arc::new(tokio::sync::Notify::new()),
+            fill_lock: tokio::sync::Mutex::new(()),
         });
         let manager = SandboxManager { inner };
         if self.reconcile_on_start {

@@ -117,7 +117,9 @@ impl<B: SandboxBackend> SandboxManager<B> {
     }
 
     /// Creates warm-pool sandboxes until every pool is full; returns how many it
-    /// created. The background filler calls this too.
+    /// created. The background filler calls this too. Fills in one process are
+    /// serialized; managers in several processes sharing a store may together overshoot
+    /// a pool's size by one fill each.
     pub async fn fill_pools(&self) -> Result<usize> {
         self.inner
             .fill_pools()
@@ -448,6 +450,7 @@ impl<B: SandboxBackend> Inner<B> {
     }
 
     pub(crate) async fn fill_pools(&self) -> Result<usize> {
+        let _filling = self.fill_lock.lock().await;
         let mut created = 0;
         let stale_before = self.clock.now() - chrono_duration(self.settings.provision_timeout);
         for pool in &self.pools {

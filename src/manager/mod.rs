@@ -158,6 +158,8 @@ pub(crate) struct Inner<B: SandboxBackend> {
     pub(crate) cancel: CancellationToken,
     pub(crate) tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     pub(crate) pool_wakeup: Arc<tokio::sync::Notify>,
+    /// One pool fill at a time in this process, so concurrent fills do not overshoot.
+    pub(crate) fill_lock: tokio::sync::Mutex<()>,
 }
 
 impl<B: SandboxBackend> Drop for Inner<B> {
