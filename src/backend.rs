@@ -330,3 +330,11 @@ macro_rules! forward_backend {
 
 forward_backend!(Box<T>);
 forward_backend!(Arc<T>);
+
+impl std::fmt::Debug for dyn SandboxBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxBackend")
+            .field("name", &self.name())
+            .finish_non_exhaustive()
+    }
+}

@@ -45,6 +45,7 @@
 pub mod archive;
 mod backend;
 mod capabilities;
+pub mod config;
 mod error;
 mod exec;
 mod ext;
@@ -62,6 +63,7 @@ pub mod testing;
 
 pub use backend::{ByteStream, Changes, SandboxBackend};
 pub use capabilities::Capabilities;
+pub use config::{BackendRegistry, SandboxConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{ExecOutput, ExecRequest, ExitStatus, DEFAULT_OUTPUT_LIMIT};
 pub use ext::{EditOutcome, GrepMatch, Language, SandboxBackendExt, GREP_MAX_FILE_BYTES};

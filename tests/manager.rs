@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::StreamExt;
-use sandcell::manager::{SnapshotRetention, LABEL_MANAGER, LABEL_POOL_SLOT, LABEL_SESSION, LABEL_TENANT};
+use sandcell::manager::{
+    SnapshotRetention, LABEL_MANAGER, LABEL_POOL_SLOT, LABEL_SESSION, LABEL_TENANT,
+};
 use sandcell::snapshot::SnapshotManifest;
 use sandcell::store::{
     FsSnapshotStore, InMemorySnapshotStore, InMemoryStateStore, SessionKey, SnapshotKey,
@@ -71,7 +73,9 @@ async fn tenant_limit_holds_across_two_managers_sharing_one_sqlite_file() {
     let mut managers = Vec::new();
     for _ in 0..2 {
         // Each manager opens the file itself, as two processes would.
-        let state = SqliteStateStore::open(dir.path().join("state.db")).await.unwrap();
+        let state = SqliteStateStore::open(dir.path().join("state.db"))
+            .await
+            .unwrap();
         managers.push(
             SandboxManager::builder(backend.clone())
                 .state_store(state)
@@ -129,7 +133,9 @@ async fn a_new_manager_reconnects_to_live_sandboxes_and_restores_lost_ones() {
         let lost = first.acquire(&key("lost"), &spec()).await.unwrap();
         lost.write(&path("b.txt"), "saved".into()).await.unwrap();
         first.snapshot(&key("lost")).await.unwrap();
-        lost.write(&path("b.txt"), "after the snapshot".into()).await.unwrap();
+        lost.write(&path("b.txt"), "after the snapshot".into())
+            .await
+            .unwrap();
         (kept.id().clone(), lost.id().clone())
         // `first` is dropped without shutdown, as a crashed process would be.
     };
@@ -141,8 +147,17 @@ async fn a_new_manager_reconnects_to_live_sandboxes_and_restores_lost_ones() {
         .build()
         .await
         .unwrap();
-    let record = second.state_store().get(&key("lost")).await.unwrap().unwrap();
-    assert_eq!(record.status, SandboxStatus::Suspended, "reconcile marks the lost session");
+    let record = second
+        .state_store()
+        .get(&key("lost"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        record.status,
+        SandboxStatus::Suspended,
+        "reconcile marks the lost session"
+    );
 
     let kept = second.acquire(&key("kept"), &spec()).await.unwrap();
     assert_eq!(kept.id(), &kept_id);
@@ -165,14 +180,20 @@ async fn idle_reaping_snapshots_before_destroying_and_activity_defers_it() {
         .await
         .unwrap();
     let sandbox = manager.acquire(&key("idle"), &spec()).await.unwrap();
-    sandbox.write(&path("work.py"), "print(1)".into()).await.unwrap();
+    sandbox
+        .write(&path("work.py"), "print(1)".into())
+        .await
+        .unwrap();
     let mut events = manager.subscribe();
 
     tokio::time::advance(Duration::from_secs(300)).await;
     sandbox.read(&path("work.py")).await.unwrap();
     tokio::time::advance(Duration::from_secs(540)).await;
     let report = manager.reap_once().await.unwrap();
-    assert!(report.suspended.is_empty(), "used 9 minutes ago: {report:?}");
+    assert!(
+        report.suspended.is_empty(),
+        "used 9 minutes ago: {report:?}"
+    );
     assert_eq!(backend.live_count(), 1);
 
     tokio::time::advance(Duration::from_secs(120)).await;
@@ -184,7 +205,12 @@ async fn idle_reaping_snapshots_before_destroying_and_activity_defers_it() {
         .map(|e| e.kind)
         .collect();
     assert_eq!(kinds, vec![EventKind::Snapshotted, EventKind::ReapedIdle]);
-    let record = manager.state_store().get(&key("idle")).await.unwrap().unwrap();
+    let record = manager
+        .state_store()
+        .get(&key("idle"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.status, SandboxStatus::Suspended);
     assert_eq!(record.sandbox_id, None);
 
@@ -214,7 +240,10 @@ impl<S> FaultyStore<S> {
 impl<S: SnapshotStore + Clone> SnapshotStore for FaultyStore<S> {
     async fn put_blob(&self, key: &SnapshotKey, blob: ByteStream) -> sandcell::Result<u64> {
         if self.fail_blobs.load(Ordering::SeqCst) {
-            return Err(Error::new(ErrorKind::Unavailable, "injected: the store is down"));
+            return Err(Error::new(
+                ErrorKind::Unavailable,
+                "injected: the store is down",
+            ));
         }
         self.inner.put_blob(key, blob).await
     }
@@ -250,7 +279,10 @@ async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
         .await
         .unwrap();
     let sandbox = manager.acquire(&key("precious"), &spec()).await.unwrap();
-    sandbox.write(&path("data"), "irreplaceable".into()).await.unwrap();
+    sandbox
+        .write(&path("data"), "irreplaceable".into())
+        .await
+        .unwrap();
     let mut events = manager.subscribe();
     store.fail_blobs.store(true, Ordering::SeqCst);
     tokio::time::advance(Duration::from_secs(120)).await;
@@ -261,11 +293,19 @@ async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
     assert_eq!(events.next().await.unwrap().kind, EventKind::SnapshotFailed);
     assert_eq!(backend.live_count(), 1);
     assert_eq!(sandbox.read(&path("data")).await.unwrap(), "irreplaceable");
-    let record = manager.state_store().get(&key("precious")).await.unwrap().unwrap();
+    let record = manager
+        .state_store()
+        .get(&key("precious"))
+        .await
+        .unwrap()
+        .unwrap();
     assert_eq!(record.sandbox_id.as_ref(), Some(sandbox.id()));
 
     // Release(Suspend) reports the failure too and keeps the sandbox.
-    let err = manager.release(&key("precious"), ReleaseMode::Suspend).await.unwrap_err();
+    let err = manager
+        .release(&key("precious"), ReleaseMode::Suspend)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert_eq!(backend.live_count(), 1);
 
@@ -297,9 +337,19 @@ async fn reconcile_destroys_only_orphans_carrying_its_own_label() {
         let backend = backend.clone();
         async move { backend.create(&s).await.unwrap().id }
     };
-    let orphan = make(&[(LABEL_MANAGER, "mgr-a"), (LABEL_TENANT, "acme"), (LABEL_SESSION, "ghost")]).await;
+    let orphan = make(&[
+        (LABEL_MANAGER, "mgr-a"),
+        (LABEL_TENANT, "acme"),
+        (LABEL_SESSION, "ghost"),
+    ])
+    .await;
     let orphan_slot = make(&[(LABEL_MANAGER, "mgr-a"), (LABEL_POOL_SLOT, "gone")]).await;
-    let other_manager = make(&[(LABEL_MANAGER, "mgr-b"), (LABEL_TENANT, "acme"), (LABEL_SESSION, "x")]).await;
+    let other_manager = make(&[
+        (LABEL_MANAGER, "mgr-b"),
+        (LABEL_TENANT, "acme"),
+        (LABEL_SESSION, "x"),
+    ])
+    .await;
     let unlabelled = make(&[]).await;
 
     let report = manager.reconcile().await.unwrap();
@@ -309,7 +359,10 @@ async fn reconcile_destroys_only_orphans_carrying_its_own_label() {
     want.sort();
     assert_eq!(destroyed, want);
     for id in [&orphan, &orphan_slot] {
-        assert_eq!(backend.inspect(id).await.unwrap_err().kind(), ErrorKind::NotFound);
+        assert_eq!(
+            backend.inspect(id).await.unwrap_err().kind(),
+            ErrorKind::NotFound
+        );
     }
     for id in [known.id(), &other_manager, &unlabelled] {
         backend.inspect(id).await.unwrap();
@@ -345,7 +398,13 @@ async fn a_crash_between_blob_and_manifest_leaves_the_previous_snapshot_restorab
     let session_dir = dir.path().join("snapshots/acme/crashy");
     let blobs = std::fs::read_dir(&session_dir)
         .unwrap()
-        .filter(|e| e.as_ref().unwrap().file_name().to_string_lossy().ends_with(".tar.zst"))
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .ends_with(".tar.zst")
+        })
         .count();
     assert_eq!(blobs, 2);
     drop(manager);
@@ -369,7 +428,11 @@ async fn retention_deletes_what_it_should_and_nothing_else() {
     let manager = SandboxManager::builder(backend.clone())
         .state_store(InMemoryStateStore::new())
         .snapshot_store(InMemorySnapshotStore::new())
-        .retention(SnapshotRetention::keep_all().keep_last(2).max_age(Duration::from_secs(3600)))
+        .retention(
+            SnapshotRetention::keep_all()
+                .keep_last(2)
+                .max_age(Duration::from_secs(3600)),
+        )
         .build()
         .await
         .unwrap();
@@ -388,7 +451,11 @@ async fn retention_deletes_what_it_should_and_nothing_else() {
     let one = manager.snapshot(&key("one")).await.unwrap().id;
 
     let report = manager.reap_once().await.unwrap();
-    let mut deleted: Vec<_> = report.snapshots_deleted.iter().map(|k| k.to_string()).collect();
+    let mut deleted: Vec<_> = report
+        .snapshots_deleted
+        .iter()
+        .map(|k| k.to_string())
+        .collect();
     deleted.sort();
     assert_eq!(deleted.len(), 3, "{deleted:?}");
     let ids = |k: &str| {
@@ -407,7 +474,12 @@ async fn retention_deletes_what_it_should_and_nothing_else() {
     assert!(ids("old").await.is_empty(), "older than max_age");
     assert_eq!(ids("many").await, many[2..].to_vec(), "newest two kept");
     assert_eq!(ids("one").await, vec![one]);
-    assert!(manager.reap_once().await.unwrap().snapshots_deleted.is_empty());
+    assert!(manager
+        .reap_once()
+        .await
+        .unwrap()
+        .snapshots_deleted
+        .is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -420,29 +492,51 @@ async fn release_modes_keep_suspend_destroy_and_purge() {
     manager.release(&key("s"), ReleaseMode::Keep).await.unwrap();
     let record = manager.state_store().get(&key("s")).await.unwrap().unwrap();
     assert_eq!(record.status, SandboxStatus::Idle);
-    assert_eq!(manager.acquire(&key("s"), &spec()).await.unwrap().id(), sandbox.id());
+    assert_eq!(
+        manager.acquire(&key("s"), &spec()).await.unwrap().id(),
+        sandbox.id()
+    );
 
-    manager.release(&key("s"), ReleaseMode::Suspend).await.unwrap();
+    manager
+        .release(&key("s"), ReleaseMode::Suspend)
+        .await
+        .unwrap();
     assert_eq!(backend.live_count(), 0);
     assert_eq!(manager.snapshots(&key("s")).await.unwrap().len(), 1);
     let restored = manager.acquire(&key("s"), &spec()).await.unwrap();
     assert_eq!(restored.read(&path("f")).await.unwrap(), "1");
 
-    manager.release(&key("s"), ReleaseMode::Destroy).await.unwrap();
+    manager
+        .release(&key("s"), ReleaseMode::Destroy)
+        .await
+        .unwrap();
     assert_eq!(backend.live_count(), 0);
     let record = manager.state_store().get(&key("s")).await.unwrap().unwrap();
     assert_eq!(record.status, SandboxStatus::Terminated);
-    assert_eq!(manager.snapshots(&key("s")).await.unwrap().len(), 1, "destroy keeps snapshots");
+    assert_eq!(
+        manager.snapshots(&key("s")).await.unwrap().len(),
+        1,
+        "destroy keeps snapshots"
+    );
 
     manager.acquire(&key("s"), &spec()).await.unwrap();
-    manager.release(&key("s"), ReleaseMode::Purge).await.unwrap();
+    manager
+        .release(&key("s"), ReleaseMode::Purge)
+        .await
+        .unwrap();
     assert_eq!(backend.live_count(), 0);
     assert!(manager.snapshots(&key("s")).await.unwrap().is_empty());
     assert_eq!(manager.state_store().get(&key("s")).await.unwrap(), None);
-    let err = manager.release(&key("s"), ReleaseMode::Keep).await.unwrap_err();
+    let err = manager
+        .release(&key("s"), ReleaseMode::Keep)
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     let fresh = manager.acquire(&key("s"), &spec()).await.unwrap();
-    assert_eq!(fresh.read(&path("f")).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        fresh.read(&path("f")).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -459,11 +553,21 @@ async fn restore_swaps_in_an_older_snapshot_and_destroys_the_old_sandbox() {
     assert_ne!(restored.id(), sandbox.id());
     assert_eq!(restored.read(&path("f")).await.unwrap(), "v1");
     assert_eq!(backend.live_count(), 1);
-    assert_eq!(sandbox.read(&path("f")).await.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        sandbox.read(&path("f")).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
 
-    let err = manager.restore(&key("r"), "no-such-snapshot").await.unwrap_err();
+    let err = manager
+        .restore(&key("r"), "no-such-snapshot")
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
-    assert_eq!(restored.read(&path("f")).await.unwrap(), "v1", "a failed restore changes nothing");
+    assert_eq!(
+        restored.read(&path("f")).await.unwrap(),
+        "v1",
+        "a failed restore changes nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -523,7 +627,11 @@ async fn sandboxes_past_their_lifetime_are_snapshotted_and_destroyed() {
         sandbox.read(&path("f")).await.unwrap();
     }
     let report = manager.reap_once().await.unwrap();
-    assert_eq!(report.expired, vec![key("old")], "busy, but past its lifetime");
+    assert_eq!(
+        report.expired,
+        vec![key("old")],
+        "busy, but past its lifetime"
+    );
     assert_eq!(backend.live_count(), 0);
     let back = manager.acquire(&key("old"), &spec()).await.unwrap();
     assert_eq!(back.read(&path("f")).await.unwrap(), "kept");

@@ -192,6 +192,25 @@ impl MockBackend {
         self
     }
 
+    /// A factory for [`BackendRegistry`](crate::BackendRegistry): options are
+    /// `{"templates": {"name": {"path": "text contents"}}}` (all optional); each call
+    /// makes an independent backend.
+    pub fn from_options(options: serde_json::Value) -> Result<Box<dyn SandboxBackend>> {
+        #[derive(serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        struct Options {
+            #[serde(default)]
+            templates: BTreeMap<String, BTreeMap<String, String>>,
+        }
+        let options: Options = crate::config::backend_options("mock", options)?;
+        let mut backend = MockBackend::new();
+        for (name, files) in &options.templates {
+            backend = backend
+                .with_template(name, files.iter().map(|(p, c)| (p.as_str(), c.as_bytes())))?;
+        }
+        Ok(Box::new(backend))
+    }
+
     /// How many sandboxes are alive (for leak checks in tests).
     pub fn live_count(&self) -> usize {
         self.lock().sandboxes.len()

@@ -72,6 +72,19 @@ impl LocalBackend {
         LocalBackendBuilder::new()
     }
 
+    /// A factory for [`sandcell::BackendRegistry`]: the options are a [`LocalConfig`]
+    /// (unknown keys are an error).
+    ///
+    /// ```
+    /// let registry = sandcell::BackendRegistry::new()
+    ///     .register("local", sandcell_local::LocalBackend::from_options);
+    /// assert_eq!(registry.types().collect::<Vec<_>>(), ["local"]);
+    /// ```
+    pub fn from_options(options: serde_json::Value) -> Result<Box<dyn SandboxBackend>> {
+        let config: crate::LocalConfig = sandcell::config::backend_options("local", options)?;
+        Ok(Box::new(config.build()?))
+    }
+
     pub(crate) fn from_config(config: LocalConfig, probed: Probed) -> Self {
         let on_path = |program: &str| {
             DEFAULT_PATH

@@ -1,0 +1,147 @@
+//! SandboxManager over real backends: the local backend directly and boxed from a config
+//! file. Also the compile check that both `SandboxManager<LocalBackend>` and
+//! `SandboxManager<Box<dyn SandboxBackend>>` build.
+#![cfg(feature = "sqlite")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use sandcell::{
+    BackendRegistry, ErrorKind, ExecRequest, ReleaseMode, SandboxBackend, SandboxConfig,
+    SandboxManager, SandboxSpec, SessionKey,
+};
+use sandcell_local::LocalBackend;
+
+fn registry() -> BackendRegistry {
+    BackendRegistry::new().register("local", LocalBackend::from_options)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_local_session_survives_suspend_and_a_new_manager() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(dir.path().join("local"))
+        .build()
+        .unwrap();
+    let manager: SandboxManager<LocalBackend> = SandboxManager::builder(backend)
+        .data_dir(dir.path().join("data"))
+        .build()
+        .await
+        .unwrap();
+    let key = SessionKey::new("acme", "agent-1").unwrap();
+    let sandbox = manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    sandbox
+        .run(ExecRequest::new([
+            "sh",
+            "-c",
+            "mkdir -p src && echo 'print(42)' > src/main.py",
+        ]))
+        .await
+        .unwrap();
+    manager.release(&key, ReleaseMode::Suspend).await.unwrap();
+    let listed = manager.backend().list(&Default::default()).await.unwrap();
+    assert!(
+        listed.is_empty(),
+        "suspend destroys the sandbox: {listed:?}"
+    );
+    drop(manager);
+
+    let backend = LocalBackend::builder()
+        .root(dir.path().join("local"))
+        .build()
+        .unwrap();
+    let manager = SandboxManager::builder(backend)
+        .data_dir(dir.path().join("data"))
+        .build()
+        .await
+        .unwrap();
+    let sandbox = manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    let out = sandbox
+        .run(ExecRequest::new(["cat", "src/main.py"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "print(42)\n");
+    manager.release(&key, ReleaseMode::Purge).await.unwrap();
+    assert!(manager
+        .backend()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_backend_is_chosen_from_yaml_toml_or_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("local");
+    let data = dir.path().join("data");
+    let yaml = format!(
+        "type: local\nroot: {}\ndata_dir: {}\nmanager:\n  max_sandboxes_per_tenant: 1\n  idle_timeout: 900\n",
+        root.display(),
+        data.display()
+    );
+    let toml = format!(
+        "type = \"local\"\nroot = \"{}\"\ndata_dir = \"{}\"\n[manager]\nmax_sandboxes_per_tenant = 1\nidle_timeout = 900\n",
+        root.display(),
+        data.display()
+    );
+    let json = serde_json::json!({
+        "type": "local", "root": root, "data_dir": data,
+        "manager": {"max_sandboxes_per_tenant": 1, "idle_timeout": 900},
+    });
+    let configs: Vec<SandboxConfig> = vec![
+        serde_yaml::from_str(&yaml).unwrap(),
+        toml::from_str(&toml).unwrap(),
+        serde_json::from_value(json).unwrap(),
+    ];
+    assert_eq!(configs[0], configs[1]);
+    assert_eq!(configs[1], configs[2]);
+
+    let manager: SandboxManager<Box<dyn SandboxBackend>> =
+        configs[0].build_manager(&registry()).await.unwrap();
+    assert_eq!(manager.backend().name(), "local");
+    assert_eq!(
+        manager.settings().idle_timeout,
+        Some(std::time::Duration::from_secs(900))
+    );
+    let key = SessionKey::new("acme", "s").unwrap();
+    let sandbox = manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    let out = sandbox.run(ExecRequest::new(["echo", "hi"])).await.unwrap();
+    assert_eq!(out.stdout_str(), "hi\n");
+    let err = manager
+        .acquire(
+            &SessionKey::new("acme", "second").unwrap(),
+            &SandboxSpec::new("default"),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded);
+    manager.release(&key, ReleaseMode::Purge).await.unwrap();
+}
+
+#[tokio::test]
+async fn config_mistakes_are_invalid_input_naming_the_problem() {
+    let unknown: SandboxConfig = serde_yaml::from_str("type: dokcer\n").unwrap();
+    let err = unknown.build_backend(&registry()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(
+        err.to_string().contains("dokcer") && err.to_string().contains("local"),
+        "{err}"
+    );
+
+    let typo: SandboxConfig = serde_yaml::from_str("type: local\nisolaton: landlock\n").unwrap();
+    let err = typo.build_backend(&registry()).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    assert!(err.to_string().contains("isolaton"), "{err}");
+
+    let bad_setting =
+        serde_yaml::from_str::<SandboxConfig>("type: local\nmanager:\n  idle_timout: 5\n");
+    assert!(bad_setting.unwrap_err().to_string().contains("idle_timout"));
+}
