@@ -730,3 +730,38 @@ async fn invalid_settings_fail_at_build() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pause_strategy_freezes_and_acquire_resumes_the_same_sandbox() {
+    let backend = MockBackend::new().on_exec("true", |_| sandcell::testing::MockReply::stdout(""));
+    let manager = SandboxManager::builder(backend.clone())
+        .state_store(InMemoryStateStore::new())
+        .snapshot_store(InMemorySnapshotStore::new())
+        .suspend_strategy(sandcell::manager::SuspendStrategy::Pause)
+        .build()
+        .await
+        .unwrap();
+    let sandbox = manager.acquire(&key("p"), &spec()).await.unwrap();
+    manager
+        .release(&key("p"), ReleaseMode::Suspend)
+        .await
+        .unwrap();
+    assert_eq!(
+        backend.inspect(sandbox.id()).await.unwrap().status,
+        SandboxStatus::Paused
+    );
+    let err = sandbox
+        .run(sandcell::ExecRequest::new(["true"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidState);
+    let mut events = manager.subscribe();
+    let again = manager.acquire(&key("p"), &spec()).await.unwrap();
+    assert_eq!(again.id(), sandbox.id());
+    assert_eq!(events.next().await.unwrap().kind, EventKind::Resumed);
+    again
+        .run(sandcell::ExecRequest::new(["true"]))
+        .await
+        .unwrap();
+    assert!(manager.snapshots(&key("p")).await.unwrap().is_empty());
+}

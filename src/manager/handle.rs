@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use bytes::Bytes;
+use tracing::Instrument;
 
 use crate::archive::ImportOptions;
 use crate::backend::{ByteStream, SandboxBackend};
@@ -77,6 +78,16 @@ impl<B: SandboxBackend> SandboxHandle<B> {
         &self.inner.backend
     }
 
+    fn span(&self, op: &'static str) -> tracing::Span {
+        tracing::debug_span!(
+            "sandcell.op",
+            op,
+            tenant = self.key.tenant(),
+            session = self.key.session(),
+            sandbox = self.info.id.as_str()
+        )
+    }
+
     /// Records activity for the session now.
     pub async fn touch(&self) {
         self.inner.touch(&self.key).await;
@@ -84,81 +95,129 @@ impl<B: SandboxBackend> SandboxHandle<B> {
 
     /// Starts a command; see [`SandboxBackend::exec`].
     pub async fn exec(&self, request: ExecRequest) -> Result<Process> {
-        self.touch().await;
-        self.inner.backend.exec(&self.info.id, request).await
+        async move {
+            self.touch().await;
+            self.inner.backend.exec(&self.info.id, request).await
+        }
+        .instrument(self.span("exec"))
+        .await
     }
 
     /// Runs a command to completion and collects its output; see [`SandboxBackendExt::run`].
     pub async fn run(&self, request: ExecRequest) -> Result<ExecOutput> {
-        self.touch().await;
-        let out = self.inner.backend.run(&self.info.id, request).await;
-        self.touch().await;
-        out
+        async move {
+            self.touch().await;
+            let out = self.inner.backend.run(&self.info.id, request).await;
+            self.touch().await;
+            out
+        }
+        .instrument(self.span("run"))
+        .await
     }
 
     /// Runs a shell script; see [`SandboxBackendExt::run_shell`].
     pub async fn run_shell(&self, script: &str) -> Result<ExecOutput> {
-        self.touch().await;
-        let out = self.inner.backend.run_shell(&self.info.id, script).await;
-        self.touch().await;
-        out
+        async move {
+            self.touch().await;
+            let out = self.inner.backend.run_shell(&self.info.id, script).await;
+            self.touch().await;
+            out
+        }
+        .instrument(self.span("run_shell"))
+        .await
     }
 
     /// Reads a whole file; see [`SandboxBackend::read`].
     pub async fn read(&self, path: &SandboxPath) -> Result<Bytes> {
-        self.touch().await;
-        self.inner.backend.read(&self.info.id, path).await
+        async move {
+            self.touch().await;
+            self.inner.backend.read(&self.info.id, path).await
+        }
+        .instrument(self.span("read"))
+        .await
     }
 
     /// Reads a UTF-8 file; see [`SandboxBackendExt::read_to_string`].
     pub async fn read_to_string(&self, path: &SandboxPath) -> Result<String> {
-        self.touch().await;
-        self.inner.backend.read_to_string(&self.info.id, path).await
+        async move {
+            self.touch().await;
+            self.inner.backend.read_to_string(&self.info.id, path).await
+        }
+        .instrument(self.span("read_to_string"))
+        .await
     }
 
     /// Writes a whole file; see [`SandboxBackend::write`].
     pub async fn write(&self, path: &SandboxPath, data: Bytes) -> Result<()> {
-        self.touch().await;
-        self.inner.backend.write(&self.info.id, path, data).await
+        async move {
+            self.touch().await;
+            self.inner.backend.write(&self.info.id, path, data).await
+        }
+        .instrument(self.span("write"))
+        .await
     }
 
     /// Metadata of a path; see [`SandboxBackend::stat`].
     pub async fn stat(&self, path: &SandboxPath) -> Result<FileInfo> {
-        self.touch().await;
-        self.inner.backend.stat(&self.info.id, path).await
+        async move {
+            self.touch().await;
+            self.inner.backend.stat(&self.info.id, path).await
+        }
+        .instrument(self.span("stat"))
+        .await
     }
 
     /// Lists a directory; see [`SandboxBackend::list_dir`].
     pub async fn list_dir(&self, path: &SandboxPath) -> Result<Vec<DirEntry>> {
-        self.touch().await;
-        self.inner.backend.list_dir(&self.info.id, path).await
+        async move {
+            self.touch().await;
+            self.inner.backend.list_dir(&self.info.id, path).await
+        }
+        .instrument(self.span("list_dir"))
+        .await
     }
 
     /// Removes a path; see [`SandboxBackend::remove`].
     pub async fn remove(&self, path: &SandboxPath, recursive: bool) -> Result<()> {
-        self.touch().await;
-        self.inner
-            .backend
-            .remove(&self.info.id, path, recursive)
-            .await
+        async move {
+            self.touch().await;
+            self.inner
+                .backend
+                .remove(&self.info.id, path, recursive)
+                .await
+        }
+        .instrument(self.span("remove"))
+        .await
     }
 
     /// Creates a directory; see [`SandboxBackend::mkdir`].
     pub async fn mkdir(&self, path: &SandboxPath) -> Result<()> {
-        self.touch().await;
-        self.inner.backend.mkdir(&self.info.id, path).await
+        async move {
+            self.touch().await;
+            self.inner.backend.mkdir(&self.info.id, path).await
+        }
+        .instrument(self.span("mkdir"))
+        .await
     }
 
     /// Renames a path; see [`SandboxBackend::rename`].
     pub async fn rename(&self, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
-        self.touch().await;
-        self.inner.backend.rename(&self.info.id, from, to).await
+        async move {
+            self.touch().await;
+            self.inner.backend.rename(&self.info.id, from, to).await
+        }
+        .instrument(self.span("rename"))
+        .await
     }
 
     /// Exports a directory as tar; see [`SandboxBackend::export_tar`].
     pub async fn export_tar(&self, path: &SandboxPath) -> Result<ByteStream> {
-        self.touch().await;
-        self.inner.backend.export_tar(&self.info.id, path).await
+        async move {
+            self.touch().await;
+            self.inner.backend.export_tar(&self.info.id, path).await
+        }
+        .instrument(self.span("export_tar"))
+        .await
     }
 
     /// Imports a tar stream; see [`SandboxBackend::import_tar`].
@@ -168,10 +227,14 @@ impl<B: SandboxBackend> SandboxHandle<B> {
         tar: ByteStream,
         options: ImportOptions,
     ) -> Result<()> {
-        self.touch().await;
-        self.inner
-            .backend
-            .import_tar(&self.info.id, path, tar, options)
-            .await
+        async move {
+            self.touch().await;
+            self.inner
+                .backend
+                .import_tar(&self.info.id, path, tar, options)
+                .await
+        }
+        .instrument(self.span("import_tar"))
+        .await
     }
 }

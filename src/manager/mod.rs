@@ -246,7 +246,8 @@ impl<B: SandboxBackend> SandboxManager<B> {
             "sandcell.release",
             tenant = key.tenant(),
             session = key.session(),
-            mode = ?mode
+            mode = ?mode,
+            sandbox = tracing::field::Empty
         );
         self.inner
             .release(key, mode)
@@ -261,13 +262,15 @@ impl<B: SandboxBackend> SandboxManager<B> {
         let span = tracing::info_span!(
             "sandcell.snapshot",
             tenant = key.tenant(),
-            session = key.session()
+            session = key.session(),
+            sandbox = tracing::field::Empty
         );
         let inner = &self.inner;
         async {
             let _guard = inner.lock_key(key).await;
             let record = inner.record(key).await?;
             let id = live_sandbox(&record)?;
+            tracing::Span::current().record("sandbox", id.as_str());
             inner.snapshot_sandbox(key, &id, &record.spec).await
         }
         .instrument(span)
@@ -283,7 +286,8 @@ impl<B: SandboxBackend> SandboxManager<B> {
             "sandcell.restore",
             tenant = key.tenant(),
             session = key.session(),
-            snapshot = snapshot_id
+            snapshot = snapshot_id,
+            sandbox = tracing::field::Empty
         );
         let info = self
             .inner
@@ -765,6 +769,9 @@ impl<B: SandboxBackend> Inner<B> {
     async fn release(&self, key: &SessionKey, mode: ReleaseMode) -> Result<()> {
         let _guard = self.lock_key(key).await;
         let mut record = self.record(key).await?;
+        if let Some(id) = &record.sandbox_id {
+            tracing::Span::current().record("sandbox", id.as_str());
+        }
         let live = record.holds_sandbox() && record.status != SandboxStatus::Provisioning;
         match mode {
             ReleaseMode::Keep => {
@@ -858,6 +865,7 @@ impl<B: SandboxBackend> Inner<B> {
             .backend
             .create(&self.session_spec(key, &record.spec))
             .await?;
+        tracing::Span::current().record("sandbox", fresh.id.as_str());
         if let Err(e) = self.restore_into(key, &fresh.id, &manifest).await {
             if let Err(d) = self.backend.destroy(&fresh.id).await {
                 tracing::error!(sandbox = %fresh.id, error = %d, "could not destroy a sandbox after a failed restore; reconcile will");
