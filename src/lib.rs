@@ -13,12 +13,19 @@
 //!   sha256), verified before anything is committed.
 //! - [`archive`]: the checks every archive import obeys (no `..`, no absolute paths, no
 //!   writes through symlinks, no devices, caps on size, entries, depth and names).
+//! - [`SandboxManager`]: sessions over any backend — acquire (reuse, restore, create),
+//!   release, snapshots, per-tenant limits, reaping, reconcile, warm pools, events.
+//! - [`store`]: where the manager keeps state ([`store::StateStore`]) and snapshots
+//!   ([`store::SnapshotStore`]).
+//! - [`SandboxConfig`]: a backend and manager settings chosen in a config file.
 //! - [`testing`] (feature `testing`): an in-memory [`testing::MockBackend`] and the
 //!   conformance suite every backend runs.
 //!
 //! | feature | what it adds |
 //! |---|---|
-//! | `testing` | `MockBackend` and the conformance suite |
+//! | `sqlite` (default) | [`store::SqliteStateStore`], used by `ManagerBuilder::data_dir` |
+//! | `object-store` | [`store::ObjectSnapshotStore`] over any `object_store` |
+//! | `testing` | `MockBackend` and the conformance suites |
 //!
 //! # Example
 //!
