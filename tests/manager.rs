@@ -765,3 +765,29 @@ async fn the_pause_strategy_freezes_and_acquire_resumes_the_same_sandbox() {
         .unwrap();
     assert!(manager.snapshots(&key("p")).await.unwrap().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unhealthy_sandbox_marks_its_session_failed_and_acquire_restores_it() {
+    let backend = MockBackend::new();
+    let manager = memory_manager(&backend).await;
+    let sandbox = manager.acquire(&key("sick"), &spec()).await.unwrap();
+    sandbox.write(&path("f"), "saved".into()).await.unwrap();
+    manager.snapshot(&key("sick")).await.unwrap();
+    backend.mark_failed(sandbox.id()).unwrap();
+    let mut events = manager.subscribe();
+
+    let report = manager.reap_once().await.unwrap();
+    assert_eq!(report.failed, vec![key("sick")]);
+    assert_eq!(events.next().await.unwrap().kind, EventKind::Failed);
+    assert_eq!(backend.live_count(), 0, "the broken sandbox is destroyed");
+    let record = manager
+        .state_store()
+        .get(&key("sick"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.status, SandboxStatus::Failed);
+
+    let back = manager.acquire(&key("sick"), &spec()).await.unwrap();
+    assert_eq!(back.read(&path("f")).await.unwrap(), "saved");
+}

@@ -211,6 +211,15 @@ impl MockBackend {
         Ok(Box::new(backend))
     }
 
+    /// Marks a sandbox `Failed`, as a backend reports a crashed VM or a dead container
+    /// (for testing health handling).
+    pub fn mark_failed(&self, id: &SandboxId) -> Result<()> {
+        self.with_sandbox(id, |sb| {
+            sb.info.status = SandboxStatus::Failed;
+            Ok(())
+        })
+    }
+
     /// How many sandboxes are alive (for leak checks in tests).
     pub fn live_count(&self) -> usize {
         self.lock().sandboxes.len()
