@@ -57,9 +57,16 @@ pub(crate) fn probe() -> Result<Tools> {
         setpriv: util_linux("setpriv")?,
         bwrap,
     };
+    // Only the system directories, as a sandbox sees them: binding all of `/` would copy
+    // every mount on the host, and one that disappears meanwhile (another sandbox's
+    // workspace being destroyed) fails the probe.
+    let mut args = vec!["--unshare-all".to_owned()];
+    args.extend(system_binds());
+    args.extend(["--proc", "/proc", "--dev", "/dev", "--", "true"].map(String::from));
     let out = std::process::Command::new(&tools.bwrap)
-        .args(["--unshare-all", "--ro-bind", "/", "/", "--", "true"])
+        .args(args)
         .env_clear()
+        .env("PATH", DEFAULT_PATH)
         .output()
         .map_err(|e| Error::io("probing bubblewrap", e))?;
     if !out.status.success() {
@@ -69,6 +76,27 @@ pub(crate) fn probe() -> Result<Tools> {
         )));
     }
     Ok(tools)
+}
+
+/// bubblewrap arguments that give a sandbox the host's system directories, read-only.
+fn system_binds() -> Vec<String> {
+    let mut args: Vec<String> = Vec::new();
+    for system in ["/usr", "/etc", "/opt"] {
+        if Path::new(system).is_dir() {
+            args.extend(["--ro-bind".into(), system.into(), system.into()]);
+        }
+    }
+    for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64"] {
+        let path = Path::new(top);
+        match std::fs::read_link(path) {
+            Ok(target) => {
+                args.extend(["--symlink".into(), target.display().to_string(), top.into()])
+            }
+            Err(_) if path.is_dir() => args.extend(["--ro-bind".into(), top.into(), top.into()]),
+            Err(_) => {}
+        }
+    }
+    args
 }
 
 /// The bubblewrap command that creates a sandbox's namespaces and then idles.
@@ -85,21 +113,7 @@ pub(crate) fn init_command(
             "backend local cannot enforce a network allowlist; use Network::None or Network::Full",
         )),
     }
-    for system in ["/usr", "/etc", "/opt"] {
-        if Path::new(system).is_dir() {
-            args.extend(["--ro-bind".into(), system.into(), system.into()]);
-        }
-    }
-    for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64"] {
-        let path = Path::new(top);
-        match std::fs::read_link(path) {
-            Ok(target) => {
-                args.extend(["--symlink".into(), target.display().to_string(), top.into()])
-            }
-            Err(_) if path.is_dir() => args.extend(["--ro-bind".into(), top.into(), top.into()]),
-            Err(_) => {}
-        }
-    }
+    args.extend(system_binds());
     args.extend([
         "--proc".into(),
         "/proc".into(),
