@@ -84,3 +84,9 @@ pub use process::{OutputStream, Process, ProcessControl, ProcessEvent, ProcessSt
 pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 pub use spec::{Limits, Mount, Network, SandboxSpec};
 pub use store::SessionKey;
+
+/// Locks a std mutex, ignoring poison: every critical section in this crate swaps whole,
+/// finished values, so the data behind a poisoned lock is still consistent.
+pub(crate) fn lock_unpoisoned<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}

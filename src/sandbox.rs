@@ -19,19 +19,8 @@ impl SandboxId {
     /// Validates `id`.
     pub fn new(id: impl Into<String>) -> Result<Self> {
         let id = id.into();
-        let ok = !id.is_empty()
-            && id.len() <= 128
-            && !id.starts_with('.')
-            && id
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-        if ok {
-            Ok(SandboxId(id))
-        } else {
-            Err(Error::invalid_input(format!(
-                "invalid sandbox id {id:?}: use 1-128 characters from [A-Za-z0-9._-], not starting with '.'"
-            )))
-        }
+        validate_name("sandbox id", &id)?;
+        Ok(SandboxId(id))
     }
 
     /// A fresh random id with a prefix (`"mock-3f2a..."`). The prefix must itself be valid.
@@ -45,6 +34,24 @@ impl SandboxId {
     /// The id as a string.
     pub fn as_str(&self) -> &str {
         &self.0
+    }
+}
+
+/// The rule for names that end up in file names, labels and URLs (sandbox ids, tenants,
+/// session and snapshot ids): 1-128 characters from `[A-Za-z0-9._-]`, not starting with `.`.
+pub(crate) fn validate_name(what: &str, value: &str) -> Result<()> {
+    let ok = !value.is_empty()
+        && value.len() <= 128
+        && !value.starts_with('.')
+        && value
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid_input(format!(
+            "invalid {what} {value:?}: use 1-128 characters from [A-Za-z0-9._-], not starting with '.'"
+        )))
     }
 }
 

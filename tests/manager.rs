@@ -715,14 +715,14 @@ async fn invalid_settings_fail_at_build() {
         let err = builder.build().await.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::InvalidInput, "{what}: {err}");
     }
-    let err = SandboxManager::builder(MockBackend::new())
+    // The mock supports pause, so the pause strategy builds.
+    SandboxManager::builder(MockBackend::new())
         .state_store(InMemoryStateStore::new())
         .snapshot_store(InMemorySnapshotStore::new())
         .suspend_strategy(sandcell::manager::SuspendStrategy::Pause)
         .build()
-        .await;
-    // The mock supports pause, so this builds.
-    err.unwrap();
+        .await
+        .unwrap();
     let err = memory_manager(&MockBackend::new())
         .await
         .acquire(&key("x"), &SandboxSpec::new("no-such-template"))

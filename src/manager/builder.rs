@@ -180,7 +180,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
         }
         let mut names = HashSet::new();
         for pool in &self.pools {
-            crate::store::validate_name("warm pool name", &pool.name)?;
+            crate::sandbox::validate_name("warm pool name", &pool.name)?;
             pool.spec.validate()?;
             if !names.insert(pool.name.clone()) {
                 return Err(Error::invalid_input(format!(

@@ -219,15 +219,11 @@ async fn pool_loop<B: SandboxBackend>(
 }
 
 impl<B: SandboxBackend> Inner<B> {
-    fn is_live(record: &SessionRecord) -> bool {
-        record.holds_sandbox() && record.status != SandboxStatus::Provisioning
-    }
-
     pub(crate) async fn reap_once(&self) -> Result<ReapReport> {
         let mut report = ReapReport::default();
         let records = self.state.list(None).await?;
         for record in &records {
-            if record.backend != self.backend.name() || !Self::is_live(record) {
+            if record.backend != self.backend.name() || !record.is_live() {
                 continue;
             }
             let key = &record.key;
@@ -238,7 +234,7 @@ impl<B: SandboxBackend> Inner<B> {
             let Some(mut record) = self.state.get(key).await? else {
                 continue;
             };
-            if !Self::is_live(&record) {
+            if !record.is_live() {
                 continue;
             }
             if let Err(e) = self.reap_session(&mut record, &mut report).await {
@@ -312,11 +308,7 @@ impl<B: SandboxBackend> Inner<B> {
             .is_some_and(|t| record.last_active + chrono_duration(t) <= now);
         if expired && !self.settings.snapshot_on_expiry {
             self.backend.destroy(&id).await?;
-            record.status = SandboxStatus::Terminated;
-            record.sandbox_id = None;
-            record.sandbox_created_at = None;
-            record.updated_at = now;
-            self.state.put(record).await?;
+            self.detach(record, SandboxStatus::Terminated).await?;
             self.emit(
                 self.event(EventKind::ReapedExpired)
                     .session(&key)
@@ -413,9 +405,7 @@ impl<B: SandboxBackend> Inner<B> {
             let Some(id) = &record.sandbox_id else {
                 continue;
             };
-            if !Self::is_live(record)
-                || listed_ids.contains(id)
-                || record.backend != self.backend.name()
+            if !record.is_live() || listed_ids.contains(id) || record.backend != self.backend.name()
             {
                 continue;
             }
@@ -423,7 +413,7 @@ impl<B: SandboxBackend> Inner<B> {
             let Some(mut fresh) = self.state.get(&record.key).await? else {
                 continue;
             };
-            if fresh.sandbox_id.as_ref() != Some(id) || !Self::is_live(&fresh) {
+            if fresh.sandbox_id.as_ref() != Some(id) || !fresh.is_live() {
                 continue;
             }
             match self.backend.inspect(id).await {

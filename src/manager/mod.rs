@@ -39,7 +39,7 @@ mod maintenance;
 mod settings;
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -169,10 +169,7 @@ impl<B: SandboxBackend> Drop for Inner<B> {
     }
 }
 
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every critical section swaps finished values, so a poisoned lock is still consistent.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+pub(crate) use crate::lock_unpoisoned as lock;
 
 impl<B: SandboxBackend> SandboxManager<B> {
     /// Starts building a manager over `backend`.
@@ -315,8 +312,8 @@ impl<B: SandboxBackend> SandboxManager<B> {
 }
 
 fn live_sandbox(record: &SessionRecord) -> Result<SandboxId> {
-    match (&record.sandbox_id, record.holds_sandbox()) {
-        (Some(id), true) if record.status != SandboxStatus::Provisioning => Ok(id.clone()),
+    match (&record.sandbox_id, record.is_live()) {
+        (Some(id), true) => Ok(id.clone()),
         _ => Err(Error::new(
             ErrorKind::InvalidState,
             format!(
@@ -408,17 +405,10 @@ impl<B: SandboxBackend> Inner<B> {
             return Err(maintenance::shut_down_error());
         }
         let _guard = self.lock_key(key).await;
-        let provision_timeout = chrono_duration(self.settings.provision_timeout);
         let started = tokio::time::Instant::now();
         let mut backoff = Duration::from_millis(20);
         loop {
-            let now = self.clock.now();
-            let claim = Claim::new(
-                SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now),
-                self.settings.max_sandboxes_per_tenant,
-                now - provision_timeout,
-            );
-            match self.state.claim(&claim).await? {
+            match self.state.claim(&self.claim(key, spec)).await? {
                 ClaimOutcome::Live(record) => {
                     if let Some(info) = self.reconnect(record).await? {
                         return Ok(info);
@@ -493,6 +483,29 @@ impl<B: SandboxBackend> Inner<B> {
         Ok(Some(info))
     }
 
+    /// Records that the session no longer has a sandbox, with its new `status`.
+    pub(crate) async fn detach(
+        &self,
+        record: &mut SessionRecord,
+        status: SandboxStatus,
+    ) -> Result<()> {
+        record.status = status;
+        record.sandbox_id = None;
+        record.sandbox_created_at = None;
+        record.updated_at = self.clock.now();
+        self.state.put(record).await
+    }
+
+    /// A claim on `key` for provisioning it from `spec`, under the tenant limit.
+    fn claim(&self, key: &SessionKey, spec: &SandboxSpec) -> Claim {
+        let now = self.clock.now();
+        Claim::new(
+            SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now),
+            self.settings.max_sandboxes_per_tenant,
+            now - chrono_duration(self.settings.provision_timeout),
+        )
+    }
+
     /// The record's sandbox disappeared: the session is suspended if it has a snapshot to
     /// come back from, terminated otherwise.
     pub(crate) async fn mark_gone(
@@ -507,15 +520,12 @@ impl<B: SandboxBackend> Inner<B> {
             event = event.sandbox(id);
         }
         tracing::warn!(session = %record.key, sandbox = ?record.sandbox_id, why, "session lost its sandbox");
-        record.status = if has_snapshot {
+        let status = if has_snapshot {
             SandboxStatus::Suspended
         } else {
             SandboxStatus::Terminated
         };
-        record.sandbox_id = None;
-        record.sandbox_created_at = None;
-        record.updated_at = self.clock.now();
-        self.state.put(record).await?;
+        self.detach(record, status).await?;
         self.emit(event);
         Ok(())
     }
@@ -533,11 +543,7 @@ impl<B: SandboxBackend> Inner<B> {
             );
         }
         tracing::warn!(session = %record.key, why, "sandbox failed");
-        record.status = SandboxStatus::Failed;
-        record.sandbox_id = None;
-        record.sandbox_created_at = None;
-        record.updated_at = self.clock.now();
-        self.state.put(record).await
+        self.detach(record, SandboxStatus::Failed).await
     }
 
     /// Provisions a claimed session: restore `snapshot` (or the latest one) into a fresh
@@ -555,8 +561,15 @@ impl<B: SandboxBackend> Inner<B> {
             None => self.snapshots.list(key).await?.pop(),
         };
         let mut created: Option<SandboxId> = None;
+        let session_created_at = previous.as_ref().map(|p| p.created_at);
         let result = self
-            .provision_inner(key, spec, snapshot.as_ref(), &mut created)
+            .provision_inner(
+                key,
+                spec,
+                snapshot.as_ref(),
+                session_created_at,
+                &mut created,
+            )
             .await;
         match result {
             Ok(info) => Ok(info),
@@ -585,6 +598,7 @@ impl<B: SandboxBackend> Inner<B> {
         key: &SessionKey,
         spec: &SandboxSpec,
         snapshot: Option<&SnapshotManifest>,
+        session_created_at: Option<DateTime<Utc>>,
         created: &mut Option<SandboxId>,
     ) -> Result<SandboxInfo> {
         let (info, kind) = match snapshot {
@@ -609,9 +623,7 @@ impl<B: SandboxBackend> Inner<B> {
         let now = self.clock.now();
         let mut record =
             SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now);
-        if let Some(prev) = self.state.get(key).await? {
-            record.created_at = prev.created_at;
-        }
+        record.created_at = session_created_at.unwrap_or(now);
         record.status = SandboxStatus::Running;
         record.sandbox_id = Some(info.id.clone());
         record.sandbox_created_at = Some(now);
@@ -752,11 +764,7 @@ impl<B: SandboxBackend> Inner<B> {
         kind: EventKind,
     ) -> Result<()> {
         self.backend.destroy(id).await?;
-        record.status = SandboxStatus::Suspended;
-        record.sandbox_id = None;
-        record.sandbox_created_at = None;
-        record.updated_at = self.clock.now();
-        self.state.put(record).await?;
+        self.detach(record, SandboxStatus::Suspended).await?;
         self.emit(
             self.event(kind)
                 .session(&record.key)
@@ -772,7 +780,7 @@ impl<B: SandboxBackend> Inner<B> {
         if let Some(id) = &record.sandbox_id {
             tracing::Span::current().record("sandbox", id.as_str());
         }
-        let live = record.holds_sandbox() && record.status != SandboxStatus::Provisioning;
+        let live = record.is_live();
         match mode {
             ReleaseMode::Keep => {
                 if live && record.status != SandboxStatus::Paused {
@@ -798,14 +806,11 @@ impl<B: SandboxBackend> Inner<B> {
             },
             ReleaseMode::Suspend => {}
             ReleaseMode::Destroy => {
-                if let Some(id) = record.sandbox_id.take() {
+                if let Some(id) = record.sandbox_id.clone() {
                     self.backend.destroy(&id).await?;
                     self.emit(self.event(EventKind::Destroyed).session(key).sandbox(&id));
                 }
-                record.status = SandboxStatus::Terminated;
-                record.sandbox_created_at = None;
-                record.updated_at = self.clock.now();
-                self.state.put(&record).await?;
+                self.detach(&mut record, SandboxStatus::Terminated).await?;
             }
             ReleaseMode::Purge => {
                 if let Some(id) = record.sandbox_id.take() {
@@ -834,22 +839,11 @@ impl<B: SandboxBackend> Inner<B> {
             .snapshots
             .manifest(&SnapshotKey::new(key.clone(), snapshot_id)?)
             .await?;
-        let live = record.holds_sandbox() && record.status != SandboxStatus::Provisioning;
+        let live = record.is_live();
         if !live {
             // No sandbox yet: claim a slot under the tenant limit, then provision from
             // this snapshot.
-            let now = self.clock.now();
-            let claim = Claim::new(
-                SessionRecord::provisioning(
-                    key.clone(),
-                    self.backend.name(),
-                    record.spec.clone(),
-                    now,
-                ),
-                self.settings.max_sandboxes_per_tenant,
-                now - chrono_duration(self.settings.provision_timeout),
-            );
-            return match self.state.claim(&claim).await? {
+            return match self.state.claim(&self.claim(key, &record.spec)).await? {
                 ClaimOutcome::Claimed(previous) => {
                     self.provision(key, &record.spec, previous, Some(manifest))
                         .await

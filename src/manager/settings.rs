@@ -133,7 +133,7 @@ impl Default for ManagerSettings {
 impl ManagerSettings {
     /// Checks the settings; the builder calls this.
     pub fn validate(&self) -> Result<()> {
-        crate::store::validate_name("manager id", &self.manager_id)?;
+        crate::sandbox::validate_name("manager id", &self.manager_id)?;
         if self.max_sandboxes_per_tenant == Some(0) {
             return Err(Error::invalid_input(
                 "max_sandboxes_per_tenant must be at least 1 (leave it unset for no limit)",
@@ -167,15 +167,17 @@ mod secs {
 
     use serde::{Deserialize, Deserializer, Serializer};
 
+    pub(super) fn to_duration<E: serde::de::Error>(secs: f64) -> Result<Duration, E> {
+        Duration::try_from_secs_f64(secs)
+            .map_err(|_| E::custom(format!("{secs} is not a valid number of seconds")))
+    }
+
     pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_f64(d.as_secs_f64())
     }
 
     pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(|_| {
-            serde::de::Error::custom(format!("{secs} is not a valid number of seconds"))
-        })
+        to_duration(f64::deserialize(d)?)
     }
 }
 
@@ -195,11 +197,7 @@ mod secs_opt {
         d: D,
     ) -> Result<Option<Duration>, D::Error> {
         Option::<f64>::deserialize(d)?
-            .map(|secs| {
-                Duration::try_from_secs_f64(secs).map_err(|_| {
-                    serde::de::Error::custom(format!("{secs} is not a valid number of seconds"))
-                })
-            })
+            .map(super::secs::to_duration)
             .transpose()
     }
 }

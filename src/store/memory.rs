@@ -1,7 +1,7 @@
 //! In-memory stores: for tests, examples and single-process embedders that need no restore.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
@@ -16,11 +16,7 @@ use crate::store::session::{
 };
 use crate::store::snapshots::{sort_manifests, SnapshotKey, SnapshotStore};
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Every mutation below replaces whole values, so a poisoned lock still holds
-    // consistent data.
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
+use crate::lock_unpoisoned as lock;
 
 #[derive(Debug, Default)]
 struct StateInner {

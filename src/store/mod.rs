@@ -24,7 +24,6 @@ pub use fs::FsSnapshotStore;
 pub use memory::{InMemorySnapshotStore, InMemoryStateStore};
 #[cfg(feature = "object-store")]
 pub use object::ObjectSnapshotStore;
-pub(crate) use session::validate_name;
 pub use session::{Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore};
 pub use snapshots::{SnapshotKey, SnapshotStore};
 #[cfg(feature = "sqlite")]

@@ -7,6 +7,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::sandbox::validate_name;
 use crate::sandbox::{SandboxId, SandboxStatus};
 use crate::spec::SandboxSpec;
 
@@ -18,22 +19,6 @@ use crate::spec::SandboxSpec;
 pub struct SessionKey {
     tenant: String,
     session: String,
-}
-
-pub(crate) fn validate_name(what: &str, value: &str) -> Result<()> {
-    let ok = !value.is_empty()
-        && value.len() <= 128
-        && !value.starts_with('.')
-        && value
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
-    if ok {
-        Ok(())
-    } else {
-        Err(Error::invalid_input(format!(
-            "invalid {what} {value:?}: use 1-128 characters from [A-Za-z0-9._-], not starting with '.'"
-        )))
-    }
 }
 
 impl SessionKey {
@@ -123,6 +108,12 @@ impl SessionRecord {
                 | SandboxStatus::Paused
                 | SandboxStatus::Idle
         )
+    }
+
+    /// Whether the session has a sandbox ready for use: it holds one and is not still
+    /// being provisioned.
+    pub fn is_live(&self) -> bool {
+        self.holds_sandbox() && self.status != SandboxStatus::Provisioning
     }
 }
 

@@ -6,8 +6,9 @@ use async_trait::async_trait;
 
 use crate::backend::ByteStream;
 use crate::error::Result;
+use crate::sandbox::validate_name;
 use crate::snapshot::SnapshotManifest;
-use crate::store::session::{validate_name, SessionKey};
+use crate::store::session::SessionKey;
 
 /// Where a snapshot lives: `{tenant}/{session}/{snapshot_id}`.
 #[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]

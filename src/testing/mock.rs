@@ -226,9 +226,7 @@ impl MockBackend {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        // A panic while holding the lock leaves consistent data (every mutation is a
-        // swap of a finished value), so a poisoned lock is still usable.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock_unpoisoned(&self.state)
     }
 
     fn with_sandbox<T>(
