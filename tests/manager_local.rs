@@ -75,6 +75,55 @@ async fn a_local_session_survives_suspend_and_a_new_manager() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_starts_from_the_snapshots_template_not_the_callers() {
+    let dir = tempfile::tempdir().unwrap();
+    let template = dir.path().join("proj");
+    std::fs::create_dir_all(&template).unwrap();
+    std::fs::write(template.join("base.txt"), "from the template\n").unwrap();
+    let backend = LocalBackend::builder()
+        .root(dir.path().join("local"))
+        .template("proj", &template)
+        .build()
+        .unwrap();
+    let manager = SandboxManager::builder(backend)
+        .data_dir(dir.path().join("data"))
+        .build()
+        .await
+        .unwrap();
+    let key = SessionKey::new("acme", "rebase").unwrap();
+    let sandbox = manager
+        .acquire(&key, &SandboxSpec::new("proj"))
+        .await
+        .unwrap();
+    sandbox
+        .write(&"mine.txt".parse().unwrap(), "edited\n".into())
+        .await
+        .unwrap();
+    manager.release(&key, ReleaseMode::Suspend).await.unwrap();
+    let manifest = manager.snapshots(&key).await.unwrap().pop().unwrap();
+    assert!(manifest.incremental, "overlay snapshots hold only the changes");
+
+    // Asked for another template, the restore still rebuilds the session's workspace.
+    let sandbox = manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    assert_eq!(
+        sandbox.read_to_string(&"base.txt".parse().unwrap()).await.unwrap(),
+        "from the template\n"
+    );
+    assert_eq!(
+        sandbox.read_to_string(&"mine.txt".parse().unwrap()).await.unwrap(),
+        "edited\n"
+    );
+    assert_eq!(sandbox.info().template, "proj");
+    let record = manager.session(&key).await.unwrap().unwrap();
+    assert_eq!(record.spec.template, "proj");
+    manager.release(&key, ReleaseMode::Purge).await.unwrap();
+    assert!(manager.session(&key).await.unwrap().is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_backend_is_chosen_from_yaml_toml_or_json() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("local");

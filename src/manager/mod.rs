@@ -206,6 +206,10 @@ impl<B: SandboxBackend> SandboxManager<B> {
     /// restores the latest snapshot into a fresh sandbox, else creates one (from a warm
     /// pool when one matches `spec`).
     ///
+    /// `spec` describes a sandbox to create. A live sandbox is reused as it is, and a
+    /// restored one starts from the template its snapshot was taken from, whatever
+    /// `spec.template` says (the snapshot holds the workspace relative to it).
+    ///
     /// Concurrent acquires of one key — in this process or in others sharing the state
     /// store — yield one sandbox. A tenant at its limit gets
     /// [`ErrorKind::LimitExceeded`] with the limit in the message. A snapshot that fails
@@ -298,6 +302,12 @@ impl<B: SandboxBackend> SandboxManager<B> {
             key.clone(),
             info,
         ))
+    }
+
+    /// What the state store knows about one session, or `None` if it was never acquired
+    /// (or was purged).
+    pub async fn session(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        self.inner.state.get(key).await
     }
 
     /// The session records of `tenant` (or of every tenant), sorted by key.
@@ -601,6 +611,25 @@ impl<B: SandboxBackend> Inner<B> {
         session_created_at: Option<DateTime<Utc>>,
         created: &mut Option<SandboxId>,
     ) -> Result<SandboxInfo> {
+        // A snapshot holds the workspace relative to the template it was taken from
+        // (incremental snapshots hold only the changes), so that template, not the
+        // caller's, is the one the restored sandbox must start from.
+        let rebased;
+        let spec = match snapshot {
+            Some(manifest) if manifest.template != spec.template => {
+                tracing::debug!(
+                    session = %key,
+                    requested = %spec.template,
+                    snapshot = %manifest.template,
+                    "restoring onto the snapshot's template"
+                );
+                let mut s = spec.clone();
+                s.template = manifest.template.clone();
+                rebased = s;
+                &rebased
+            }
+            _ => spec,
+        };
         let (info, kind) = match snapshot {
             Some(manifest) => {
                 let info = self.backend.create(&self.session_spec(key, spec)).await?;
