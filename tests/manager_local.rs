@@ -101,7 +101,10 @@ async fn a_restore_starts_from_the_snapshots_template_not_the_callers() {
         .unwrap();
     manager.release(&key, ReleaseMode::Suspend).await.unwrap();
     let manifest = manager.snapshots(&key).await.unwrap().pop().unwrap();
-    assert!(manifest.incremental, "overlay snapshots hold only the changes");
+    assert!(
+        manifest.incremental,
+        "overlay snapshots hold only the changes"
+    );
 
     // Asked for another template, the restore still rebuilds the session's workspace.
     let sandbox = manager
@@ -109,11 +112,17 @@ async fn a_restore_starts_from_the_snapshots_template_not_the_callers() {
         .await
         .unwrap();
     assert_eq!(
-        sandbox.read_to_string(&"base.txt".parse().unwrap()).await.unwrap(),
+        sandbox
+            .read_to_string(&"base.txt".parse().unwrap())
+            .await
+            .unwrap(),
         "from the template\n"
     );
     assert_eq!(
-        sandbox.read_to_string(&"mine.txt".parse().unwrap()).await.unwrap(),
+        sandbox
+            .read_to_string(&"mine.txt".parse().unwrap())
+            .await
+            .unwrap(),
         "edited\n"
     );
     assert_eq!(sandbox.info().template, "proj");

@@ -6,6 +6,7 @@ use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use serde::Serialize;
 use tracing::Instrument;
 
 use crate::backend::SandboxBackend;
@@ -21,7 +22,7 @@ use crate::spec::SandboxSpec;
 use crate::store::{PoolEntry, SessionKey, SessionRecord, SnapshotKey};
 
 /// What one [`reap_once`](SandboxManager::reap_once) pass did.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ReapReport {
     /// Idle sessions snapshotted and destroyed.
@@ -41,7 +42,7 @@ pub struct ReapReport {
 }
 
 /// What [`reconcile`](SandboxManager::reconcile) did.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ReconcileReport {
     /// Resources with this manager's label that the store did not know, destroyed.
@@ -53,7 +54,7 @@ pub struct ReconcileReport {
 }
 
 /// What [`shutdown`](SandboxManager::shutdown) did with this manager's sessions.
-#[derive(Debug, Clone, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ShutdownReport {
     /// Sessions suspended.

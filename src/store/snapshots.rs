@@ -10,9 +10,11 @@ use crate::sandbox::validate_name;
 use crate::snapshot::SnapshotManifest;
 use crate::store::session::SessionKey;
 
-/// Where a snapshot lives: `{tenant}/{session}/{snapshot_id}`.
-#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+/// Where a snapshot lives: `{tenant}/{session}/{snapshot_id}`. Serializes as
+/// `{"tenant": .., "session": .., "id": ..}`.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
 pub struct SnapshotKey {
+    #[serde(flatten)]
     session: SessionKey,
     id: String,
 }

@@ -1,0 +1,373 @@
+//! Drives the built `sandcell` CLI (`examples/sandcell.rs`) as a user would: every call a
+//! new process over one data directory.
+#![cfg(feature = "sqlite")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use sandcell::{LabelSelector, SandboxBackend, SandboxSpec};
+use serde_json::Value;
+
+/// The example binary, built (or found up to date) by cargo once per test run: a filtered
+/// run (`cargo test --test cli`) does not build examples, and a stale binary would test
+/// old code. The features match `.ci/run`'s `cargo test --workspace --all-features`, so
+/// there this is a no-op.
+fn cli_binary() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT
+        .get_or_init(|| {
+            let exe = std::env::current_exe().unwrap();
+            let profile_dir = exe.parent().unwrap().parent().unwrap();
+            let mut build = Command::new(env!("CARGO"));
+            build
+                .args([
+                    "build",
+                    "--workspace",
+                    "--all-features",
+                    "--example",
+                    "sandcell",
+                ])
+                .current_dir(env!("CARGO_MANIFEST_DIR"));
+            if profile_dir.ends_with("release") {
+                build.arg("--release");
+            }
+            let status = build.status().unwrap();
+            assert!(status.success(), "building the sandcell example failed");
+            let binary = profile_dir.join("examples").join("sandcell");
+            assert!(binary.exists(), "{} missing", binary.display());
+            binary
+        })
+        .clone()
+}
+
+/// One CLI invocation against a data directory.
+struct Cli {
+    data_dir: PathBuf,
+}
+
+impl Cli {
+    fn new(dir: &Path) -> Self {
+        Cli {
+            data_dir: dir.join("data"),
+        }
+    }
+
+    fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
+        let mut child = Command::new(cli_binary())
+            .arg("--data-dir")
+            .arg(&self.data_dir)
+            .args(args)
+            .env_remove("SANDCELL_LOG")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut pipe = child.stdin.take().unwrap();
+        if let Some(data) = stdin {
+            pipe.write_all(data).unwrap();
+        }
+        drop(pipe);
+        child.wait_with_output().unwrap()
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_with_stdin(args, None)
+    }
+
+    /// Runs a command that must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> Vec<u8> {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "sandcell {args:?} failed ({:?}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        // Progress is for terminals only; a pipe gets nothing.
+        assert!(out.stderr.is_empty(), "stderr: {:?}", out.stderr);
+        out.stdout
+    }
+
+    /// Runs a command that must succeed and print exactly one JSON object.
+    fn json(&self, args: &[&str]) -> Value {
+        let lines = json_lines(&self.ok(args));
+        assert_eq!(lines.len(), 1, "sandcell {args:?} printed {lines:?}");
+        lines.into_iter().next().unwrap()
+    }
+
+    /// The local backend's sandbox directories under this data dir.
+    fn sandbox_dirs(&self) -> Vec<PathBuf> {
+        match std::fs::read_dir(self.data_dir.join("local").join("sandboxes")) {
+            Ok(dir) => dir.map(|e| e.unwrap().path()).collect(),
+            Err(_) => Vec::new(),
+        }
+    }
+}
+
+fn json_lines(stdout: &[u8]) -> Vec<Value> {
+    std::str::from_utf8(stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{line:?}: {e}")))
+        .collect()
+}
+
+/// A failure is exactly one line on stderr, never a panic, with the expected status.
+fn assert_one_line_error(out: &Output, status: i32, mentions: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(status), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "not one line: {stderr:?}");
+    assert!(stderr.starts_with("sandcell: "), "{stderr:?}");
+    assert!(stderr.contains(mentions), "{stderr:?} lacks {mentions:?}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"));
+    assert!(out.stdout.is_empty(), "stdout on error: {:?}", out.stdout);
+}
+
+#[test]
+fn a_session_survives_process_restarts_through_suspend_and_restore() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::new(dir.path());
+    let template = dir.path().join("template");
+    std::fs::create_dir_all(template.join("src")).unwrap();
+    std::fs::write(template.join("src/lib.txt"), "from the template\n").unwrap();
+
+    let added = cli.json(&["template", "add", "proj", template.to_str().unwrap()]);
+    assert_eq!(added["template"], "proj");
+
+    let acquired = cli.json(&[
+        "acquire",
+        "s1",
+        "--template",
+        "proj",
+        "--env",
+        "GREETING=hi",
+    ]);
+    assert_eq!(acquired["tenant"], "default");
+    assert_eq!(acquired["session"], "s1");
+    assert_eq!(acquired["backend"], "local");
+    assert_eq!(acquired["status"], "running");
+    assert_eq!(acquired["outcome"], "created");
+    let first_id = acquired["sandbox_id"].as_str().unwrap().to_owned();
+
+    // Bytes that are not UTF-8 must survive the round trip untouched.
+    let payload: Vec<u8> = b"line one\n\xff\xfe binary\n".to_vec();
+    let out = cli.run_with_stdin(&["write", "s1", "notes/data.bin"], Some(&payload));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let out = cli.run(&[
+        "exec",
+        "s1",
+        "--",
+        "sh",
+        "-c",
+        "cat src/lib.txt; echo \"$GREETING\"; echo to-stderr >&2; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3));
+    assert_eq!(out.stdout, b"from the template\nhi\n");
+    assert_eq!(out.stderr, b"to-stderr\n");
+
+    let out = cli.run(&[
+        "exec",
+        "s1",
+        "--cwd",
+        "notes",
+        "--env",
+        "X=1",
+        "--",
+        "sh",
+        "-c",
+        "pwd; echo $X",
+    ]);
+    assert!(out.status.success());
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.ends_with("/notes\n1\n"), "{text:?}");
+
+    let suspended = cli.json(&["suspend", "s1"]);
+    assert_eq!(suspended["status"], "suspended");
+    assert!(suspended["sandbox_id"].is_null());
+    assert!(suspended["snapshot"].is_string());
+    assert!(
+        cli.sandbox_dirs().is_empty(),
+        "suspend left {:?}",
+        cli.sandbox_dirs()
+    );
+
+    let listed = json_lines(&cli.ok(&["list"]));
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["session"], "s1");
+    assert_eq!(listed[0]["status"], "suspended");
+
+    // A new process restores the session from its snapshot.
+    let again = cli.json(&["acquire", "s1"]);
+    assert_eq!(again["outcome"], "restored");
+    assert_eq!(again["status"], "running");
+    assert_ne!(again["sandbox_id"].as_str().unwrap(), first_id);
+    assert_eq!(cli.ok(&["read", "s1", "notes/data.bin"]), payload);
+    let out = cli.run(&["exec", "s1", "--", "sh", "-c", "echo $GREETING"]);
+    assert_eq!(
+        out.stdout, b"hi\n",
+        "the session's env survives the restore"
+    );
+
+    // A third process reuses the live sandbox.
+    assert_eq!(cli.json(&["acquire", "s1"])["outcome"], "reused");
+
+    let purged = cli.json(&["release", "s1", "--purge"]);
+    assert_eq!(purged["status"], "purged");
+    assert!(json_lines(&cli.ok(&["list"])).is_empty());
+    assert!(cli.sandbox_dirs().is_empty());
+    assert!(
+        !cli.data_dir.join("snapshots/default/s1").exists()
+            || std::fs::read_dir(cli.data_dir.join("snapshots/default/s1"))
+                .unwrap()
+                .next()
+                .is_none(),
+        "purge left snapshots"
+    );
+}
+
+#[test]
+fn exec_reports_timeouts_signals_and_forwards_stdin_only_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::new(dir.path());
+    cli.json(&["acquire", "s"]);
+
+    // The timeout kills the whole tree inside the sandbox, not just the client.
+    let marker = format!("31{}.5", std::process::id() % 1000);
+    let script = format!("sleep {marker} & sleep {marker}");
+    let started = Instant::now();
+    let out = cli.run(&["exec", "s", "--timeout", "0.5", "--", "sh", "-c", &script]);
+    assert_eq!(out.status.code(), Some(124));
+    assert!(started.elapsed() < Duration::from_secs(20));
+    assert!(
+        processes_mentioning(&marker).is_empty(),
+        "left behind: {:?}",
+        processes_mentioning(&marker)
+    );
+
+    let out = cli.run(&["exec", "s", "--", "sh", "-c", "kill -9 $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9));
+
+    let out = cli.run_with_stdin(&["exec", "s", "-i", "--", "cat"], Some(b"typed input"));
+    assert_eq!(out.stdout, b"typed input");
+    let out = cli.run_with_stdin(&["exec", "s", "--", "cat"], Some(b"typed input"));
+    assert!(out.status.success());
+    assert_eq!(out.stdout, b"", "stdin is not forwarded without -i");
+
+    cli.ok(&["release", "s", "--destroy"]);
+    assert!(cli.sandbox_dirs().is_empty());
+}
+
+/// Processes on this host whose command line contains `needle`.
+fn processes_mentioning(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        if let Ok(cmdline) = std::fs::read(entry.path().join("cmdline")) {
+            let cmdline = String::from_utf8_lossy(&cmdline).replace('\0', " ");
+            if cmdline.contains(needle) {
+                found.push(cmdline);
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn bad_input_is_one_line_on_stderr_and_status_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::new(dir.path());
+    cli.json(&["acquire", "s"]);
+
+    let cases: &[(&[&str], &str)] = &[
+        (&["read", "nobody", "x"], "unknown session \"nobody\""),
+        (&["exec", "nobody", "--", "true"], "sandcell acquire nobody"),
+        (&["read", "s", "../etc/passwd"], "'..'"),
+        (&["read", "s", "/etc/passwd"], "/etc/passwd"),
+        (&["read", "s", "missing.txt"], "missing.txt"),
+        (&["exec", "s", "--bogus", "--", "true"], "--bogus"),
+        (&["exec", "s", "--timeout", "0", "--", "true"], "positive"),
+        (&["exec", "s", "--env", "NOEQUALS", "--", "true"], "K=V"),
+        (&["acquire", "t", "--template", "nope"], "template add nope"),
+        (&["release", "s"], "--destroy|--purge"),
+        (&["list", "--tenant", "bad tenant"], "tenant"),
+        (&["acquire", "bad/name"], "session id"),
+        (
+            &["template", "add", "x", "/definitely/not/here"],
+            "not a directory",
+        ),
+        (&["--backend", "nosuch", "list"], "nosuch"),
+        (&["frobnicate"], "frobnicate"),
+    ];
+    for (args, mentions) in cases {
+        let out = cli.run(args);
+        assert_one_line_error(&out, 2, mentions);
+    }
+    // The failed calls changed nothing.
+    let listed = json_lines(&cli.ok(&["list"]));
+    assert_eq!(listed.len(), 1);
+    cli.ok(&["release", "s", "--purge"]);
+}
+
+#[test]
+fn snapshot_ls_and_gc_report_json() {
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::new(dir.path());
+    cli.json(&["acquire", "s", "--tenant", "acme"]);
+    let out = cli.run_with_stdin(&["write", "s", "--tenant", "acme", "a.txt"], Some(b"aaa"));
+    assert!(out.status.success());
+    cli.ok(&["exec", "s", "--tenant", "acme", "--", "mkdir", "sub"]);
+
+    let entries = json_lines(&cli.ok(&["ls", "s", "--tenant", "acme"]));
+    let mut names: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|e| (e["name"].as_str().unwrap(), e["kind"].as_str().unwrap()))
+        .collect();
+    names.sort();
+    assert_eq!(names, [("a.txt", "file"), ("sub", "dir")]);
+
+    let manifest = cli.json(&["snapshot", "s", "--tenant", "acme"]);
+    assert!(manifest["id"].is_string());
+    assert!(manifest["size_bytes"].as_u64().unwrap() > 0);
+    assert_eq!(manifest["sha256"].as_str().unwrap().len(), 64);
+    assert!(manifest["created_at"].is_string());
+
+    // After a crash: a sandbox with this manager's label that no session knows, and a
+    // session whose sandbox vanished. `gc` cleans up both.
+    let (orphan, session_sandbox) = tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let backend = sandcell_local::LocalBackend::builder()
+            .root(cli.data_dir.join("local"))
+            .build()
+            .unwrap();
+        let orphan = backend
+            .create(&SandboxSpec::new("default").with_label("sandcell.manager", "sandcell"))
+            .await
+            .unwrap();
+        let selector = LabelSelector::new().with("sandcell.session", "s");
+        let session_sandbox = backend.list(&selector).await.unwrap().remove(0);
+        backend.destroy(&session_sandbox.id).await.unwrap();
+        (orphan.id, session_sandbox.id)
+    });
+    let report = cli.json(&["gc"]);
+    assert_eq!(
+        report["reconcile"]["destroyed"],
+        serde_json::json!([orphan])
+    );
+    assert_eq!(
+        report["reconcile"]["lost"],
+        serde_json::json!([{"tenant": "acme", "session": "s"}])
+    );
+    assert!(cli.sandbox_dirs().is_empty(), "{:?}", session_sandbox);
+
+    // The lost session comes back from its snapshot on the next access.
+    assert_eq!(cli.ok(&["read", "s", "--tenant", "acme", "a.txt"]), b"aaa");
+    cli.ok(&["release", "s", "--tenant", "acme", "--purge"]);
+    assert!(cli.sandbox_dirs().is_empty());
+}
