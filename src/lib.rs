@@ -67,6 +67,7 @@ pub mod store;
 pub mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod wire;
 
 pub use backend::{ByteStream, Changes, SandboxBackend};
 pub use capabilities::Capabilities;

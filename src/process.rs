@@ -25,7 +25,9 @@ pub type ProcessStdin = Pin<Box<dyn AsyncWrite + Send + Sync>>;
 /// The backend side of a process handle: waiting for it and killing it.
 #[async_trait]
 pub trait ProcessControl: Send + Sync {
-    /// Waits for the process to end. Called at most once per handle.
+    /// Waits for the process to end. Must be cancel-safe: a call dropped before it
+    /// finishes may be followed by another (callers race it against other work), and
+    /// calls after the end return the same status.
     async fn wait(&mut self) -> Result<ExitStatus>;
     /// Kills the process and everything it started. Idempotent; no error if it already ended.
     async fn kill(&mut self) -> Result<()>;

@@ -893,10 +893,11 @@ impl ProcessControl for MockControl {
         if let Some(status) = self.result {
             return Ok(status);
         }
+        // Awaiting the receiver by reference keeps it, so a cancelled wait can be redone.
         let rx = self
             .status
-            .take()
-            .ok_or_else(|| Error::new(ErrorKind::InvalidState, "wait was interrupted earlier"))?;
+            .as_mut()
+            .ok_or_else(|| Error::new(ErrorKind::InvalidState, "no process to wait for"))?;
         let status = rx.await.map_err(|_| {
             Error::new(
                 ErrorKind::Backend,

@@ -23,7 +23,9 @@ mod hostile;
 mod mock;
 pub mod stores;
 mod tar_builder;
+mod wire_loop;
 
 pub use hostile::{hostile_archives, HostileArchive};
 pub use mock::{MockBackend, MockCall, MockReply};
 pub use tar_builder::RawTar;
+pub use wire_loop::WireLoop;

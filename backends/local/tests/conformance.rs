@@ -34,3 +34,18 @@ async fn overlay_workspaces_pass_the_conformance_suite() {
 }
 
 mod common;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_backend_passes_through_the_wire_protocol() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .workspace(WorkspaceStrategy::Copy)
+        .build()
+        .unwrap();
+    conformance::run_all(&sandcell::testing::WireLoop::new(backend)).await;
+    let left = std::fs::read_dir(root.path().join("sandboxes"))
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "every conformance sandbox was destroyed");
+}

@@ -1,0 +1,486 @@
+//! [`WireClient`]: the calling side, one connection to an agent serving one sandbox.
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use async_trait::async_trait;
+use bytes::{Bytes, BytesMut};
+use futures::{Stream, StreamExt};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::PollSemaphore;
+
+use super::frame::{self, Frame, Kind, ERR, MAIN};
+use super::mux::Mux;
+use super::proto::{self, Call, Reply, WireError};
+use crate::archive::ImportOptions;
+use crate::backend::{ByteStream, Changes};
+use crate::error::{Error, Result};
+use crate::exec::{ExecRequest, ExitStatus};
+use crate::fs::{DirEntry, FileInfo};
+use crate::path::SandboxPath;
+use crate::process::{OutputStream, Process, ProcessControl, ProcessStdin};
+
+/// The calling side of the wire protocol: every per-sandbox operation of
+/// [`SandboxBackend`](crate::SandboxBackend), sent over one connection to an agent that
+/// [`serve`](super::serve)s the sandbox. Cheap to clone; calls run concurrently.
+///
+/// The connection closes when the last clone and the last [`Process`] it started are
+/// dropped. Once it has ended (the agent exited, the stream broke, the agent broke the
+/// protocol) every call fails with [`ErrorKind::Unavailable`](crate::ErrorKind::Unavailable);
+/// open a new client.
+#[derive(Debug, Clone)]
+pub struct WireClient {
+    mux: Arc<Mux>,
+    next_id: Arc<AtomicU64>,
+}
+
+impl WireClient {
+    /// Starts a client over a connection (a socket, a pipe pair, an attached exec).
+    /// Must be called inside a tokio runtime.
+    pub fn new<R, W>(reader: R, writer: W) -> Self
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        WireClient {
+            mux: Mux::start(reader, writer, None),
+            next_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    /// Why the connection ended, if it has.
+    pub fn closed(&self) -> Option<String> {
+        self.mux.closed()
+    }
+
+    /// Opens a request: registers its id, then sends the call.
+    fn call(&self, call: &Call) -> Result<Request> {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let rx = self.mux.open(id)?;
+        let request = Request {
+            mux: Arc::clone(&self.mux),
+            id,
+            rx,
+        };
+        self.mux
+            .send(Frame::new(Kind::Call, id, proto::encode(call)))?;
+        Ok(request)
+    }
+
+    /// A call without bulk data either way.
+    async fn simple<T: serde::de::DeserializeOwned>(&self, call: Call) -> Result<T> {
+        let mut request = self.call(&call)?;
+        request.reply().await?.into_result()
+    }
+
+    /// Starts a command; see [`SandboxBackend::exec`](crate::SandboxBackend::exec).
+    pub async fn exec(&self, mut request: ExecRequest) -> Result<Process> {
+        request.validate()?;
+        let stdin_bytes = request.stdin.take();
+        let mut req = self.call(&Call::Exec { request })?;
+        let output_limit: Option<usize> = req.reply().await?.into_result()?;
+        let (mux, id) = (Arc::clone(&req.mux), req.id);
+        let (out_tx, out_rx) = mpsc::unbounded_channel();
+        let (err_tx, err_rx) = mpsc::unbounded_channel();
+        let (status_tx, status_rx) = watch::channel(None);
+        tokio::spawn(route_process_frames(req, out_tx, err_tx, status_tx));
+        let stdin: Option<ProcessStdin> = match stdin_bytes {
+            // Given bytes are written, then stdin is closed, as on every backend.
+            Some(bytes) => {
+                let mux = Arc::clone(&mux);
+                tokio::spawn(async move {
+                    if mux.send_data(id, MAIN, bytes).await.is_ok() {
+                        let _ = mux.send_end(id, MAIN);
+                    }
+                });
+                None
+            }
+            None => Some(Box::pin(StdinWriter::new(Arc::clone(&mux), id))),
+        };
+        let control = WireProcess {
+            mux: Arc::clone(&mux),
+            id,
+            status: status_rx,
+        };
+        Ok(Process::new(
+            Box::new(control),
+            stdin,
+            output_stream(Arc::clone(&mux), id, MAIN, out_rx),
+            output_stream(mux, id, ERR, err_rx),
+        )
+        .with_output_limit(output_limit))
+    }
+
+    /// Reads a whole file.
+    pub async fn read(&self, path: &SandboxPath) -> Result<Bytes> {
+        let mut request = self.call(&Call::Read { path: path.clone() })?;
+        request.reply().await?.into_result::<()>()?;
+        let mut data = BytesMut::new();
+        while let Some(chunk) = request.next_data().await? {
+            data.extend_from_slice(&chunk);
+        }
+        Ok(data.freeze())
+    }
+
+    /// Writes a whole file.
+    pub async fn write(&self, path: &SandboxPath, data: Bytes) -> Result<()> {
+        let request = self.call(&Call::Write { path: path.clone() })?;
+        let body = futures::stream::once(async move { Ok(data) }).boxed();
+        request.upload(body).await
+    }
+
+    /// Metadata of a path, not following a final symlink.
+    pub async fn stat(&self, path: &SandboxPath) -> Result<FileInfo> {
+        self.simple(Call::Stat { path: path.clone() }).await
+    }
+
+    /// Lists a directory, sorted by name.
+    pub async fn list_dir(&self, path: &SandboxPath) -> Result<Vec<DirEntry>> {
+        self.simple(Call::ListDir { path: path.clone() }).await
+    }
+
+    /// Removes a path.
+    pub async fn remove(&self, path: &SandboxPath, recursive: bool) -> Result<()> {
+        self.simple(Call::Remove {
+            path: path.clone(),
+            recursive,
+        })
+        .await
+    }
+
+    /// Creates a directory and its parents.
+    pub async fn mkdir(&self, path: &SandboxPath) -> Result<()> {
+        self.simple(Call::Mkdir { path: path.clone() }).await
+    }
+
+    /// Renames a path.
+    pub async fn rename(&self, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
+        self.simple(Call::Rename {
+            from: from.clone(),
+            to: to.clone(),
+        })
+        .await
+    }
+
+    /// Exports a directory as an uncompressed tar stream.
+    pub async fn export_tar(&self, path: &SandboxPath) -> Result<ByteStream> {
+        let mut request = self.call(&Call::ExportTar { path: path.clone() })?;
+        request.reply().await?.into_result::<()>()?;
+        Ok(request.into_data_stream())
+    }
+
+    /// Imports an uncompressed tar stream into `path`.
+    pub async fn import_tar(
+        &self,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: ImportOptions,
+    ) -> Result<()> {
+        let request = self.call(&Call::ImportTar {
+            path: path.clone(),
+            options,
+        })?;
+        request.upload(tar).await
+    }
+
+    /// The changes since the template.
+    pub async fn export_changes(&self) -> Result<Changes> {
+        let mut request = self.call(&Call::ExportChanges)?;
+        let deleted: Vec<SandboxPath> = request.reply().await?.into_result()?;
+        Ok(Changes::new(request.into_data_stream(), deleted))
+    }
+}
+
+/// One open request: its id and the frames arriving for it.
+struct Request {
+    mux: Arc<Mux>,
+    id: u64,
+    rx: mpsc::UnboundedReceiver<Frame>,
+}
+
+impl Drop for Request {
+    fn drop(&mut self) {
+        self.mux.close(self.id);
+    }
+}
+
+impl Request {
+    fn lost(&self) -> Error {
+        let reason = self
+            .mux
+            .closed()
+            .unwrap_or_else(|| "the request ended".into());
+        Error::new(
+            crate::ErrorKind::Unavailable,
+            format!("the connection to the sandbox agent ended: {reason}"),
+        )
+    }
+
+    /// Waits for the call's reply.
+    async fn reply(&mut self) -> Result<Reply> {
+        match self.rx.recv().await {
+            Some(f) if f.kind == Kind::Reply => proto::decode(&f.payload, "reply"),
+            Some(f) => Err(frame::protocol(format_args!(
+                "{:?} frame before the reply",
+                f.kind
+            ))),
+            None => Err(self.lost()),
+        }
+    }
+
+    /// The next chunk of the main stream; `None` at its end.
+    async fn next_data(&mut self) -> Result<Option<Bytes>> {
+        match self.rx.recv().await {
+            Some(f) if f.kind == Kind::Data => {
+                self.mux.grant(self.id, MAIN, f.payload.len());
+                Ok(Some(f.payload))
+            }
+            Some(f) if f.kind == Kind::End => Ok(None),
+            Some(f) if f.kind == Kind::Abort => {
+                Err(proto::decode::<WireError>(&f.payload, "abort")?.into())
+            }
+            Some(f) => Err(frame::protocol(format_args!(
+                "{:?} frame in a data stream",
+                f.kind
+            ))),
+            None => Err(self.lost()),
+        }
+    }
+
+    fn into_data_stream(self) -> ByteStream {
+        futures::stream::unfold(Some(self), |state| async move {
+            let mut request = state?;
+            match request.next_data().await {
+                Ok(Some(chunk)) => Some((Ok(chunk), Some(request))),
+                Ok(None) => None,
+                Err(e) => Some((Err(e), None)),
+            }
+        })
+        .boxed()
+    }
+
+    /// Sends `body` as the request's data, then waits for the reply. A reply that comes
+    /// first (the server refused early) wins; an error in `body` aborts the request.
+    async fn upload(mut self, mut body: ByteStream) -> Result<()> {
+        let (mux, id) = (Arc::clone(&self.mux), self.id);
+        let send = async {
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(chunk) => mux.send_data(id, MAIN, chunk).await?,
+                    Err(e) => {
+                        mux.send(Frame::new(
+                            Kind::Abort,
+                            id,
+                            proto::encode(&WireError::from(&e)),
+                        ))?;
+                        return Err(e);
+                    }
+                }
+            }
+            mux.send_end(id, MAIN)
+        };
+        tokio::select! {
+            sent = send => {
+                // Even after a local error, the server's reply tells what it did.
+                let reply = self.reply().await;
+                sent?;
+                reply?.into_result()
+            }
+            reply = self.reply() => reply?.into_result(),
+        }
+    }
+}
+
+/// Routes a process's frames to its stdout, stderr and status.
+async fn route_process_frames(
+    mut req: Request,
+    out: mpsc::UnboundedSender<Result<Bytes>>,
+    err: mpsc::UnboundedSender<Result<Bytes>>,
+    status: watch::Sender<Option<std::result::Result<ExitStatus, String>>>,
+) {
+    let (mut out, mut err) = (Some(out), Some(err));
+    let failure = loop {
+        match req.rx.recv().await {
+            Some(f) => match f.kind {
+                Kind::Data => {
+                    // A dropped reader means "discard": the stream granted unlimited credit.
+                    if let Some(tx) = &out {
+                        let _ = tx.send(Ok(f.payload));
+                    }
+                }
+                Kind::DataErr => {
+                    if let Some(tx) = &err {
+                        let _ = tx.send(Ok(f.payload));
+                    }
+                }
+                Kind::End if f.tag() == ERR => err = None,
+                Kind::End => out = None,
+                Kind::Exit => match proto::decode::<ExitStatus>(&f.payload, "exit status") {
+                    Ok(s) => {
+                        let _ = status.send(Some(Ok(s)));
+                        return;
+                    }
+                    Err(e) => break e,
+                },
+                Kind::Abort => match proto::decode::<WireError>(&f.payload, "abort") {
+                    Ok(e) => break Error::from(e),
+                    Err(e) => break e,
+                },
+                other => break frame::protocol(format_args!("{other:?} frame for a process")),
+            },
+            None => break req.lost(),
+        }
+    };
+    for tx in [out, err].into_iter().flatten() {
+        let _ = tx.send(Err(Error::new(failure.kind(), failure.to_string())));
+    }
+    let _ = status.send(Some(Err(failure.to_string())));
+}
+
+/// An output stream that grants the agent credit as the caller takes chunks, and
+/// unlimited credit once the caller drops it (so the process never blocks on it).
+struct CreditedStream {
+    mux: Arc<Mux>,
+    id: u64,
+    tag: u8,
+    rx: mpsc::UnboundedReceiver<Result<Bytes>>,
+}
+
+impl Stream for CreditedStream {
+    type Item = Result<Bytes>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let item = self.rx.poll_recv(cx);
+        if let Poll::Ready(Some(Ok(chunk))) = &item {
+            self.mux.grant(self.id, self.tag, chunk.len());
+        }
+        item
+    }
+}
+
+impl Drop for CreditedStream {
+    fn drop(&mut self) {
+        self.mux.grant(self.id, self.tag, u32::MAX as usize);
+    }
+}
+
+fn output_stream(
+    mux: Arc<Mux>,
+    id: u64,
+    tag: u8,
+    rx: mpsc::UnboundedReceiver<Result<Bytes>>,
+) -> OutputStream {
+    CreditedStream { mux, id, tag, rx }.boxed()
+}
+
+/// The process's stdin: data frames within the agent's credit; dropping it (or
+/// `shutdown`) closes stdin.
+struct StdinWriter {
+    mux: Arc<Mux>,
+    id: u64,
+    credit: Option<PollSemaphore>,
+    ended: bool,
+}
+
+impl StdinWriter {
+    fn new(mux: Arc<Mux>, id: u64) -> Self {
+        StdinWriter {
+            mux,
+            id,
+            credit: None,
+            ended: false,
+        }
+    }
+}
+
+impl AsyncWrite for StdinWriter {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        if self.ended {
+            return Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into()));
+        }
+        let n = buf.len().min(frame::CHUNK);
+        if n == 0 {
+            return Poll::Ready(Ok(0));
+        }
+        let (mux, id) = (Arc::clone(&self.mux), self.id);
+        let credit = self.credit.get_or_insert_with(|| {
+            PollSemaphore::new(mux.credit(id, MAIN).unwrap_or_else(|| {
+                let closed = Arc::new(tokio::sync::Semaphore::new(0));
+                closed.close();
+                closed
+            }))
+        });
+        match credit.poll_acquire_many(cx, n as u32) {
+            Poll::Pending => Poll::Pending,
+            Poll::Ready(None) => Poll::Ready(Err(std::io::ErrorKind::BrokenPipe.into())),
+            Poll::Ready(Some(permit)) => {
+                permit.forget();
+                match mux.send(Frame::new(
+                    Kind::Data,
+                    id,
+                    Bytes::copy_from_slice(&buf[..n]),
+                )) {
+                    Ok(()) => Poll::Ready(Ok(n)),
+                    Err(e) => Poll::Ready(Err(e.into_io())),
+                }
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        if !self.ended {
+            self.ended = true;
+            let _ = self.mux.send_end(self.id, MAIN);
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Drop for StdinWriter {
+    fn drop(&mut self) {
+        if !self.ended {
+            let _ = self.mux.send_end(self.id, MAIN);
+        }
+    }
+}
+
+/// Wait and kill for a process started over the wire.
+struct WireProcess {
+    mux: Arc<Mux>,
+    id: u64,
+    status: watch::Receiver<Option<std::result::Result<ExitStatus, String>>>,
+}
+
+#[async_trait]
+impl ProcessControl for WireProcess {
+    async fn wait(&mut self) -> Result<ExitStatus> {
+        let status =
+            self.status.wait_for(Option::is_some).await.map_err(|_| {
+                Error::new(crate::ErrorKind::Unavailable, "the process router stopped")
+            })?;
+        match status.as_ref() {
+            Some(Ok(s)) => Ok(*s),
+            Some(Err(message)) => Err(Error::new(crate::ErrorKind::Unavailable, message.clone())),
+            None => Err(Error::new(crate::ErrorKind::Backend, "no exit status")),
+        }
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        if self.status.borrow().is_none() {
+            // A connection that is gone took the process with it (the agent kills it).
+            let _ = self.mux.send(Frame::new(Kind::Kill, self.id, Bytes::new()));
+        }
+        Ok(())
+    }
+}

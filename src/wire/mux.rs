@@ -1,0 +1,344 @@
+//! The multiplexer: many requests over one connection, each with its own frames and
+//! per-stream flow control.
+//!
+//! A reader task routes incoming frames to the request they belong to; a writer task
+//! sends outgoing frames in order. Data is credit-based: a side may have at most
+//! [`WINDOW`] unacknowledged bytes in flight per stream, and the receiver grants more as
+//! its consumer takes chunks, so a slow consumer holds back its producer instead of
+//! growing a buffer. A peer that sends more than it was granted, or a malformed frame,
+//! ends the connection.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
+use tokio::sync::{mpsc, Semaphore};
+use tokio::task::JoinHandle;
+
+use super::frame::{self, read_frame, Frame, Kind, CHUNK, ERR, MAIN, WINDOW};
+use crate::error::{Error, ErrorKind, Result};
+use crate::lock_unpoisoned as lock;
+
+/// Called by the reader for a `Call` frame opening a new request (server side).
+pub(crate) type OnCall = Box<dyn Fn(Arc<Mux>, Frame, mpsc::UnboundedReceiver<Frame>) + Send + Sync>;
+
+pub(crate) struct Mux {
+    out: mpsc::UnboundedSender<Frame>,
+    state: Mutex<State>,
+    ended: tokio::sync::Notify,
+    reader: Mutex<Option<JoinHandle<()>>>,
+}
+
+#[derive(Default)]
+struct State {
+    slots: HashMap<u64, Slot>,
+    /// Why the connection ended, once it has.
+    closed: Option<String>,
+}
+
+struct Slot {
+    inbound: mpsc::UnboundedSender<Frame>,
+    /// What this side may still send, per stream.
+    send_credit: [Arc<Semaphore>; 2],
+    /// What the peer may still send, per stream.
+    recv_budget: [u64; 2],
+}
+
+impl Slot {
+    fn new(inbound: mpsc::UnboundedSender<Frame>) -> Self {
+        Slot {
+            inbound,
+            send_credit: [
+                Arc::new(Semaphore::new(WINDOW as usize)),
+                Arc::new(Semaphore::new(WINDOW as usize)),
+            ],
+            recv_budget: [u64::from(WINDOW); 2],
+        }
+    }
+
+    fn close(&self) {
+        for credit in &self.send_credit {
+            credit.close();
+        }
+    }
+}
+
+impl Drop for Mux {
+    fn drop(&mut self) {
+        if let Some(reader) = lock(&self.reader).take() {
+            reader.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for Mux {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = lock(&self.state);
+        f.debug_struct("Mux")
+            .field("requests", &state.slots.len())
+            .field("closed", &state.closed)
+            .finish()
+    }
+}
+
+impl Mux {
+    /// Starts the reader and writer tasks over a connection. The connection ends when
+    /// the peer closes it, on a protocol error, or when the last `Arc<Mux>` is dropped.
+    pub(crate) fn start<R, W>(reader: R, writer: W, on_call: Option<OnCall>) -> Arc<Mux>
+    where
+        R: AsyncRead + Send + Unpin + 'static,
+        W: AsyncWrite + Send + Unpin + 'static,
+    {
+        let (out, rx) = mpsc::unbounded_channel();
+        let mux = Arc::new(Mux {
+            out,
+            state: Mutex::new(State::default()),
+            ended: tokio::sync::Notify::new(),
+            reader: Mutex::new(None),
+        });
+        tokio::spawn(write_loop(Arc::downgrade(&mux), rx, writer));
+        let task = tokio::spawn(read_loop(Arc::downgrade(&mux), reader, on_call));
+        *lock(&mux.reader) = Some(task);
+        mux
+    }
+
+    /// The error for work on a connection that has ended.
+    fn closed_error(reason: &str) -> Error {
+        Error::new(
+            ErrorKind::Unavailable,
+            format!("the connection to the sandbox agent ended: {reason}"),
+        )
+    }
+
+    /// Whether the connection has ended, and why.
+    pub(crate) fn closed(&self) -> Option<String> {
+        lock(&self.state).closed.clone()
+    }
+
+    /// Ends the connection: every open request sees its inbound channel close and every
+    /// pending send fails.
+    pub(crate) fn shutdown(&self, reason: impl Into<String>) {
+        let mut state = lock(&self.state);
+        if state.closed.is_none() {
+            state.closed = Some(reason.into());
+        }
+        for (_, slot) in state.slots.drain() {
+            slot.close();
+        }
+        drop(state);
+        self.ended.notify_waiters();
+    }
+
+    /// Waits until the connection has ended.
+    pub(crate) async fn wait_closed(&self) {
+        loop {
+            let notified = self.ended.notified();
+            if self.closed().is_some() {
+                return;
+            }
+            notified.await;
+        }
+    }
+
+    /// Registers request `id` and returns the channel its frames arrive on.
+    pub(crate) fn open(&self, id: u64) -> Result<mpsc::UnboundedReceiver<Frame>> {
+        let mut state = lock(&self.state);
+        if let Some(reason) = &state.closed {
+            return Err(Self::closed_error(reason));
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        state.slots.insert(id, Slot::new(tx));
+        Ok(rx)
+    }
+
+    /// Forgets request `id`: later frames for it are dropped, pending sends fail.
+    pub(crate) fn close(&self, id: u64) {
+        if let Some(slot) = lock(&self.state).slots.remove(&id) {
+            slot.close();
+        }
+    }
+
+    /// Queues a frame.
+    pub(crate) fn send(&self, frame: Frame) -> Result<()> {
+        if let Some(reason) = self.closed() {
+            return Err(Self::closed_error(&reason));
+        }
+        self.out
+            .send(frame)
+            .map_err(|_| Self::closed_error("the writer stopped"))
+    }
+
+    /// The credit for sending on stream `tag` of request `id`, if the request is open.
+    pub(crate) fn credit(&self, id: u64, tag: u8) -> Option<Arc<Semaphore>> {
+        lock(&self.state)
+            .slots
+            .get(&id)
+            .map(|slot| Arc::clone(&slot.send_credit[usize::from(tag & 1)]))
+    }
+
+    /// Sends `data` on stream `tag` of request `id`, waiting for credit as needed.
+    pub(crate) async fn send_data(&self, id: u64, tag: u8, data: Bytes) -> Result<()> {
+        let credit = {
+            let state = lock(&self.state);
+            match state.slots.get(&id) {
+                Some(slot) => Arc::clone(&slot.send_credit[usize::from(tag & 1)]),
+                None => {
+                    let reason = state.closed.as_deref().unwrap_or("the request ended");
+                    return Err(Self::closed_error(reason));
+                }
+            }
+        };
+        let kind = if tag == ERR {
+            Kind::DataErr
+        } else {
+            Kind::Data
+        };
+        let mut offset = 0;
+        while offset < data.len() {
+            let end = (offset + CHUNK).min(data.len());
+            let chunk = data.slice(offset..end);
+            let permit = credit.acquire_many(chunk.len() as u32).await.map_err(|_| {
+                Self::closed_error(self.closed().as_deref().unwrap_or("the request ended"))
+            })?;
+            permit.forget();
+            self.send(Frame::new(kind, id, chunk))?;
+            offset = end;
+        }
+        Ok(())
+    }
+
+    /// Ends stream `tag` of request `id`.
+    pub(crate) fn send_end(&self, id: u64, tag: u8) -> Result<()> {
+        self.send(Frame::new(Kind::End, id, vec![tag]))
+    }
+
+    /// Lets the peer send `n` more bytes on stream `tag` of request `id`.
+    pub(crate) fn grant(&self, id: u64, tag: u8, n: usize) {
+        let n = u32::try_from(n).unwrap_or(u32::MAX);
+        {
+            let mut state = lock(&self.state);
+            match state.slots.get_mut(&id) {
+                Some(slot) => {
+                    let budget = &mut slot.recv_budget[usize::from(tag & 1)];
+                    *budget = budget.saturating_add(u64::from(n));
+                }
+                None => return,
+            }
+        }
+        let mut payload = Vec::with_capacity(5);
+        payload.push(tag);
+        payload.extend_from_slice(&n.to_be_bytes());
+        let _ = self.send(Frame::new(Kind::Credit, id, payload));
+    }
+
+    /// Routes one incoming frame. An error ends the connection.
+    fn dispatch(self: &Arc<Self>, frame: Frame, on_call: Option<&OnCall>) -> Result<()> {
+        let mut state = lock(&self.state);
+        match frame.kind {
+            Kind::Call => {
+                let Some(on_call) = on_call else {
+                    return Err(frame::protocol("call frame from the server"));
+                };
+                if state.slots.contains_key(&frame.id) {
+                    return Err(frame::protocol(format_args!(
+                        "reuse of request {}",
+                        frame.id
+                    )));
+                }
+                let (tx, rx) = mpsc::unbounded_channel();
+                state.slots.insert(frame.id, Slot::new(tx));
+                drop(state);
+                on_call(Arc::clone(self), frame, rx);
+            }
+            Kind::Credit => {
+                if frame.payload.len() != 5 {
+                    return Err(frame::protocol("credit frame size"));
+                }
+                let mut n = [0u8; 4];
+                n.copy_from_slice(&frame.payload[1..5]);
+                let n = u32::from_be_bytes(n) as usize;
+                if let Some(slot) = state.slots.get(&frame.id) {
+                    let credit = &slot.send_credit[usize::from(frame.tag() & 1)];
+                    // The semaphore has a ceiling; "unlimited" grants stop short of it.
+                    let room = Semaphore::MAX_PERMITS / 2
+                        - credit.available_permits().min(Semaphore::MAX_PERMITS / 2);
+                    credit.add_permits(n.min(room));
+                }
+            }
+            Kind::Data | Kind::DataErr => {
+                let tag = if frame.kind == Kind::DataErr {
+                    ERR
+                } else {
+                    MAIN
+                };
+                if let Some(slot) = state.slots.get_mut(&frame.id) {
+                    let budget = &mut slot.recv_budget[usize::from(tag)];
+                    let len = frame.payload.len() as u64;
+                    if len > *budget {
+                        return Err(frame::protocol("data beyond the granted window"));
+                    }
+                    *budget -= len;
+                    let _ = slot.inbound.send(frame);
+                }
+            }
+            _ => {
+                if let Some(slot) = state.slots.get(&frame.id) {
+                    let _ = slot.inbound.send(frame);
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+async fn read_loop<R>(mux: Weak<Mux>, reader: R, on_call: Option<OnCall>)
+where
+    R: AsyncRead + Send + Unpin + 'static,
+{
+    let mut reader = BufReader::with_capacity(CHUNK + 64, reader);
+    let reason = loop {
+        let frame = match read_frame(&mut reader).await {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break "the peer closed it".to_owned(),
+            Err(e) => break e.to_string(),
+        };
+        let Some(mux) = mux.upgrade() else { return };
+        if let Err(e) = mux.dispatch(frame, on_call.as_ref()) {
+            break e.to_string();
+        }
+    };
+    if let Some(mux) = mux.upgrade() {
+        mux.shutdown(reason);
+    }
+}
+
+async fn write_loop<W>(mux: Weak<Mux>, mut rx: mpsc::UnboundedReceiver<Frame>, writer: W)
+where
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let mut writer = BufWriter::with_capacity(CHUNK + 64, writer);
+    let mut buf = BytesMut::new();
+    let result: std::io::Result<()> = async {
+        while let Some(frame) = rx.recv().await {
+            frame.encode(&mut buf);
+            // Batch whatever else is already queued into one write.
+            while buf.len() < 4 * CHUNK {
+                match rx.try_recv() {
+                    Ok(frame) => frame.encode(&mut buf),
+                    Err(_) => break,
+                }
+            }
+            writer.write_all(&buf).await?;
+            buf.clear();
+            writer.flush().await?;
+        }
+        writer.shutdown().await
+    }
+    .await;
+    if let Err(e) = result {
+        if let Some(mux) = mux.upgrade() {
+            mux.shutdown(format!("writing to it failed: {e}"));
+        }
+    }
+}

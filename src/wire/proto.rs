@@ -1,0 +1,141 @@
+//! The JSON messages inside `Call`, `Reply`, `Exit` and `Abort` frames.
+
+use serde::{Deserialize, Serialize};
+
+use crate::archive::ImportOptions;
+use crate::error::{Error, ErrorKind, Result};
+use crate::exec::ExecRequest;
+use crate::path::SandboxPath;
+
+/// One operation on the served sandbox. Bulk input (stdin, file content, a tar) follows
+/// as `Data` frames and an `End`; bulk output comes back the same way after the reply.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(crate) enum Call {
+    /// Start a command; stdin arrives as data frames. The reply carries the output cap.
+    Exec {
+        request: ExecRequest,
+    },
+    /// Read a file; its bytes follow the reply.
+    Read {
+        path: SandboxPath,
+    },
+    /// Write a file from the data frames.
+    Write {
+        path: SandboxPath,
+    },
+    Stat {
+        path: SandboxPath,
+    },
+    ListDir {
+        path: SandboxPath,
+    },
+    Remove {
+        path: SandboxPath,
+        recursive: bool,
+    },
+    Mkdir {
+        path: SandboxPath,
+    },
+    Rename {
+        from: SandboxPath,
+        to: SandboxPath,
+    },
+    /// Export a directory; the tar follows the reply.
+    ExportTar {
+        path: SandboxPath,
+    },
+    /// Import the tar of the data frames.
+    ImportTar {
+        path: SandboxPath,
+        options: ImportOptions,
+    },
+    /// The changes since the template; the reply lists deletions, the tar follows it.
+    ExportChanges,
+}
+
+/// A call's result: `{"ok": value}` or `{"err": {...}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum Reply {
+    Ok(serde_json::Value),
+    Err(WireError),
+}
+
+/// An [`Error`] as it crosses the wire: its kind, message and retry hint.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct WireError {
+    kind: String,
+    message: String,
+    temporary: bool,
+}
+
+const KINDS: [ErrorKind; 11] = [
+    ErrorKind::NotFound,
+    ErrorKind::AlreadyExists,
+    ErrorKind::Unsupported,
+    ErrorKind::InvalidInput,
+    ErrorKind::PermissionDenied,
+    ErrorKind::LimitExceeded,
+    ErrorKind::Timeout,
+    ErrorKind::Unavailable,
+    ErrorKind::Corrupt,
+    ErrorKind::InvalidState,
+    ErrorKind::Backend,
+];
+
+impl From<&Error> for WireError {
+    fn from(e: &Error) -> Self {
+        WireError {
+            kind: e.kind().as_str().to_owned(),
+            message: e.to_string(),
+            temporary: e.is_temporary(),
+        }
+    }
+}
+
+impl From<WireError> for Error {
+    fn from(e: WireError) -> Self {
+        // A kind this side does not know (a newer agent) is still an error.
+        let kind = KINDS
+            .into_iter()
+            .find(|k| k.as_str() == e.kind)
+            .unwrap_or(ErrorKind::Backend);
+        Error::new(kind, e.message).set_temporary(e.temporary)
+    }
+}
+
+impl Reply {
+    pub(crate) fn from_result<T: Serialize>(result: Result<T>) -> Self {
+        match result {
+            Ok(value) => match serde_json::to_value(value) {
+                Ok(v) => Reply::Ok(v),
+                Err(e) => Reply::Err(WireError::from(&Error::new(
+                    ErrorKind::Backend,
+                    format!("encoding a reply: {e}"),
+                ))),
+            },
+            Err(e) => Reply::Err(WireError::from(&e)),
+        }
+    }
+
+    pub(crate) fn into_result<T: serde::de::DeserializeOwned>(self) -> Result<T> {
+        match self {
+            Reply::Ok(v) => serde_json::from_value(v)
+                .map_err(|e| super::frame::protocol(format_args!("reply ({e})"))),
+            Reply::Err(e) => Err(e.into()),
+        }
+    }
+}
+
+/// Encodes a message for a frame payload.
+pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
+    // These types serialize infallibly (no maps with non-string keys, no custom errors).
+    serde_json::to_vec(value).unwrap_or_default()
+}
+
+/// Decodes a frame payload.
+pub(crate) fn decode<T: serde::de::DeserializeOwned>(payload: &[u8], what: &str) -> Result<T> {
+    serde_json::from_slice(payload)
+        .map_err(|e| super::frame::protocol(format_args!("{what} ({e})")))
+}

@@ -1,0 +1,291 @@
+//! [`serve`]: the agent side, one sandbox of a backend behind a connection.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use futures::StreamExt;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
+use tokio::sync::mpsc;
+
+use super::frame::{Frame, Kind, ERR, MAIN};
+use super::mux::Mux;
+use super::proto::{self, Call, Reply, WireError};
+use crate::backend::{ByteStream, SandboxBackend};
+use crate::error::{Error, ErrorKind, Result};
+use crate::process::OutputStream;
+use crate::sandbox::SandboxId;
+
+/// Serves sandbox `sandbox` of `backend` to one [`WireClient`](super::WireClient) over a
+/// connection, until the client closes it.
+///
+/// Returns once the connection has ended and every request it started has finished.
+/// A command still running when the connection ends is killed: nobody is left to read
+/// its result.
+pub async fn serve<R, W>(
+    backend: Arc<dyn SandboxBackend>,
+    sandbox: SandboxId,
+    reader: R,
+    writer: W,
+) -> Result<()>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    // Every handler holds a sender; `recv` returns `None` once all have finished.
+    let (alive, mut all_done) = mpsc::channel::<()>(1);
+    let on_call: super::mux::OnCall = Box::new(move |mux, frame, rx| {
+        let (backend, sandbox, alive) = (Arc::clone(&backend), sandbox.clone(), alive.clone());
+        tokio::spawn(async move {
+            let id = frame.id;
+            handle(&*backend, &sandbox, &mux, frame, rx).await;
+            mux.close(id);
+            drop(alive);
+        });
+    });
+    let mux = Mux::start(reader, writer, Some(on_call));
+    mux.wait_closed().await;
+    drop(mux);
+    let _ = all_done.recv().await;
+    Ok(())
+}
+
+async fn handle(
+    backend: &dyn SandboxBackend,
+    sandbox: &SandboxId,
+    mux: &Arc<Mux>,
+    frame: Frame,
+    rx: mpsc::UnboundedReceiver<Frame>,
+) {
+    let id = frame.id;
+    let reply = |result: Result<serde_json::Value>| {
+        let _ = mux.send(Frame::new(
+            Kind::Reply,
+            id,
+            proto::encode(&Reply::from_result(result)),
+        ));
+    };
+    let call: Call = match proto::decode(&frame.payload, "call") {
+        Ok(call) => call,
+        Err(e) => return reply(Err(e)),
+    };
+    fn value<T: serde::Serialize>(r: Result<T>) -> Result<serde_json::Value> {
+        r.and_then(|v| {
+            serde_json::to_value(v)
+                .map_err(|e| Error::new(ErrorKind::Backend, format!("encoding a reply: {e}")))
+        })
+    }
+    match call {
+        Call::Exec { request } => exec(backend, sandbox, mux, id, request, rx).await,
+        Call::Read { path } => match backend.read(sandbox, &path).await {
+            Ok(data) => {
+                reply(Ok(serde_json::Value::Null));
+                if mux.send_data(id, MAIN, data).await.is_ok() {
+                    let _ = mux.send_end(id, MAIN);
+                }
+            }
+            Err(e) => reply(Err(e)),
+        },
+        Call::Write { path } => {
+            let mut data = BytesMut::new();
+            let mut body = incoming(Arc::clone(mux), id, rx);
+            let mut result = Ok(());
+            while let Some(chunk) = body.next().await {
+                match chunk {
+                    Ok(chunk) => data.extend_from_slice(&chunk),
+                    Err(e) => {
+                        result = Err(e);
+                        break;
+                    }
+                }
+            }
+            drop(body);
+            let result = match result {
+                Ok(()) => backend.write(sandbox, &path, data.freeze()).await,
+                Err(e) => Err(e),
+            };
+            reply(value(result));
+        }
+        Call::Stat { path } => reply(value(backend.stat(sandbox, &path).await)),
+        Call::ListDir { path } => reply(value(backend.list_dir(sandbox, &path).await)),
+        Call::Remove { path, recursive } => {
+            reply(value(backend.remove(sandbox, &path, recursive).await))
+        }
+        Call::Mkdir { path } => reply(value(backend.mkdir(sandbox, &path).await)),
+        Call::Rename { from, to } => reply(value(backend.rename(sandbox, &from, &to).await)),
+        Call::ExportTar { path } => match backend.export_tar(sandbox, &path).await {
+            Ok(tar) => {
+                reply(Ok(serde_json::Value::Null));
+                send_stream(mux, id, tar).await;
+            }
+            Err(e) => reply(Err(e)),
+        },
+        Call::ImportTar { path, options } => {
+            let tar = incoming(Arc::clone(mux), id, rx);
+            let result = backend.import_tar(sandbox, &path, tar, options).await;
+            reply(value(result));
+        }
+        Call::ExportChanges => match backend.export_changes(sandbox).await {
+            Ok(changes) => {
+                reply(value(Ok(changes.deleted)));
+                send_stream(mux, id, changes.tar).await;
+            }
+            Err(e) => reply(Err(e)),
+        },
+    }
+}
+
+/// The client's data frames for request `id` as a byte stream, granting credit as
+/// chunks are taken. Ends at `End`; an `Abort` or a lost connection is an error item.
+fn incoming(mux: Arc<Mux>, id: u64, rx: mpsc::UnboundedReceiver<Frame>) -> ByteStream {
+    futures::stream::unfold(Some((mux, rx)), move |state| async move {
+        let (mux, mut rx) = state?;
+        match rx.recv().await {
+            Some(f) if f.kind == Kind::Data => {
+                mux.grant(id, MAIN, f.payload.len());
+                Some((Ok(f.payload), Some((mux, rx))))
+            }
+            Some(f) if f.kind == Kind::End => None,
+            Some(f) if f.kind == Kind::Abort => {
+                let e = proto::decode::<WireError>(&f.payload, "abort")
+                    .map(Error::from)
+                    .unwrap_or_else(|e| e);
+                Some((Err(e), None))
+            }
+            Some(f) => Some((
+                Err(super::frame::protocol(format_args!(
+                    "{:?} frame in a data stream",
+                    f.kind
+                ))),
+                None,
+            )),
+            None => Some((
+                Err(Error::new(
+                    ErrorKind::Unavailable,
+                    "the client went away mid-upload",
+                )),
+                None,
+            )),
+        }
+    })
+    .boxed()
+}
+
+/// Sends a byte stream as data frames and an `End`, or an `Abort` if it fails.
+async fn send_stream(mux: &Mux, id: u64, mut stream: ByteStream) {
+    while let Some(chunk) = stream.next().await {
+        let sent = match chunk {
+            Ok(chunk) => mux.send_data(id, MAIN, chunk).await,
+            Err(e) => {
+                let _ = mux.send(Frame::new(
+                    Kind::Abort,
+                    id,
+                    proto::encode(&WireError::from(&e)),
+                ));
+                return;
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
+    }
+    let _ = mux.send_end(id, MAIN);
+}
+
+async fn exec(
+    backend: &dyn SandboxBackend,
+    sandbox: &SandboxId,
+    mux: &Arc<Mux>,
+    id: u64,
+    request: crate::ExecRequest,
+    mut rx: mpsc::UnboundedReceiver<Frame>,
+) {
+    let mut process = match backend.exec(sandbox, request).await {
+        Ok(process) => process,
+        Err(e) => {
+            let reply = Reply::from_result::<()>(Err(e));
+            let _ = mux.send(Frame::new(Kind::Reply, id, proto::encode(&reply)));
+            return;
+        }
+    };
+    let reply = Reply::from_result(Ok(process.output_limit()));
+    let _ = mux.send(Frame::new(Kind::Reply, id, proto::encode(&reply)));
+
+    let pumps = [
+        tokio::spawn(pump(Arc::clone(mux), id, MAIN, process.take_stdout())),
+        tokio::spawn(pump(Arc::clone(mux), id, ERR, process.take_stderr())),
+    ];
+    // Stdin is fed from its own task, so a command that never reads it cannot stop
+    // kill requests from being handled.
+    let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<Bytes>();
+    if let Some(mut stdin) = process.take_stdin() {
+        let mux = Arc::clone(mux);
+        tokio::spawn(async move {
+            while let Some(chunk) = stdin_rx.recv().await {
+                if stdin.write_all(&chunk).await.is_err() {
+                    break;
+                }
+                mux.grant(id, MAIN, chunk.len());
+            }
+            let _ = stdin.shutdown().await;
+        });
+    }
+    let mut stdin_tx = Some(stdin_tx);
+    let mut connected = true;
+    let status = loop {
+        tokio::select! {
+            status = process.wait() => break status,
+            frame = rx.recv(), if connected => match frame {
+                Some(f) if f.kind == Kind::Data => {
+                    if let Some(tx) = &stdin_tx {
+                        let _ = tx.send(f.payload);
+                    }
+                }
+                Some(f) if f.kind == Kind::End || f.kind == Kind::Abort => stdin_tx = None,
+                Some(f) if f.kind == Kind::Kill => {
+                    let _ = process.kill().await;
+                }
+                Some(_) => {}
+                None => {
+                    // The client is gone: nobody will read the result.
+                    connected = false;
+                    stdin_tx = None;
+                    let _ = process.kill().await;
+                }
+            }
+        }
+    };
+    drop(stdin_tx);
+    for pump in pumps {
+        let _ = pump.await;
+    }
+    let frame = match status {
+        Ok(status) => Frame::new(Kind::Exit, id, proto::encode(&status)),
+        Err(e) => Frame::new(Kind::Abort, id, proto::encode(&WireError::from(&e))),
+    };
+    let _ = mux.send(frame);
+}
+
+/// Copies one output stream to the client; keeps draining if the client is gone so the
+/// process never blocks on a full pipe.
+async fn pump(mux: Arc<Mux>, id: u64, tag: u8, stream: Option<OutputStream>) {
+    let Some(mut stream) = stream else {
+        let _ = mux.send_end(id, tag);
+        return;
+    };
+    let mut connected = true;
+    while let Some(chunk) = stream.next().await {
+        match chunk {
+            Ok(chunk) if connected => {
+                connected = mux.send_data(id, tag, chunk).await.is_ok();
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::debug!(error = %e, "process output stream failed");
+                break;
+            }
+        }
+    }
+    if connected {
+        let _ = mux.send_end(id, tag);
+    }
+}

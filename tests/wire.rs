@@ -1,0 +1,100 @@
+//! The wire protocol: the conformance suite through `WireLoop`, and a client that does
+//! not trust its agent.
+#![cfg(feature = "testing")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use sandcell::testing::{conformance, MockBackend, WireLoop};
+use sandcell::wire::WireClient;
+use sandcell::ErrorKind;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_suite_passes_through_the_wire() {
+    let mock = MockBackend::new();
+    let looped = WireLoop::new(mock.clone());
+    conformance::run_all(&looped).await;
+    assert_eq!(mock.live_count(), 0);
+}
+
+/// A fake agent that answers the first call with `reply`, then hangs up or stays
+/// silent, to see the client cope.
+async fn hostile_agent(reply: Vec<u8>, hang_up: bool) -> WireClient {
+    let (agent, caller) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let (mut read, mut write) = tokio::io::split(agent);
+        let mut buf = [0u8; 4096];
+        if read.read(&mut buf).await.unwrap_or(0) > 0 {
+            let _ = write.write_all(&reply).await;
+        }
+        if hang_up {
+            return;
+        }
+        // Keep the connection open: the client must not rely on the agent hanging up.
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let (read, write) = tokio::io::split(caller);
+    WireClient::new(read, write)
+}
+
+fn frame(kind: u8, id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = ((9 + payload.len()) as u32).to_be_bytes().to_vec();
+    out.push(kind);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+#[tokio::test]
+async fn a_hostile_agent_ends_the_connection_instead_of_hanging_or_growing_memory() {
+    let path = "f".parse().unwrap();
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "oversized frame",
+            (64u32 * 1024 * 1024).to_be_bytes().to_vec(),
+        ),
+        ("unknown kind", frame(200, 1, b"")),
+        ("bad json reply", frame(5, 1, b"{not json")),
+        ("data before the reply", frame(2, 1, b"x")),
+        ("data beyond the window", {
+            let mut out = frame(5, 1, br#"{"ok":null}"#);
+            let chunk = vec![0u8; 64 * 1024];
+            for _ in 0..20 {
+                out.extend_from_slice(&frame(2, 1, &chunk));
+            }
+            out
+        }),
+    ];
+    for (what, reply) in cases {
+        let client = hostile_agent(reply, false).await;
+        let result = tokio::time::timeout(Duration::from_secs(10), client.read(&path))
+            .await
+            .unwrap_or_else(|_| panic!("{what}: the client hung"));
+        let err = result.expect_err(what);
+        assert!(
+            matches!(err.kind(), ErrorKind::Unavailable | ErrorKind::Backend),
+            "{what}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_connection_lost_mid_call_fails_that_call_and_every_later_one() {
+    let path = "f".parse().unwrap();
+    for (what, reply) in [
+        ("mid-stream", {
+            let mut out = frame(5, 1, br#"{"ok":null}"#);
+            out.extend_from_slice(&frame(2, 1, b"partial"));
+            out
+        }),
+        ("mid-frame", frame(5, 1, br#"{"ok":null}"#)[..10].to_vec()),
+    ] {
+        let client = hostile_agent(reply, true).await;
+        let err = client.read(&path).await.expect_err(what);
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{what}: {err}");
+        assert!(client.closed().is_some());
+        let err = client.stat(&path).await.expect_err(what);
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{what}: {err}");
+    }
+}
