@@ -17,7 +17,7 @@ use sandcell::{
 };
 
 use crate::cgroup::CgroupRoots;
-use crate::config::{Isolation, LocalBackendBuilder, LocalConfig};
+use crate::config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};
 use crate::contained::Workspace;
 use crate::layout::{SandboxDir, SandboxMeta};
 use crate::materialize;
@@ -108,8 +108,10 @@ impl LocalBackend {
             Isolation::Landlock | Isolation::Namespaces
         );
         capabilities.network_isolation = config.isolation == Isolation::Namespaces;
-        capabilities.incremental_snapshot =
-            config.workspace != crate::config::WorkspaceStrategy::Copy;
+        capabilities.incremental_snapshot = !matches!(
+            config.workspace,
+            WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace
+        );
         let cgroups = CgroupRoots::detect();
         capabilities.resource_limits = cgroups.enforces_limits();
         LocalBackend {

@@ -49,6 +49,11 @@ pub enum WorkspaceStrategy {
     Overlay,
     /// A full copy of the template (symlinks copied as links).
     Copy,
+    /// The template directory itself is the workspace: nothing is copied and every
+    /// change lands in it; destroy leaves it in place. For a process that owns one
+    /// directory, such as the agent `sandcell-docker` runs inside each container. Two
+    /// sandboxes of one template share it, so use one sandbox per template.
+    InPlace,
 }
 
 /// Serializable configuration; build a backend with [`LocalConfig::build`] or use

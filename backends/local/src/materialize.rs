@@ -18,9 +18,18 @@ pub(crate) fn materialize(
     strategy: WorkspaceStrategy,
 ) -> Result<&'static str> {
     let workspace = dir.workspace();
+    if strategy == WorkspaceStrategy::InPlace {
+        // A link the workspace is opened through (once, by a trusted path); removing the
+        // sandbox directory removes the link, never the template.
+        std::os::unix::fs::symlink(template, &workspace)
+            .map_err(|e| Error::io("linking the workspace to its template", e))?;
+        return Ok("in_place");
+    }
     fs::create_dir_all(&workspace).map_err(|e| Error::io("creating the workspace directory", e))?;
     match strategy {
-        WorkspaceStrategy::Copy => copy_tree(template, &workspace).map(|()| "copy"),
+        WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace => {
+            copy_tree(template, &workspace).map(|()| "copy")
+        }
         WorkspaceStrategy::Overlay => mount_overlay(dir, template).map(|()| "overlay"),
         WorkspaceStrategy::Auto => match mount_overlay(dir, template) {
             Ok(()) => Ok("overlay"),

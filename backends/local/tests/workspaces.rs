@@ -403,3 +403,61 @@ async fn a_sandbox_process_swapping_a_dir_for_a_link_never_leads_file_operations
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_place_workspace_is_the_template_itself_and_survives_destroy() {
+    use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
+    let dir = tempfile::tempdir().unwrap();
+    let owned = dir.path().join("owned");
+    std::fs::create_dir_all(&owned).unwrap();
+    std::fs::write(owned.join("before.txt"), "before").unwrap();
+    let backend = sandcell_local::LocalBackend::builder()
+        .root(dir.path().join("root"))
+        .template("here", &owned)
+        .workspace(sandcell_local::WorkspaceStrategy::InPlace)
+        .build()
+        .unwrap();
+    assert!(!backend.capabilities().incremental_snapshot);
+    let sandbox = backend.create(&SandboxSpec::new("here")).await.unwrap();
+    assert_eq!(sandbox.details["workspace"], "in_place");
+    backend
+        .write_string(&sandbox.id, &"sub/new.txt".parse().unwrap(), "new")
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(owned.join("sub/new.txt")).unwrap(),
+        "new"
+    );
+    let out = backend
+        .run(&sandbox.id, ExecRequest::new(["cat", "before.txt"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "before");
+    // A replace-import swaps contents inside the directory, not the directory itself.
+    let tar = backend
+        .export_tar(&sandbox.id, &sandcell::SandboxPath::root())
+        .await
+        .unwrap();
+    backend
+        .import_tar(
+            &sandbox.id,
+            &sandcell::SandboxPath::root(),
+            tar,
+            sandcell::archive::ImportOptions::replace(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read_to_string(owned.join("sub/new.txt")).unwrap(),
+        "new"
+    );
+    backend.destroy(&sandbox.id).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(owned.join("before.txt")).unwrap(),
+        "before"
+    );
+    assert_eq!(
+        std::fs::read_to_string(owned.join("sub/new.txt")).unwrap(),
+        "new"
+    );
+}

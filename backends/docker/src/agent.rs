@@ -1,0 +1,62 @@
+//! Connecting to the agent inside a container: one engine exec of `sandcell-agent
+//! connect`, whose stdin and stdout become a wire-protocol connection.
+
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::Docker;
+use futures::StreamExt;
+use sandcell::wire::WireClient;
+use sandcell::{Error, ErrorKind, Result, SandboxId};
+
+use crate::error::engine;
+use crate::image::AGENT_PATH;
+
+/// The agent's socket inside the container.
+pub(crate) const SOCKET: &str = "/.sandcell/run/agent.sock";
+
+/// Opens a connection to the agent of container `id`.
+pub(crate) async fn connect(docker: &Docker, id: &SandboxId) -> Result<WireClient> {
+    let exec = docker
+        .create_exec(
+            id.as_str(),
+            CreateExecOptions {
+                cmd: Some(vec![AGENT_PATH, "connect", "--socket", SOCKET]),
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| engine(format_args!("connecting to the agent of sandbox {id}"), e))?;
+    let started = docker
+        .start_exec(&exec.id, None)
+        .await
+        .map_err(|e| engine(format_args!("connecting to the agent of sandbox {id}"), e))?;
+    let StartExecResults::Attached { output, input } = started else {
+        return Err(Error::new(
+            ErrorKind::Backend,
+            "the engine started the agent relay detached",
+        ));
+    };
+    let sandbox = id.clone();
+    let stdout = output.filter_map(move |item| {
+        let sandbox = sandbox.clone();
+        async move {
+            match item {
+                Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                    Some(Ok(message))
+                }
+                Ok(LogOutput::StdErr { message }) => {
+                    tracing::warn!(sandbox = %sandbox, message = %String::from_utf8_lossy(&message).trim_end(), "sandcell-agent relay");
+                    None
+                }
+                Ok(LogOutput::StdIn { .. }) => None,
+                Err(e) => Some(Err(std::io::Error::other(e))),
+            }
+        }
+    });
+    let reader = tokio_util::io::StreamReader::new(Box::pin(stdout));
+    Ok(WireClient::new(reader, input))
+}

@@ -1,0 +1,721 @@
+//! `DockerBackend`: sandboxes as hardened containers, reached through the in-container
+//! agent (or the engine's exec API where no agent is configured).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::query_parameters::{
+    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, RestartContainerOptions,
+    UploadToContainerOptions,
+};
+use bollard::{ClientVersion, Docker};
+use bytes::Bytes;
+use sandcell::archive::ImportOptions;
+use sandcell::wire::WireClient;
+use sandcell::{
+    ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo,
+    LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
+    SandboxSpec, SandboxStatus,
+};
+
+use crate::config::{DockerBackendBuilder, DockerConfig};
+use crate::error::{engine, is_not_found};
+use crate::image::{Images, AGENT_PATH, AGENT_RUN_DIR};
+
+/// Labels this backend puts on its containers (reported labels leave them out).
+const INTERNAL_PREFIX: &str = "sandcell.docker.";
+/// The template a container was made from; its presence marks containers of this backend.
+pub(crate) const LABEL_TEMPLATE: &str = "sandcell.docker.template";
+/// Marks throwaway containers used while preparing images.
+pub(crate) const LABEL_BUILD: &str = "sandcell.docker.build";
+/// `agent` or `engine`: how commands reach the container.
+const LABEL_EXEC: &str = "sandcell.docker.exec";
+const LABEL_OUTPUT_BYTES: &str = "sandcell.docker.output_bytes";
+const LABEL_COMMAND_TIMEOUT_MS: &str = "sandcell.docker.command_timeout_ms";
+/// The API version requested: old enough for Debian's engine (20.10), accepted by new ones.
+const API_VERSION: ClientVersion = ClientVersion {
+    major_version: 1,
+    minor_version: 41,
+};
+const DEFAULT_SOCKET: &str = "/var/run/docker.sock";
+
+/// Sandboxes as Docker containers, hardened by default.
+///
+/// Each container runs `sandcell-agent` (when configured) as its keep-alive process;
+/// commands and file operations go to it over one persistent connection per container,
+/// opened through a single engine exec. Without an agent, commands use the engine's exec
+/// API and file operations are `Unsupported`.
+///
+/// ```no_run
+/// # async fn demo() -> sandcell::Result<()> {
+/// use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
+/// use sandcell_docker::{DockerBackend, ImageSpec};
+///
+/// let backend = DockerBackend::builder()
+///     .template("python", ImageSpec::pull("python:3.12-slim"))
+///     .agent("target/agent/x86_64-unknown-linux-gnu/release/sandcell-agent")
+///     .build()?;
+/// let sandbox = backend.create(&SandboxSpec::new("python")).await?;
+/// let out = backend.run(&sandbox.id, ExecRequest::new(["python3", "-c", "print(6*7)"])).await?;
+/// assert_eq!(out.stdout_str(), "42\n");
+/// backend.destroy(&sandbox.id).await
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct DockerBackend {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    docker: Docker,
+    config: DockerConfig,
+    images: Images,
+    /// sha256 of the agent binary, naming the image layer that carries it.
+    agent_hash: Option<String>,
+    /// One agent connection per container, opened on first use.
+    clients: Mutex<HashMap<SandboxId, Arc<tokio::sync::Mutex<Option<WireClient>>>>>,
+    /// Per-container settings read from its labels, cached.
+    settings: Mutex<HashMap<SandboxId, ContainerSettings>>,
+    /// Containers this backend paused: calls into a frozen agent would hang.
+    paused: Mutex<HashSet<SandboxId>>,
+}
+
+/// What a container's labels say about how to run commands in it.
+#[derive(Debug, Clone, Copy)]
+struct ContainerSettings {
+    agent: bool,
+    output_bytes: Option<usize>,
+    command_timeout: Option<Duration>,
+}
+
+impl std::fmt::Debug for DockerBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerBackend")
+            .field("templates", &self.inner.config.templates.keys())
+            .field("agent", &self.inner.config.agent)
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl DockerBackend {
+    /// A builder: templates, limits, network, user, runtime, agent.
+    pub fn builder() -> DockerBackendBuilder {
+        DockerBackendBuilder::new()
+    }
+
+    /// The factory for [`sandcell::BackendRegistry`]: options are a [`DockerConfig`].
+    pub fn from_options(options: serde_json::Value) -> Result<Box<dyn SandboxBackend>> {
+        let config: DockerConfig = sandcell::config::backend_options("docker", options)?;
+        Ok(Box::new(config.build()?))
+    }
+
+    pub(crate) fn connect(builder: DockerBackendBuilder) -> Result<Self> {
+        let DockerBackendBuilder { config, progress } = builder;
+        let host = config
+            .host
+            .clone()
+            .or_else(|| std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()))
+            .unwrap_or_else(|| format!("unix://{DEFAULT_SOCKET}"));
+        // Long enough for image builds and pulls, which are single requests.
+        let timeout = 3600;
+        let docker = if host.starts_with("unix://") || host.starts_with('/') {
+            Docker::connect_with_unix(&host, timeout, &API_VERSION)
+        } else if host.starts_with("tcp://") || host.starts_with("http://") {
+            Docker::connect_with_http(&host, timeout, &API_VERSION)
+        } else {
+            return Err(Error::invalid_input(format!(
+                "docker host {host:?}: expected unix://PATH or tcp://HOST:PORT"
+            )));
+        }
+        .map_err(|e| engine(format_args!("connecting to {host}"), e))?;
+        let agent_hash = match &config.agent {
+            Some(agent) => Some(file_sha256(agent)?),
+            None => None,
+        };
+        Ok(DockerBackend {
+            inner: Arc::new(Inner {
+                images: Images::new(docker.clone(), progress),
+                docker,
+                config,
+                agent_hash,
+                clients: Mutex::new(HashMap::new()),
+                settings: Mutex::new(HashMap::new()),
+                paused: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// The engine client, for what this backend does not cover.
+    pub fn docker(&self) -> &Docker {
+        &self.inner.docker
+    }
+
+    /// Checks the engine answers.
+    pub async fn ping(&self) -> Result<()> {
+        self.inner
+            .docker
+            .ping()
+            .await
+            .map(|_| ())
+            .map_err(|e| engine("pinging the Docker engine", e))
+    }
+
+    /// Prepares every template's image now (pull, build, import, agent layer) instead of
+    /// at the first `create` that needs it: a batch's setup step.
+    pub async fn prepare_images(&self) -> Result<()> {
+        let names: Vec<String> = self.inner.config.templates.keys().cloned().collect();
+        let jobs = names.iter().map(|name| self.image_for(name));
+        futures::future::try_join_all(jobs).await.map(|_| ())
+    }
+
+    /// The image a template's containers are created from (with the agent layer).
+    async fn image_for(&self, template: &str) -> Result<String> {
+        let spec = self.inner.config.templates.get(template).ok_or_else(|| {
+            Error::not_found(format!(
+                "template {template:?} is not registered with the docker backend"
+            ))
+        })?;
+        let image = self.inner.images.prepare(spec).await?;
+        match (&self.inner.config.agent, &self.inner.agent_hash) {
+            (Some(agent), Some(hash)) => self.inner.images.with_agent(&image, agent, hash).await,
+            _ => Ok(image),
+        }
+    }
+
+    fn workspace(&self) -> &str {
+        &self.inner.config.workspace
+    }
+
+    /// How commands run in container `id` (from its labels, cached).
+    async fn settings(&self, id: &SandboxId) -> Result<ContainerSettings> {
+        if let Some(s) = lock(&self.inner.settings).get(id) {
+            return Ok(*s);
+        }
+        let container = self
+            .inner
+            .docker
+            .inspect_container(id.as_str(), None)
+            .await
+            .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?;
+        let labels = container.config.and_then(|c| c.labels).unwrap_or_default();
+        if !labels.contains_key(LABEL_TEMPLATE) {
+            return Err(Error::not_found(format!(
+                "container {id} is not a sandbox of this backend"
+            )));
+        }
+        let settings = ContainerSettings {
+            agent: labels.get(LABEL_EXEC).map(String::as_str) == Some("agent"),
+            output_bytes: labels.get(LABEL_OUTPUT_BYTES).and_then(|v| v.parse().ok()),
+            command_timeout: labels
+                .get(LABEL_COMMAND_TIMEOUT_MS)
+                .and_then(|v| v.parse().ok())
+                .map(Duration::from_millis),
+        };
+        lock(&self.inner.settings).insert(id.clone(), settings);
+        Ok(settings)
+    }
+
+    fn check_not_paused(&self, id: &SandboxId) -> Result<()> {
+        if lock(&self.inner.paused).contains(id) {
+            return Err(Error::new(
+                ErrorKind::InvalidState,
+                format!("sandbox {id} is paused; resume it first"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The agent connection of container `id`, opened on first use.
+    async fn client(&self, id: &SandboxId) -> Result<WireClient> {
+        let settings = self.settings(id).await?;
+        if !settings.agent {
+            return Err(Error::unsupported(format!(
+                "sandbox {id} runs without sandcell-agent, so file operations are not available; configure DockerBackend::builder().agent(..)"
+            )));
+        }
+        self.check_not_paused(id)?;
+        let cell = Arc::clone(lock(&self.inner.clients).entry(id.clone()).or_default());
+        let mut slot = cell.lock().await;
+        if let Some(client) = slot.as_ref().filter(|c| c.closed().is_none()) {
+            return Ok(client.clone());
+        }
+        let client = crate::agent::connect(&self.inner.docker, id).await?;
+        *slot = Some(client.clone());
+        Ok(client)
+    }
+
+    fn forget(&self, id: &SandboxId) {
+        lock(&self.inner.clients).remove(id);
+        lock(&self.inner.settings).remove(id);
+        lock(&self.inner.paused).remove(id);
+    }
+
+    /// Removes a container and whatever it holds; gone already is fine.
+    async fn remove_container(&self, id: &str) -> Result<()> {
+        match self
+            .inner
+            .docker
+            .remove_container(
+                id,
+                Some(RemoveContainerOptions {
+                    force: true,
+                    v: true,
+                    ..Default::default()
+                }),
+            )
+            .await
+        {
+            Ok(()) => Ok(()),
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) if e.to_string().contains("already in progress") => Ok(()),
+            Err(e) => Err(engine(format_args!("removing sandbox {id}"), e)),
+        }
+    }
+
+    /// Makes the workspace directory, owned by the container's user, before start.
+    async fn prepare_workspace(&self, id: &SandboxId, user: Option<&str>) -> Result<()> {
+        let (uid, gid) = crate::user::resolve(&self.inner.docker, id.as_str(), user).await?;
+        let rel = self
+            .workspace()
+            .trim_start_matches('/')
+            .trim_end_matches('/');
+        let mut header = tar::Header::new_gnu();
+        header.set_entry_type(tar::EntryType::Directory);
+        header.set_mode(0o755);
+        header.set_uid(u64::from(uid));
+        header.set_gid(u64::from(gid));
+        header.set_size(0);
+        header.set_mtime(0);
+        let mut builder = tar::Builder::new(Vec::new());
+        builder
+            .append_data(&mut header, format!("{rel}/"), std::io::empty())
+            .map_err(|e| Error::io("packing the workspace directory", e))?;
+        let tar = builder
+            .into_inner()
+            .map_err(|e| Error::io("packing the workspace directory", e))?;
+        self.inner
+            .docker
+            .upload_to_container(
+                id.as_str(),
+                Some(UploadToContainerOptions {
+                    path: "/".to_owned(),
+                    ..Default::default()
+                }),
+                bollard::body_full(tar.into()),
+            )
+            .await
+            .map_err(|e| engine("creating the workspace", e))
+    }
+
+    async fn create_container(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        image: String,
+    ) -> Result<()> {
+        let config = &self.inner.config;
+        let limits = &spec.limits;
+        let mut labels: HashMap<String, String> = spec
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        labels.insert(LABEL_TEMPLATE.to_owned(), spec.template.clone());
+        let agent = config.agent.is_some();
+        labels.insert(
+            LABEL_EXEC.to_owned(),
+            if agent { "agent" } else { "engine" }.to_owned(),
+        );
+        if let Some(n) = limits.output_bytes {
+            labels.insert(LABEL_OUTPUT_BYTES.to_owned(), n.to_string());
+        }
+        if let Some(t) = spec.command_timeout {
+            labels.insert(
+                LABEL_COMMAND_TIMEOUT_MS.to_owned(),
+                t.as_millis().to_string(),
+            );
+        }
+        let cmd: Vec<String> = if agent {
+            vec![
+                AGENT_PATH.to_owned(),
+                "serve".to_owned(),
+                "--workspace".to_owned(),
+                self.workspace().to_owned(),
+                "--state".to_owned(),
+                format!("{AGENT_RUN_DIR}/state"),
+                "--socket".to_owned(),
+                crate::agent::SOCKET.to_owned(),
+            ]
+        } else {
+            // Any image with a `sleep` stays up; the init process forwards SIGTERM.
+            vec!["sleep".to_owned(), "2147483647".to_owned()]
+        };
+        let network_mode = match &spec.network {
+            Network::None => "none".to_owned(),
+            Network::Full => config.network.clone(),
+            _ => {
+                return Err(Error::unsupported(
+                    "backend docker does not support network allowlists",
+                ))
+            }
+        };
+        let binds: Vec<String> = spec
+            .mounts
+            .iter()
+            .map(|m| {
+                let target = format!("{}/{}", self.workspace(), m.target.as_str());
+                let mode = if m.read_only { "ro" } else { "rw" };
+                format!("{}:{target}:{mode}", m.host.display())
+            })
+            .collect();
+        let user = spec.user.clone().or_else(|| config.user.clone());
+        let host_config = HostConfig {
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            pids_limit: limits.pids.map(i64::from),
+            memory: limits.memory_bytes.map(|m| m as i64),
+            // No swap beyond the memory limit.
+            memory_swap: limits.memory_bytes.map(|m| m as i64),
+            nano_cpus: limits.cpu_millis.map(|m| i64::from(m) * 1_000_000),
+            network_mode: Some(network_mode),
+            init: Some(true),
+            runtime: config.runtime.clone(),
+            binds: (!binds.is_empty()).then_some(binds),
+            ..Default::default()
+        };
+        let body = ContainerCreateBody {
+            image: Some(image),
+            cmd: Some(cmd),
+            entrypoint: Some(Vec::new()),
+            working_dir: Some(self.workspace().to_owned()),
+            user: user.clone(),
+            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+            labels: Some(labels),
+            host_config: Some(host_config),
+            ..Default::default()
+        };
+        self.inner
+            .docker
+            .create_container(
+                Some(CreateContainerOptions {
+                    name: Some(id.as_str().to_owned()),
+                    ..Default::default()
+                }),
+                body,
+            )
+            .await
+            .map_err(|e| engine(format_args!("creating sandbox {id}"), e))?;
+        let started = async {
+            self.prepare_workspace(id, user.as_deref()).await?;
+            self.inner
+                .docker
+                .start_container(id.as_str(), None)
+                .await
+                .map_err(|e| engine(format_args!("starting sandbox {id}"), e))
+        }
+        .await;
+        if let Err(e) = started {
+            let _ = self.remove_container(id.as_str()).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+}
+
+/// sha256 of a file, hex.
+fn file_sha256(path: &std::path::Path) -> Result<String> {
+    use sha2::{Digest, Sha256};
+    let data = std::fs::read(path)
+        .map_err(|e| Error::io(format_args!("reading the agent {}", path.display()), e))?;
+    Ok(hex::encode(Sha256::digest(&data)))
+}
+
+fn status_of(state: Option<&str>, paused: bool) -> SandboxStatus {
+    match state {
+        _ if paused => SandboxStatus::Paused,
+        Some("paused") => SandboxStatus::Paused,
+        Some("running") | Some("restarting") | Some("created") => SandboxStatus::Running,
+        _ => SandboxStatus::Failed,
+    }
+}
+
+/// A sandbox as its container's labels describe it (internal labels left out).
+fn info_of(
+    id: SandboxId,
+    labels: HashMap<String, String>,
+    status: SandboxStatus,
+    created_at: Option<chrono::DateTime<chrono::Utc>>,
+    details: BTreeMap<String, String>,
+) -> SandboxInfo {
+    let template = labels.get(LABEL_TEMPLATE).cloned().unwrap_or_default();
+    let mut spec = SandboxSpec::new(template);
+    spec.labels = labels
+        .into_iter()
+        .filter(|(k, _)| !k.starts_with(INTERNAL_PREFIX))
+        .collect();
+    let mut info = SandboxInfo::new(id, "docker", &spec, status);
+    if let Some(at) = created_at {
+        info.created_at = at;
+    }
+    info.details = details;
+    info
+}
+
+#[async_trait]
+impl SandboxBackend for DockerBackend {
+    fn name(&self) -> &str {
+        "docker"
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        let mut caps = Capabilities::default();
+        caps.shell = true;
+        caps.pause = true;
+        caps.reset = true;
+        caps.host_mounts = true;
+        caps.read_only_mounts_enforced = true;
+        caps.network_isolation = true;
+        caps.resource_limits = true;
+        caps.symlinks = true;
+        caps
+    }
+
+    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+        spec.validate()?;
+        if spec.limits.disk_bytes.is_some() {
+            return Err(Error::unsupported(
+                "backend docker does not enforce disk limits",
+            ));
+        }
+        let image = self.image_for(&spec.template).await?;
+        let mut spec = spec.clone();
+        let defaults = &self.inner.config.default_limits;
+        let limits = &mut spec.limits;
+        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
+        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
+        limits.pids = limits.pids.or(defaults.pids);
+        limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
+        let id = SandboxId::generate("docker");
+        self.create_container(&id, &spec, image).await?;
+        tracing::debug!(sandbox = %id, template = %spec.template, "created docker sandbox");
+        self.inspect(&id).await
+    }
+
+    async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
+        let container = self
+            .inner
+            .docker
+            .inspect_container(id.as_str(), None)
+            .await
+            .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?;
+        let labels = container
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.clone())
+            .unwrap_or_default();
+        if !labels.contains_key(LABEL_TEMPLATE) {
+            return Err(Error::not_found(format!(
+                "container {id} is not a sandbox of this backend"
+            )));
+        }
+        let state = container.state.as_ref();
+        let status = status_of(
+            state
+                .and_then(|s| s.status)
+                .map(|s| s.to_string())
+                .as_deref(),
+            state.and_then(|s| s.paused).unwrap_or(false),
+        );
+        let created_at = container
+            .created
+            .as_deref()
+            .and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok())
+            .map(|c| c.with_timezone(&chrono::Utc));
+        let mut details = BTreeMap::new();
+        if let Some(cid) = container.id {
+            details.insert("container_id".to_owned(), cid);
+        }
+        if let Some(image) = container.config.and_then(|c| c.image) {
+            details.insert("image".to_owned(), image);
+        }
+        details.insert(
+            "exec".to_owned(),
+            labels.get(LABEL_EXEC).cloned().unwrap_or_default(),
+        );
+        Ok(info_of(id.clone(), labels, status, created_at, details))
+    }
+
+    async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
+        let mut label_filters = vec![LABEL_TEMPLATE.to_owned()];
+        label_filters.extend(selector.equals.iter().map(|(k, v)| format!("{k}={v}")));
+        label_filters.extend(selector.exists.iter().cloned());
+        let options = ListContainersOptions {
+            all: true,
+            filters: Some(HashMap::from([("label".to_owned(), label_filters)])),
+            ..Default::default()
+        };
+        let containers = self
+            .inner
+            .docker
+            .list_containers(Some(options))
+            .await
+            .map_err(|e| engine("listing sandboxes", e))?;
+        let mut out = Vec::new();
+        for c in containers {
+            let Some(name) = c.names.as_ref().and_then(|n| n.first()) else {
+                continue;
+            };
+            let Ok(id) = SandboxId::new(name.trim_start_matches('/')) else {
+                continue;
+            };
+            let labels = c.labels.clone().unwrap_or_default();
+            if !selector.matches(&labels.clone().into_iter().collect()) {
+                continue;
+            }
+            let state = c.state.map(|s| s.to_string());
+            let status = status_of(state.as_deref(), false);
+            let created_at = c
+                .created
+                .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0));
+            let mut details = BTreeMap::new();
+            if let Some(cid) = c.id {
+                details.insert("container_id".to_owned(), cid);
+            }
+            out.push(info_of(id, labels, status, created_at, details));
+        }
+        out.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
+        Ok(out)
+    }
+
+    async fn destroy(&self, id: &SandboxId) -> Result<()> {
+        self.forget(id);
+        self.remove_container(id.as_str()).await
+    }
+
+    async fn pause(&self, id: &SandboxId) -> Result<()> {
+        self.settings(id).await?;
+        self.inner
+            .docker
+            .pause_container(id.as_str())
+            .await
+            .map_err(|e| engine(format_args!("pausing sandbox {id}"), e))?;
+        lock(&self.inner.paused).insert(id.clone());
+        Ok(())
+    }
+
+    async fn resume(&self, id: &SandboxId) -> Result<()> {
+        self.settings(id).await?;
+        match self.inner.docker.unpause_container(id.as_str()).await {
+            Ok(()) => {}
+            // Resuming a running sandbox succeeds.
+            Err(e) if e.to_string().contains("is not paused") => {}
+            Err(e) => return Err(engine(format_args!("resuming sandbox {id}"), e)),
+        }
+        lock(&self.inner.paused).remove(id);
+        Ok(())
+    }
+
+    async fn reset(&self, id: &SandboxId) -> Result<()> {
+        self.settings(id).await?;
+        lock(&self.inner.clients).remove(id);
+        lock(&self.inner.paused).remove(id);
+        // A restart kills every process (the agent too) and starts the agent afresh;
+        // the workspace lives in the container's file system and stays.
+        self.inner
+            .docker
+            .restart_container(
+                id.as_str(),
+                Some(RestartContainerOptions {
+                    t: Some(0),
+                    ..Default::default()
+                }),
+            )
+            .await
+            .map_err(|e| engine(format_args!("resetting sandbox {id}"), e))
+    }
+
+    async fn exec(&self, id: &SandboxId, mut request: ExecRequest) -> Result<Process> {
+        request.validate()?;
+        let settings = self.settings(id).await?;
+        self.check_not_paused(id)?;
+        if request.timeout.is_none() {
+            request.timeout = settings.command_timeout;
+        }
+        let process = if settings.agent && request.user.is_none() {
+            self.client(id).await?.exec(request).await?
+        } else {
+            crate::engine::exec(&self.inner.docker, id, self.workspace(), request).await?
+        };
+        Ok(match settings.output_bytes {
+            Some(limit) => process.with_output_limit(Some(limit)),
+            None => process,
+        })
+    }
+
+    async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        let settings = self.settings(id).await?;
+        // A paused sandbox's agent is frozen; the engine can still read its files.
+        if !settings.agent || lock(&self.inner.paused).contains(id) {
+            return crate::archive::read_file(
+                &self.inner.docker,
+                id.as_str(),
+                self.workspace(),
+                path,
+            )
+            .await;
+        }
+        self.client(id).await?.read(path).await
+    }
+
+    async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
+        self.client(id).await?.write(path, data).await
+    }
+
+    async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
+        self.client(id).await?.stat(path).await
+    }
+
+    async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>> {
+        self.client(id).await?.list_dir(path).await
+    }
+
+    async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()> {
+        self.client(id).await?.remove(path, recursive).await
+    }
+
+    async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
+        self.client(id).await?.mkdir(path).await
+    }
+
+    async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
+        self.client(id).await?.rename(from, to).await
+    }
+
+    async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
+        self.client(id).await?.export_tar(path).await
+    }
+
+    async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+        self.settings(id).await?;
+        Err(Error::unsupported(
+            "backend docker does not support incremental snapshots",
+        ))
+    }
+
+    async fn import_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: ImportOptions,
+    ) -> Result<()> {
+        self.client(id).await?.import_tar(path, tar, options).await
+    }
+}

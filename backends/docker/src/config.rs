@@ -1,0 +1,355 @@
+//! Configuration of the Docker backend: `DockerConfig`, the image specs templates are
+//! made from, and the builder that validates them.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use sandcell::{Error, Limits, Result};
+use serde::{Deserialize, Serialize};
+
+use crate::backend::DockerBackend;
+
+/// How a template's image is obtained.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum ImageSpec {
+    /// A registry image.
+    Pull {
+        /// Reference, e.g. `python:3.12-slim`.
+        reference: String,
+        /// When to pull.
+        #[serde(default)]
+        policy: PullPolicy,
+    },
+    /// `docker build` of a context directory.
+    Build(BuildStage),
+    /// Builds in order, each stage's Dockerfile `FROM` the previous stage's tag; a stage
+    /// whose `cache_key` matches the existing image's is not rebuilt. The last stage's
+    /// tag is the image.
+    MultiStage {
+        /// The stages, base first.
+        stages: Vec<BuildStage>,
+    },
+    /// A root file system (a directory or a tarball) through the engine's import API.
+    Import {
+        /// The directory or `.tar` file.
+        source: PathBuf,
+        /// The tag to give the image.
+        tag: String,
+    },
+}
+
+impl ImageSpec {
+    /// A registry image, pulled if missing.
+    pub fn pull(reference: impl Into<String>) -> Self {
+        ImageSpec::Pull {
+            reference: reference.into(),
+            policy: PullPolicy::IfMissing,
+        }
+    }
+
+    /// A build of `context` (with its `Dockerfile`) tagged `tag`.
+    pub fn build(context: impl Into<PathBuf>, tag: impl Into<String>) -> Self {
+        ImageSpec::Build(BuildStage::new(context, tag))
+    }
+
+    /// An import of a root file system directory or tarball, tagged `tag`.
+    pub fn import(source: impl Into<PathBuf>, tag: impl Into<String>) -> Self {
+        ImageSpec::Import {
+            source: source.into(),
+            tag: tag.into(),
+        }
+    }
+
+    /// The image reference containers are created from.
+    pub fn reference(&self) -> &str {
+        match self {
+            ImageSpec::Pull { reference, .. } => reference,
+            ImageSpec::Build(stage) => &stage.tag,
+            ImageSpec::MultiStage { stages } => stages.last().map(|s| s.tag.as_str()).unwrap_or(""),
+            ImageSpec::Import { tag, .. } => tag,
+        }
+    }
+
+    fn validate(&self, template: &str) -> Result<()> {
+        let bad = |what: &str| {
+            Err(Error::invalid_input(format!(
+                "template {template:?}: {what}"
+            )))
+        };
+        match self {
+            ImageSpec::Pull { reference, .. } if reference.trim().is_empty() => {
+                bad("an empty image reference")
+            }
+            ImageSpec::Build(stage) => stage.validate(template),
+            ImageSpec::MultiStage { stages } if stages.is_empty() => bad("no build stages"),
+            ImageSpec::MultiStage { stages } => {
+                stages.iter().try_for_each(|s| s.validate(template))
+            }
+            ImageSpec::Import { tag, .. } if tag.trim().is_empty() => bad("an empty tag"),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// When a [`ImageSpec::Pull`] image is pulled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum PullPolicy {
+    /// Only if the engine does not have it.
+    #[default]
+    IfMissing,
+    /// Every time the image is prepared.
+    Always,
+    /// Never; a missing image is `NotFound`.
+    Never,
+}
+
+/// One `docker build`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct BuildStage {
+    /// The build context directory.
+    pub context: PathBuf,
+    /// The Dockerfile, relative to the context (default `Dockerfile`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dockerfile: Option<PathBuf>,
+    /// `--build-arg` values.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub build_args: BTreeMap<String, String>,
+    /// The tag of the result.
+    pub tag: String,
+    /// Skip the build when an image with this tag was built with this key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cache_key: Option<String>,
+}
+
+impl BuildStage {
+    /// A build of `context` tagged `tag`.
+    pub fn new(context: impl Into<PathBuf>, tag: impl Into<String>) -> Self {
+        BuildStage {
+            context: context.into(),
+            dockerfile: None,
+            build_args: BTreeMap::new(),
+            tag: tag.into(),
+            cache_key: None,
+        }
+    }
+
+    /// Uses another Dockerfile (relative to the context).
+    pub fn dockerfile(mut self, path: impl Into<PathBuf>) -> Self {
+        self.dockerfile = Some(path.into());
+        self
+    }
+
+    /// Adds a build argument.
+    pub fn build_arg(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.build_args.insert(key.into(), value.into());
+        self
+    }
+
+    /// Skips the build when the tagged image was built with the same key.
+    pub fn cache_key(mut self, key: impl Into<String>) -> Self {
+        self.cache_key = Some(key.into());
+        self
+    }
+
+    fn validate(&self, template: &str) -> Result<()> {
+        if self.tag.trim().is_empty() {
+            return Err(Error::invalid_input(format!(
+                "template {template:?}: a build stage without a tag"
+            )));
+        }
+        if self
+            .dockerfile
+            .as_ref()
+            .is_some_and(|d| d.is_absolute() || d.components().any(|c| c.as_os_str() == ".."))
+        {
+            return Err(Error::invalid_input(format!(
+                "template {template:?}: the Dockerfile path must be relative to the context"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Serializable configuration; build a backend with [`DockerConfig::build`] or use
+/// [`DockerBackend::builder`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
+pub struct DockerConfig {
+    /// The engine: `unix:///path`, `tcp://host:port`; unset: `DOCKER_HOST`, then the
+    /// default socket.
+    pub host: Option<String>,
+    /// Template name → image.
+    pub templates: BTreeMap<String, ImageSpec>,
+    /// Limits applied where a spec leaves one unset.
+    pub default_limits: Limits,
+    /// The Docker network a spec asking for `Network::Full` joins.
+    pub network: String,
+    /// Run commands as this user (`name`, `uid` or `uid:gid`); unset: the image's user.
+    pub user: Option<String>,
+    /// An OCI runtime other than the engine's default, e.g. `runsc`.
+    pub runtime: Option<String>,
+    /// The statically linked `sandcell-agent` binary to run in each container; unset:
+    /// commands go through the engine's exec API (see [`DockerBackendBuilder::from_env`]).
+    pub agent: Option<PathBuf>,
+    /// Where the workspace is inside the container.
+    pub workspace: String,
+}
+
+impl Default for DockerConfig {
+    fn default() -> Self {
+        DockerConfig {
+            host: None,
+            templates: BTreeMap::new(),
+            default_limits: Limits::default(),
+            network: "bridge".to_owned(),
+            user: None,
+            runtime: None,
+            agent: None,
+            workspace: "/workspace".to_owned(),
+        }
+    }
+}
+
+impl DockerConfig {
+    /// Validates the configuration and connects.
+    pub fn build(self) -> Result<DockerBackend> {
+        DockerBackendBuilder {
+            config: self,
+            progress: None,
+        }
+        .build()
+    }
+}
+
+/// One step of preparing an image, for progress displays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ImageProgress {
+    /// The image being prepared.
+    pub image: String,
+    /// What the engine reported (a build step, a pull status).
+    pub message: String,
+}
+
+/// A callback receiving [`ImageProgress`].
+pub type ProgressFn = Arc<dyn Fn(&ImageProgress) + Send + Sync>;
+
+/// Builds a [`DockerBackend`]; invalid settings fail at [`build`](DockerBackendBuilder::build).
+#[derive(Clone, Default)]
+pub struct DockerBackendBuilder {
+    pub(crate) config: DockerConfig,
+    pub(crate) progress: Option<ProgressFn>,
+}
+
+impl std::fmt::Debug for DockerBackendBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DockerBackendBuilder")
+            .field("config", &self.config)
+            .field("progress", &self.progress.is_some())
+            .finish()
+    }
+}
+
+impl DockerBackendBuilder {
+    /// A builder with the default configuration.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Connects to this engine instead of `DOCKER_HOST` or the default socket.
+    pub fn host(mut self, host: impl Into<String>) -> Self {
+        self.config.host = Some(host.into());
+        self
+    }
+
+    /// Registers a template.
+    pub fn template(mut self, name: impl Into<String>, image: ImageSpec) -> Self {
+        self.config.templates.insert(name.into(), image);
+        self
+    }
+
+    /// Limits for specs that leave them unset.
+    pub fn default_limits(mut self, limits: Limits) -> Self {
+        self.config.default_limits = limits;
+        self
+    }
+
+    /// The network `Network::Full` sandboxes join (default `bridge`).
+    pub fn network(mut self, network: impl Into<String>) -> Self {
+        self.config.network = network.into();
+        self
+    }
+
+    /// Runs commands as this user instead of the image's.
+    pub fn user(mut self, user: impl Into<String>) -> Self {
+        self.config.user = Some(user.into());
+        self
+    }
+
+    /// Uses another OCI runtime, e.g. `runsc` (gVisor) where installed.
+    pub fn runtime(mut self, runtime: impl Into<String>) -> Self {
+        self.config.runtime = Some(runtime.into());
+        self
+    }
+
+    /// Takes settings from the environment: the agent binary from
+    /// `SANDCELL_DOCKER_AGENT` (when set and not configured already). The engine address
+    /// comes from `DOCKER_HOST` whenever [`host`](Self::host) is not set.
+    pub fn from_env(mut self) -> Self {
+        if self.config.agent.is_none() {
+            self.config.agent = std::env::var_os("SANDCELL_DOCKER_AGENT")
+                .filter(|v| !v.is_empty())
+                .map(PathBuf::from);
+        }
+        self
+    }
+
+    /// The `sandcell-agent` binary to run in each container.
+    pub fn agent(mut self, path: impl Into<PathBuf>) -> Self {
+        self.config.agent = Some(path.into());
+        self
+    }
+
+    /// Receives image pull and build progress (also logged as tracing events).
+    pub fn on_progress(
+        mut self,
+        progress: impl Fn(&ImageProgress) + Send + Sync + 'static,
+    ) -> Self {
+        self.progress = Some(Arc::new(progress));
+        self
+    }
+
+    /// Validates the configuration and sets up the engine connection (nothing is
+    /// contacted yet; an unreachable engine is `Unavailable` at the first call).
+    pub fn build(self) -> Result<DockerBackend> {
+        for (name, image) in &self.config.templates {
+            sandcell::SandboxSpec::new(name.clone())
+                .validate()
+                .map_err(|e| e.context("template name"))?;
+            image.validate(name)?;
+        }
+        if !self.config.workspace.starts_with('/') || self.config.workspace.contains("..") {
+            return Err(Error::invalid_input(format!(
+                "workspace {:?} must be an absolute path without `..`",
+                self.config.workspace
+            )));
+        }
+        if let Some(agent) = &self.config.agent {
+            if !agent.is_file() {
+                return Err(Error::invalid_input(format!(
+                    "agent binary {} does not exist; build it with `cargo build --release -p sandcell-agent` (statically linked)",
+                    agent.display()
+                )));
+            }
+        }
+        DockerBackend::connect(self)
+    }
+}

@@ -1,0 +1,366 @@
+//! Commands through the engine's exec API: the path for containers without the agent
+//! (and for commands run as another user). Behaves as the agent path does: a missing
+//! program is `NotFound`, a timeout or kill ends the whole process tree inside the
+//! container, and the exit status is read only after both output streams drained.
+//!
+//! A small `/bin/sh` wrapper makes that possible without an agent: it checks the program
+//! exists, prints its own pid on the first stdout line (read and removed here), then
+//! `exec`s the command, so the pid is the command's. Kills walk `/proc` inside the
+//! container from that pid, stopping each process before killing it so none can fork
+//! away meanwhile. Images without `/bin/sh` need the agent.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use async_trait::async_trait;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::Docker;
+use bytes::{Bytes, BytesMut};
+use futures::stream::BoxStream;
+use futures::StreamExt;
+use sandcell::{
+    Error, ErrorKind, ExecRequest, ExitStatus, OutputStream, Process, ProcessControl, ProcessStdin,
+    Result, SandboxId,
+};
+use tokio::io::{AsyncWrite, AsyncWriteExt};
+use tokio::sync::{mpsc, watch};
+
+use crate::error::engine;
+
+const MARKER: &str = "sandcell-exec ";
+const WRAPPER: &str =
+    r#"command -v "$1" >/dev/null 2>&1 || exit 127; echo "sandcell-exec $$"; exec "$@""#;
+const KILL_TREE: &str = r#"t() { kill -STOP "$1" 2>/dev/null; for s in /proc/[0-9]*/status; do case "$(grep '^PPid:' "$s" 2>/dev/null)" in *"	$1") c=${s#/proc/}; t "${c%/status}";; esac; done; kill -KILL "$1" 2>/dev/null; kill -CONT "$1" 2>/dev/null; }; t "$1""#;
+
+type Output = BoxStream<'static, std::result::Result<LogOutput, bollard::errors::Error>>;
+type Status = Option<std::result::Result<ExitStatus, String>>;
+
+/// Starts `request` in container `id` through the engine.
+pub(crate) async fn exec(
+    docker: &Docker,
+    id: &SandboxId,
+    workspace: &str,
+    request: ExecRequest,
+) -> Result<Process> {
+    let cwd = match &request.cwd {
+        Some(cwd) if !cwd.is_root() => format!("{workspace}/{}", cwd.as_str()),
+        _ => workspace.to_owned(),
+    };
+    let mut cmd = vec![
+        "/bin/sh".to_owned(),
+        "-c".to_owned(),
+        WRAPPER.to_owned(),
+        "sh".to_owned(),
+    ];
+    cmd.extend(request.argv.iter().cloned());
+    let env: Vec<String> = request
+        .env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let created = docker
+        .create_exec(
+            id.as_str(),
+            CreateExecOptions {
+                cmd: Some(cmd),
+                attach_stdin: Some(true),
+                attach_stdout: Some(true),
+                attach_stderr: Some(true),
+                tty: Some(false),
+                env: Some(env),
+                working_dir: Some(cwd.clone()),
+                user: request.user.clone(),
+                ..Default::default()
+            },
+        )
+        .await
+        .map_err(|e| {
+            engine(
+                format_args!("starting {:?} in sandbox {id}", request.argv[0]),
+                e,
+            )
+        })?;
+    let started = docker.start_exec(&created.id, None).await.map_err(|e| {
+        engine(
+            format_args!("starting {:?} in sandbox {id}", request.argv[0]),
+            e,
+        )
+    })?;
+    let StartExecResults::Attached {
+        mut output,
+        mut input,
+    } = started
+    else {
+        return Err(Error::new(
+            ErrorKind::Backend,
+            "the engine started the exec detached",
+        ));
+    };
+
+    // Wait for the wrapper's announcement; whatever came with it is command output.
+    let mut early_out = BytesMut::new();
+    let mut early_err = BytesMut::new();
+    let pid = loop {
+        match output.next().await {
+            Some(Ok(LogOutput::StdOut { message })) => {
+                early_out.extend_from_slice(&message);
+                if let Some(nl) = early_out.iter().position(|b| *b == b'\n') {
+                    let line = early_out.split_to(nl + 1);
+                    let line = String::from_utf8_lossy(&line);
+                    match line
+                        .trim_end()
+                        .strip_prefix(MARKER)
+                        .and_then(|p| p.parse::<u32>().ok())
+                    {
+                        Some(pid) => break pid,
+                        None => {
+                            return Err(Error::new(
+                                ErrorKind::Backend,
+                                format!("unexpected output before the command started: {line:?}"),
+                            ))
+                        }
+                    }
+                }
+            }
+            Some(Ok(LogOutput::StdErr { message })) => early_err.extend_from_slice(&message),
+            Some(Ok(_)) => {}
+            Some(Err(e)) => {
+                return Err(engine(format_args!("running a command in sandbox {id}"), e))
+            }
+            None => {
+                let code = docker
+                    .inspect_exec(&created.id)
+                    .await
+                    .ok()
+                    .and_then(|i| i.exit_code);
+                let stderr = String::from_utf8_lossy(&early_err).trim().to_owned();
+                return Err(match code {
+                    Some(127) => Error::not_found(format!(
+                        "program {:?} was not found on the sandbox's PATH",
+                        request.argv[0]
+                    )),
+                    _ if stderr.contains("chdir") || stderr.contains("no such file") => {
+                        Error::not_found(format!("working directory {cwd}: {stderr}"))
+                    }
+                    _ => Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "the command did not start (exit {code:?}): {stderr}; the engine path needs /bin/sh in the image"
+                        ),
+                    ),
+                });
+            }
+        }
+    };
+
+    let (out_tx, out_rx) = mpsc::unbounded_channel();
+    let (err_tx, err_rx) = mpsc::unbounded_channel();
+    if !early_out.is_empty() {
+        let _ = out_tx.send(Ok(early_out.freeze()));
+    }
+    if !early_err.is_empty() {
+        let _ = err_tx.send(Ok(early_err.freeze()));
+    }
+    let (status_tx, status_rx) = watch::channel::<Status>(None);
+    let killer = Killer {
+        docker: docker.clone(),
+        container: id.as_str().to_owned(),
+        user: request.user.clone(),
+        pid,
+        state: Arc::new(Mutex::new(KillState::default())),
+    };
+    tokio::spawn(route(
+        docker.clone(),
+        created.id.clone(),
+        output,
+        out_tx,
+        err_tx,
+        status_tx,
+        killer.clone(),
+    ));
+    if let Some(timeout) = request.timeout {
+        let (killer, mut status) = (killer.clone(), status_rx.clone());
+        tokio::spawn(async move {
+            let ended = status.wait_for(Option::is_some);
+            if tokio::time::timeout(timeout, ended).await.is_err() {
+                killer.kill(true).await;
+            }
+        });
+    }
+    let stdin: Option<ProcessStdin> = match request.stdin {
+        Some(data) => {
+            tokio::spawn(async move {
+                let _ = input.write_all(&data).await;
+                let _ = input.shutdown().await;
+            });
+            None
+        }
+        None => Some(Box::pin(SyncWriter(Mutex::new(input)))),
+    };
+    Ok(Process::new(
+        Box::new(EngineProcess {
+            status: status_rx,
+            killer,
+        }),
+        stdin,
+        receiver(out_rx),
+        receiver(err_rx),
+    ))
+}
+
+fn receiver(rx: mpsc::UnboundedReceiver<Result<Bytes>>) -> OutputStream {
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|i| (i, rx)) }).boxed()
+}
+
+/// Demultiplexes the exec's output, then reads its exit code once the streams drained.
+async fn route(
+    docker: Docker,
+    exec_id: String,
+    mut output: Output,
+    out: mpsc::UnboundedSender<Result<Bytes>>,
+    err: mpsc::UnboundedSender<Result<Bytes>>,
+    status: watch::Sender<Status>,
+    killer: Killer,
+) {
+    while let Some(item) = output.next().await {
+        match item {
+            Ok(LogOutput::StdOut { message }) | Ok(LogOutput::Console { message }) => {
+                let _ = out.send(Ok(message));
+            }
+            Ok(LogOutput::StdErr { message }) => {
+                let _ = err.send(Ok(message));
+            }
+            Ok(LogOutput::StdIn { .. }) => {}
+            Err(e) => {
+                let message = format!("reading command output: {e}");
+                let _ = out.send(Err(Error::new(ErrorKind::Unavailable, message.clone())));
+                let _ = status.send(Some(Err(message)));
+                return;
+            }
+        }
+    }
+    drop((out, err));
+    let result = match docker.inspect_exec(&exec_id).await {
+        Ok(inspect) => {
+            let kill = *lock(&killer.state);
+            let code = inspect.exit_code.unwrap_or(-1);
+            let exit = if kill.killed && (code == 137 || code < 0) {
+                ExitStatus::signaled(9)
+            } else {
+                ExitStatus::exited(code as i32)
+            };
+            Ok(exit.with_timed_out(kill.timed_out))
+        }
+        Err(e) => Err(engine("reading the exit code", e).to_string()),
+    };
+    let _ = status.send(Some(result));
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct KillState {
+    killed: bool,
+    timed_out: bool,
+}
+
+/// Kills a command's process tree inside the container.
+#[derive(Clone)]
+struct Killer {
+    docker: Docker,
+    container: String,
+    user: Option<String>,
+    pid: u32,
+    state: Arc<Mutex<KillState>>,
+}
+
+impl Killer {
+    async fn kill(&self, timed_out: bool) {
+        {
+            let mut state = lock(&self.state);
+            state.killed = true;
+            state.timed_out |= timed_out;
+        }
+        let created = self
+            .docker
+            .create_exec(
+                &self.container,
+                CreateExecOptions {
+                    cmd: Some(vec![
+                        "/bin/sh".to_owned(),
+                        "-c".to_owned(),
+                        KILL_TREE.to_owned(),
+                        "sh".to_owned(),
+                        self.pid.to_string(),
+                    ]),
+                    attach_stdout: Some(true),
+                    attach_stderr: Some(true),
+                    user: self.user.clone(),
+                    ..Default::default()
+                },
+            )
+            .await;
+        let Ok(created) = created else {
+            tracing::warn!(container = %self.container, pid = self.pid, "could not start the kill");
+            return;
+        };
+        if let Ok(StartExecResults::Attached { mut output, .. }) =
+            self.docker.start_exec(&created.id, None).await
+        {
+            while output.next().await.is_some() {}
+        }
+    }
+}
+
+struct EngineProcess {
+    status: watch::Receiver<Status>,
+    killer: Killer,
+}
+
+#[async_trait]
+impl ProcessControl for EngineProcess {
+    async fn wait(&mut self) -> Result<ExitStatus> {
+        let status = self
+            .status
+            .wait_for(Option::is_some)
+            .await
+            .map_err(|_| Error::new(ErrorKind::Backend, "the output router stopped"))?;
+        match status.as_ref() {
+            Some(Ok(s)) => Ok(*s),
+            Some(Err(message)) => Err(Error::new(ErrorKind::Unavailable, message.clone())),
+            None => Err(Error::new(ErrorKind::Backend, "no exit status")),
+        }
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        if self.status.borrow().is_none() {
+            self.killer.kill(false).await;
+        }
+        Ok(())
+    }
+}
+
+/// The engine's stdin writer is `Send` but not `Sync`; a mutex makes it both.
+struct SyncWriter(Mutex<Pin<Box<dyn AsyncWrite + Send>>>);
+
+impl AsyncWrite for SyncWriter {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        lock(&self.0).as_mut().poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        lock(&self.0).as_mut().poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        lock(&self.0).as_mut().poll_shutdown(cx)
+    }
+}
