@@ -327,8 +327,9 @@ impl DockerBackendBuilder {
         self
     }
 
-    /// Validates the configuration and sets up the engine connection (nothing is
-    /// contacted yet; an unreachable engine is `Unavailable` at the first call).
+    /// Validates the configuration and sets up the engine connection. A socket that
+    /// does not exist is `Unavailable` here; an engine that does not answer is
+    /// `Unavailable` at the first call.
     pub fn build(self) -> Result<DockerBackend> {
         for (name, image) in &self.config.templates {
             sandcell::SandboxSpec::new(name.clone())

@@ -115,10 +115,16 @@ pub(crate) async fn exec(
                         .and_then(|p| p.parse::<u32>().ok())
                     {
                         Some(pid) => break pid,
+                        // The runtime reports a failed start (a missing cwd) in the stream.
+                        None if line.contains("chdir to cwd") => {
+                            return Err(Error::not_found(format!(
+                                "working directory {cwd} does not exist"
+                            )))
+                        }
                         None => {
                             return Err(Error::new(
                                 ErrorKind::Backend,
-                                format!("unexpected output before the command started: {line:?}"),
+                                format!("the command did not start: {}", line.trim_end()),
                             ))
                         }
                     }
