@@ -319,6 +319,7 @@ impl DockerBackend {
         id: &SandboxId,
         spec: &SandboxSpec,
         image: String,
+        task_network: Option<&str>,
     ) -> Result<()> {
         let config = &self.inner.config;
         let limits = &spec.limits;
@@ -357,14 +358,15 @@ impl DockerBackend {
             // Any image with a `sleep` stays up; the init process forwards SIGTERM.
             vec!["sleep".to_owned(), "2147483647".to_owned()]
         };
-        let network_mode = match &spec.network {
-            Network::None => "none".to_owned(),
-            Network::Full => config.network.clone(),
-            _ => {
+        let network_mode = match (&spec.network, task_network) {
+            (Network::Allowlist(_), _) => {
                 return Err(Error::unsupported(
                     "backend docker does not support network allowlists",
                 ))
             }
+            (_, Some(network)) => network.to_owned(),
+            (Network::None, None) => "none".to_owned(),
+            (_, None) => config.network.clone(),
         };
         let binds: Vec<String> = spec
             .mounts
@@ -399,6 +401,7 @@ impl DockerBackend {
             env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
             labels: Some(labels),
             host_config: Some(host_config),
+            networking_config: task_network.map(|n| crate::task::endpoint(n, Vec::new())),
             ..Default::default()
         };
         self.inner
@@ -426,6 +429,141 @@ impl DockerBackend {
             return Err(e);
         }
         Ok(())
+    }
+}
+
+impl DockerBackend {
+    /// Creates a sandbox with service containers: a private network, then the sandbox
+    /// and every service in parallel. On failure nothing is left.
+    async fn create_task(
+        &self,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+        image: String,
+        services: &[crate::config::ServiceSpec],
+    ) -> Result<()> {
+        if matches!(spec.network, Network::Allowlist(_)) {
+            return Err(Error::unsupported(
+                "backend docker does not support network allowlists",
+            ));
+        }
+        let docker = &self.inner.docker;
+        let images = futures::future::try_join_all(
+            services.iter().map(|s| self.inner.images.prepare(&s.image)),
+        )
+        .await?;
+        let internal = !matches!(spec.network, Network::Full);
+        let network = crate::task::create_network(docker, id, internal).await?;
+        let started = futures::future::try_join(
+            self.create_container(id, spec, image, Some(&network)),
+            futures::future::try_join_all(
+                services
+                    .iter()
+                    .zip(images)
+                    .map(|(s, image)| crate::task::start_service(docker, id, &network, s, image)),
+            ),
+        )
+        .await;
+        if let Err(e) = started {
+            let _ = self.remove_container(id.as_str()).await;
+            let _ = crate::task::teardown(docker, id).await;
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// An independent copy of a sandbox: its container (workspace and all) and its
+    /// services are committed to images and started afresh, on a network of their own.
+    /// Writes to either afterwards do not reach the other. The clone carries `labels`
+    /// instead of the source's (so a manager's session labels are not copied by
+    /// accident); destroying it removes its images too.
+    pub async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        self.settings(id).await?;
+        self.check_not_paused(id)?;
+        let docker = &self.inner.docker;
+        let new = SandboxId::generate("docker");
+        let services = crate::task::services_of(docker, id).await?;
+        let result = async {
+            let network = if services.is_empty() {
+                None
+            } else {
+                let internal = docker
+                    .inspect_network(
+                        &crate::task::network_name(id),
+                        None::<bollard::query_parameters::InspectNetworkOptions>,
+                    )
+                    .await
+                    .map_err(|e| engine(format_args!("inspecting the network of {id}"), e))?
+                    .internal
+                    .unwrap_or(true);
+                Some(crate::task::create_network(docker, &new, internal).await?)
+            };
+            let source_labels = docker
+                .inspect_container(id.as_str(), None)
+                .await
+                .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?
+                .config
+                .and_then(|c| c.labels)
+                .unwrap_or_default();
+            let mut new_labels: HashMap<String, String> = source_labels
+                .into_iter()
+                .filter(|(k, _)| k.starts_with(INTERNAL_PREFIX))
+                .collect();
+            new_labels.extend(labels);
+            let image = crate::task::commit(docker, id.as_str(), &new, None).await?;
+            let mut body = crate::task::recreate_body(
+                docker,
+                id.as_str(),
+                image,
+                network.as_deref(),
+                new_labels,
+            )
+            .await?;
+            body.networking_config = network
+                .as_deref()
+                .map(|n| crate::task::endpoint(n, Vec::new()));
+            let network = network.as_deref();
+            let new = &new;
+            let service_clones = services
+                .iter()
+                .map(|(container, service, host)| async move {
+                    let image = crate::task::commit(docker, container, new, Some(service)).await?;
+                    let mut body = crate::task::recreate_body(
+                        docker,
+                        container,
+                        image,
+                        network,
+                        crate::task::service_labels(new, service),
+                    )
+                    .await?;
+                    body.hostname = Some(host.clone());
+                    body.networking_config = network
+                        .map(|n| crate::task::endpoint(n, vec![host.clone(), service.clone()]));
+                    crate::task::start_clone(
+                        docker,
+                        &crate::task::clone_service_container(new, service),
+                        body,
+                    )
+                    .await
+                });
+            futures::future::try_join(
+                crate::task::start_clone(docker, new.as_str(), body),
+                futures::future::try_join_all(service_clones),
+            )
+            .await
+            .map(|_| ())
+        }
+        .await;
+        if let Err(e) = result {
+            let _ = self.remove_container(new.as_str()).await;
+            let _ = crate::task::teardown(docker, &new).await;
+            return Err(e.context(format_args!("cloning sandbox {id}")));
+        }
+        self.inspect(&new).await
     }
 }
 
@@ -503,7 +641,18 @@ impl SandboxBackend for DockerBackend {
         limits.pids = limits.pids.or(defaults.pids);
         limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
         let id = SandboxId::generate("docker");
-        self.create_container(&id, &spec, image).await?;
+        let services = self
+            .inner
+            .config
+            .services
+            .get(&spec.template)
+            .cloned()
+            .unwrap_or_default();
+        if services.is_empty() {
+            self.create_container(&id, &spec, image, None).await?;
+        } else {
+            self.create_task(&id, &spec, image, &services).await?;
+        }
         tracing::debug!(sandbox = %id, template = %spec.template, "created docker sandbox");
         self.inspect(&id).await
     }
@@ -596,7 +745,8 @@ impl SandboxBackend for DockerBackend {
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
         self.forget(id);
-        self.remove_container(id.as_str()).await
+        self.remove_container(id.as_str()).await?;
+        crate::task::teardown(&self.inner.docker, id).await
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<()> {

@@ -177,6 +177,84 @@ impl BuildStage {
     }
 }
 
+/// A service container started beside every sandbox of a template (a database, a mock
+/// API): on a private network of that sandbox, reachable from it by `hostname`, created
+/// with it and destroyed with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct ServiceSpec {
+    /// The service's name, unique within the template.
+    pub name: String,
+    /// Its image.
+    pub image: ImageSpec,
+    /// The name the sandbox reaches it by (default: `name`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// Its environment.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    /// Its command (default: the image's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+}
+
+impl ServiceSpec {
+    /// A service `name` running `image`.
+    pub fn new(name: impl Into<String>, image: ImageSpec) -> Self {
+        ServiceSpec {
+            name: name.into(),
+            image,
+            hostname: None,
+            env: BTreeMap::new(),
+            cmd: None,
+        }
+    }
+
+    /// The host name the sandbox reaches the service by.
+    pub fn hostname(mut self, hostname: impl Into<String>) -> Self {
+        self.hostname = Some(hostname.into());
+        self
+    }
+
+    /// Sets an environment variable.
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.env.insert(key.into(), value.into());
+        self
+    }
+
+    /// Overrides the image's command.
+    pub fn cmd<I, S>(mut self, cmd: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.cmd = Some(cmd.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// The host name.
+    pub fn host(&self) -> &str {
+        self.hostname.as_deref().unwrap_or(&self.name)
+    }
+
+    fn validate(&self, template: &str) -> Result<()> {
+        let dns = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !s.starts_with('-')
+        };
+        if !dns(&self.name) || !dns(self.host()) {
+            return Err(Error::invalid_input(format!(
+                "template {template:?}: service {:?} needs a name and host name of letters, digits and '-'",
+                self.name
+            )));
+        }
+        self.image.validate(template)
+    }
+}
+
 /// Serializable configuration; build a backend with [`DockerConfig::build`] or use
 /// [`DockerBackend::builder`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -188,6 +266,8 @@ pub struct DockerConfig {
     pub host: Option<String>,
     /// Template name → image.
     pub templates: BTreeMap<String, ImageSpec>,
+    /// Template name → services started beside each of its sandboxes.
+    pub services: BTreeMap<String, Vec<ServiceSpec>>,
     /// Limits applied where a spec leaves one unset.
     pub default_limits: Limits,
     /// The Docker network a spec asking for `Network::Full` joins.
@@ -208,6 +288,7 @@ impl Default for DockerConfig {
         DockerConfig {
             host: None,
             templates: BTreeMap::new(),
+            services: BTreeMap::new(),
             default_limits: Limits::default(),
             network: "bridge".to_owned(),
             user: None,
@@ -276,6 +357,18 @@ impl DockerBackendBuilder {
         self
     }
 
+    /// Adds a service container to every sandbox of `template`: the sandbox and its
+    /// services share a private network (internal unless the spec asks for
+    /// `Network::Full`), are created in parallel and destroyed together.
+    pub fn service(mut self, template: impl Into<String>, service: ServiceSpec) -> Self {
+        self.config
+            .services
+            .entry(template.into())
+            .or_default()
+            .push(service);
+        self
+    }
+
     /// Limits for specs that leave them unset.
     pub fn default_limits(mut self, limits: Limits) -> Self {
         self.config.default_limits = limits;
@@ -336,6 +429,23 @@ impl DockerBackendBuilder {
                 .validate()
                 .map_err(|e| e.context("template name"))?;
             image.validate(name)?;
+        }
+        for (template, services) in &self.config.services {
+            if !self.config.templates.contains_key(template) {
+                return Err(Error::invalid_input(format!(
+                    "services for template {template:?}, which is not registered"
+                )));
+            }
+            let mut names = std::collections::BTreeSet::new();
+            for service in services {
+                service.validate(template)?;
+                if !names.insert(service.name.as_str()) {
+                    return Err(Error::invalid_input(format!(
+                        "template {template:?} has two services named {:?}",
+                        service.name
+                    )));
+                }
+            }
         }
         if !self.config.workspace.starts_with('/') || self.config.workspace.contains("..") {
             return Err(Error::invalid_input(format!(

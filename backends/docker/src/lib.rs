@@ -26,10 +26,11 @@ mod config;
 mod engine;
 mod error;
 mod image;
+mod task;
 mod user;
 
 pub use backend::DockerBackend;
 pub use config::{
     BuildStage, DockerBackendBuilder, DockerConfig, ImageProgress, ImageSpec, ProgressFn,
-    PullPolicy,
+    PullPolicy, ServiceSpec,
 };
