@@ -3,6 +3,7 @@
 
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::query_parameters::AttachContainerOptions;
 use bollard::Docker;
 use futures::StreamExt;
 use sandcell::wire::WireClient;
@@ -40,6 +41,41 @@ pub(crate) async fn connect(docker: &Docker, id: &SandboxId) -> Result<WireClien
             "the engine started the agent relay detached",
         ));
     };
+    Ok(client(id, output, input))
+}
+
+/// Attaches to the agent's own stdin and stdout, which it serves as its first connection:
+/// no exec needed, so a sandbox answers as soon as its container has started. Call
+/// before `start`; the engine closes the agent's stdin when this connection ends.
+pub(crate) async fn attach(docker: &Docker, id: &SandboxId) -> Result<WireClient> {
+    let attached = docker
+        .attach_container(
+            id.as_str(),
+            Some(AttachContainerOptions {
+                stream: true,
+                stdin: true,
+                stdout: true,
+                stderr: true,
+                logs: false,
+                ..Default::default()
+            }),
+        )
+        .await
+        .map_err(|e| engine(format_args!("attaching to the agent of sandbox {id}"), e))?;
+    Ok(client(id, attached.output, attached.input))
+}
+
+type Output = std::pin::Pin<
+    Box<dyn futures::Stream<Item = std::result::Result<LogOutput, bollard::errors::Error>> + Send>,
+>;
+
+/// A wire client over a demultiplexed engine stream: stdout carries the protocol,
+/// stderr is the agent's diagnostics.
+fn client(
+    id: &SandboxId,
+    output: Output,
+    input: std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>,
+) -> WireClient {
     let sandbox = id.clone();
     let stdout = output.filter_map(move |item| {
         let sandbox = sandbox.clone();
@@ -49,7 +85,7 @@ pub(crate) async fn connect(docker: &Docker, id: &SandboxId) -> Result<WireClien
                     Some(Ok(message))
                 }
                 Ok(LogOutput::StdErr { message }) => {
-                    tracing::warn!(sandbox = %sandbox, message = %String::from_utf8_lossy(&message).trim_end(), "sandcell-agent relay");
+                    tracing::warn!(sandbox = %sandbox, message = %String::from_utf8_lossy(&message).trim_end(), "sandcell-agent");
                     None
                 }
                 Ok(LogOutput::StdIn { .. }) => None,
@@ -58,5 +94,5 @@ pub(crate) async fn connect(docker: &Docker, id: &SandboxId) -> Result<WireClien
         }
     });
     let reader = tokio_util::io::StreamReader::new(Box::pin(stdout));
-    Ok(WireClient::new(reader, input))
+    WireClient::new(reader, input)
 }

@@ -183,10 +183,13 @@ impl DockerBackend {
             ))
         })?;
         let image = self.inner.images.prepare(spec).await?;
-        match (&self.inner.config.agent, &self.inner.agent_hash) {
-            (Some(agent), Some(hash)) => self.inner.images.with_agent(&image, agent, hash).await,
-            _ => Ok(image),
-        }
+        let config = &self.inner.config;
+        let layer = crate::image::Layer {
+            agent: config.agent.clone().zip(self.inner.agent_hash.clone()),
+            user: config.user.clone(),
+            workspace: config.workspace.clone(),
+        };
+        self.inner.images.derive(&image, &layer).await
     }
 
     fn workspace(&self) -> &str {
@@ -281,25 +284,13 @@ impl DockerBackend {
 
     /// Makes the workspace directory, owned by the container's user, before start.
     async fn prepare_workspace(&self, id: &SandboxId, user: Option<&str>) -> Result<()> {
-        let (uid, gid) = crate::user::resolve(&self.inner.docker, id.as_str(), user).await?;
-        let rel = self
-            .workspace()
-            .trim_start_matches('/')
-            .trim_end_matches('/');
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o755);
-        header.set_uid(u64::from(uid));
-        header.set_gid(u64::from(gid));
-        header.set_size(0);
-        header.set_mtime(0);
-        let mut builder = tar::Builder::new(Vec::new());
-        builder
-            .append_data(&mut header, format!("{rel}/"), std::io::empty())
-            .map_err(|e| Error::io("packing the workspace directory", e))?;
-        let tar = builder
-            .into_inner()
-            .map_err(|e| Error::io("packing the workspace directory", e))?;
+        let owner = crate::user::resolve(&self.inner.docker, id.as_str(), user).await?;
+        let layer = crate::image::Layer {
+            agent: None,
+            user: user.map(str::to_owned),
+            workspace: self.workspace().to_owned(),
+        };
+        let tar = crate::image::layer_tar(&layer, owner)?;
         self.inner
             .docker
             .upload_to_container(
@@ -353,6 +344,7 @@ impl DockerBackend {
                 format!("{AGENT_RUN_DIR}/state"),
                 "--socket".to_owned(),
                 crate::agent::SOCKET.to_owned(),
+                "--stdio".to_owned(),
             ]
         } else {
             // Any image with a `sleep` stays up; the init process forwards SIGTERM.
@@ -390,6 +382,11 @@ impl DockerBackend {
             init: Some(true),
             runtime: config.runtime.clone(),
             binds: (!binds.is_empty()).then_some(binds),
+            // The agent's stdout is a protocol stream (files, archives): never log it.
+            log_config: agent.then(|| bollard::models::HostConfigLogConfig {
+                typ: Some("none".to_owned()),
+                config: None,
+            }),
             ..Default::default()
         };
         let body = ContainerCreateBody {
@@ -402,6 +399,9 @@ impl DockerBackend {
             labels: Some(labels),
             host_config: Some(host_config),
             networking_config: task_network.map(|n| crate::task::endpoint(n, Vec::new())),
+            // The agent serves its stdin and stdout to whoever attaches first.
+            open_stdin: Some(agent),
+            stdin_once: Some(agent),
             ..Default::default()
         };
         self.inner
@@ -416,12 +416,31 @@ impl DockerBackend {
             .await
             .map_err(|e| engine(format_args!("creating sandbox {id}"), e))?;
         let started = async {
-            self.prepare_workspace(id, user.as_deref()).await?;
-            self.inner
-                .docker
-                .start_container(id.as_str(), None)
-                .await
-                .map_err(|e| engine(format_args!("starting sandbox {id}"), e))
+            // The image's layer made the workspace for the configured user; a spec
+            // asking for another user gets it re-owned before start.
+            if spec.user.is_some() && spec.user != config.user {
+                self.prepare_workspace(id, user.as_deref()).await?;
+            }
+            // The protocol is client-first, so attaching can overlap the start.
+            let attach = async {
+                match agent {
+                    true => crate::agent::attach(&self.inner.docker, id).await.map(Some),
+                    false => Ok(None),
+                }
+            };
+            let start = async {
+                self.inner
+                    .docker
+                    .start_container(id.as_str(), None)
+                    .await
+                    .map_err(|e| engine(format_args!("starting sandbox {id}"), e))
+            };
+            let (attached, ()) = futures::future::try_join(attach, start).await?;
+            if let Some(client) = attached {
+                let cell = Arc::new(tokio::sync::Mutex::new(Some(client)));
+                lock(&self.inner.clients).insert(id.clone(), cell);
+            }
+            Ok(())
         }
         .await;
         if let Err(e) = started {
@@ -654,7 +673,17 @@ impl SandboxBackend for DockerBackend {
             self.create_task(&id, &spec, image, &services).await?;
         }
         tracing::debug!(sandbox = %id, template = %spec.template, "created docker sandbox");
-        self.inspect(&id).await
+        let mut info = SandboxInfo::new(id, "docker", &spec, SandboxStatus::Running);
+        info.details.insert(
+            "exec".to_owned(),
+            if self.inner.config.agent.is_some() {
+                "agent"
+            } else {
+                "engine"
+            }
+            .to_owned(),
+        );
+        Ok(info)
     }
 
     async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {

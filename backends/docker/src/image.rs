@@ -82,24 +82,44 @@ impl Images {
         .await
     }
 
-    /// `base` with the agent binary added (a committed layer), prepared if needed.
-    pub(crate) async fn with_agent(
-        &self,
-        base: &str,
-        agent: &Path,
-        agent_hash: &str,
-    ) -> Result<String> {
-        let key = format!("agent:{base}:{agent_hash}");
-        let (docker, base, agent, agent_hash) = (
-            self.docker.clone(),
-            base.to_owned(),
-            agent.to_path_buf(),
-            agent_hash.to_owned(),
-        );
+    /// `base` with what every sandbox of it needs baked in as one committed layer: the
+    /// workspace directory owned by the user commands run as, the agent's run
+    /// directory, and the agent binary when there is one. Prepared once per
+    /// (image, layer); creating a sandbox then needs no per-container setup call.
+    pub(crate) async fn derive(&self, base: &str, layer: &Layer) -> Result<String> {
+        let key = format!("derive:{base}:{}", layer.key());
+        let (docker, base, layer) = (self.docker.clone(), base.to_owned(), layer.clone());
         self.once(key, move || {
-            async move { add_agent(&docker, &base, &agent, &agent_hash).await }.boxed()
+            async move { derive(&docker, &base, &layer).await }.boxed()
         })
         .await
+    }
+}
+
+/// What [`Images::derive`] adds to an image.
+#[derive(Debug, Clone)]
+pub(crate) struct Layer {
+    /// The agent binary and its sha256.
+    pub(crate) agent: Option<(PathBuf, String)>,
+    /// The user commands run as (`None`: the image's).
+    pub(crate) user: Option<String>,
+    /// The workspace directory.
+    pub(crate) workspace: String,
+}
+
+impl Layer {
+    /// A short stable digest of the layer's inputs, for image tags and job keys.
+    fn key(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let mut h = Sha256::new();
+        if let Some((_, hash)) = &self.agent {
+            h.update(hash.as_bytes());
+        }
+        h.update(b"\0");
+        h.update(self.user.as_deref().unwrap_or("").as_bytes());
+        h.update(b"\0");
+        h.update(self.workspace.as_bytes());
+        hex::encode(&h.finalize()[..6])
     }
 }
 
@@ -284,9 +304,8 @@ fn tar_directory(dir: &Path) -> Result<Vec<u8>> {
         .map_err(|e| Error::io(format_args!("packing {}", dir.display()), e))
 }
 
-/// Commits `base` plus the agent binary (and a world-writable run directory for its
-/// socket) as a new image, named after both so it is made once per pair.
-async fn add_agent(docker: &Docker, base: &str, agent: &Path, agent_hash: &str) -> Result<String> {
+/// Commits `base` plus `layer` as a new image, named after both so it is made once.
+async fn derive(docker: &Docker, base: &str, layer: &Layer) -> Result<String> {
     let base_id = docker
         .inspect_image(base)
         .await
@@ -298,21 +317,18 @@ async fn add_agent(docker: &Docker, base: &str, agent: &Path, agent_hash: &str) 
         .chars()
         .take(12)
         .collect();
-    let tag = format!(
-        "sandcell-agent:{base_short}-{}",
-        &agent_hash[..12.min(agent_hash.len())]
-    );
+    let tag = format!("sandcell-prepared:{base_short}-{}", layer.key());
     if docker.inspect_image(&tag).await.is_ok() {
         return Ok(tag);
     }
-    let name = format!("sandcell-agent-build-{}", uuid::Uuid::new_v4().simple());
+    let name = format!("sandcell-prepare-{}", uuid::Uuid::new_v4().simple());
     let body = bollard::models::ContainerCreateBody {
         image: Some(base.to_owned()),
         cmd: Some(vec![AGENT_PATH.to_owned(), "serve".to_owned()]),
         entrypoint: Some(Vec::new()),
         labels: Some(HashMap::from([(
             crate::backend::LABEL_BUILD.to_owned(),
-            "agent".to_owned(),
+            "prepare".to_owned(),
         )])),
         ..Default::default()
     };
@@ -325,12 +341,15 @@ async fn add_agent(docker: &Docker, base: &str, agent: &Path, agent_hash: &str) 
             body,
         )
         .await
-        .map_err(|e| engine("creating a container to add the agent", e))?;
+        .map_err(|e| engine("creating a container to prepare the image", e))?;
     let result = async {
-        let agent = agent.to_path_buf();
-        let layer = tokio::task::spawn_blocking(move || agent_layer(&agent))
+        let owner = crate::user::resolve(docker, &name, layer.user.as_deref()).await?;
+        let layer = layer.clone();
+        let tar = tokio::task::spawn_blocking(move || layer_tar(&layer, owner))
             .await
-            .map_err(|e| Error::new(ErrorKind::Backend, format!("packing the agent: {e}")))??;
+            .map_err(|e| {
+                Error::new(ErrorKind::Backend, format!("packing the image layer: {e}"))
+            })??;
         docker
             .upload_to_container(
                 &name,
@@ -338,10 +357,10 @@ async fn add_agent(docker: &Docker, base: &str, agent: &Path, agent_hash: &str) 
                     path: "/".to_owned(),
                     ..Default::default()
                 }),
-                bollard::body_full(layer.into()),
+                bollard::body_full(tar.into()),
             )
             .await
-            .map_err(|e| engine("adding the agent to the image", e))?;
+            .map_err(|e| engine("adding sandcell's layer to the image", e))?;
         let (repo, version) = split_reference(&tag);
         docker
             .commit_container(
@@ -355,7 +374,7 @@ async fn add_agent(docker: &Docker, base: &str, agent: &Path, agent_hash: &str) 
                 bollard::models::ContainerConfig::default(),
             )
             .await
-            .map_err(|e| engine("committing the agent layer", e))?;
+            .map_err(|e| engine("committing sandcell's layer", e))?;
         Ok(tag.clone())
     }
     .await;
@@ -372,29 +391,38 @@ async fn add_agent(docker: &Docker, base: &str, agent: &Path, agent_hash: &str) 
     result
 }
 
-/// `.sandcell/agent` (0755) and `.sandcell/run/` (1777) as a tar to unpack at `/`.
-fn agent_layer(agent: &PathBuf) -> Result<Vec<u8>> {
-    let binary = std::fs::read(agent)
-        .map_err(|e| Error::io(format_args!("reading the agent {}", agent.display()), e))?;
+/// The layer as a tar to unpack at `/`: `.sandcell/` (0755), `.sandcell/run/` (1777, the
+/// agent's socket and state), `.sandcell/agent` (0755) if any, and the workspace
+/// directory (0755, owned by `owner`).
+pub(crate) fn layer_tar(layer: &Layer, owner: (u32, u32)) -> Result<Vec<u8>> {
+    let io = |e| Error::io("packing sandcell's image layer", e);
     let mut builder = tar::Builder::new(Vec::new());
-    let dir = |path: &str, mode: u32, builder: &mut tar::Builder<Vec<u8>>| {
+    let dir =
+        |path: &str, mode: u32, (uid, gid): (u32, u32), builder: &mut tar::Builder<Vec<u8>>| {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(tar::EntryType::Directory);
+            header.set_mode(mode);
+            header.set_uid(u64::from(uid));
+            header.set_gid(u64::from(gid));
+            header.set_size(0);
+            header.set_mtime(0);
+            builder.append_data(&mut header, path, std::io::empty())
+        };
+    dir(".sandcell/", 0o755, (0, 0), &mut builder).map_err(io)?;
+    dir(".sandcell/run/", 0o1777, (0, 0), &mut builder).map_err(io)?;
+    let workspace = layer.workspace.trim_matches('/');
+    dir(&format!("{workspace}/"), 0o755, owner, &mut builder).map_err(io)?;
+    if let Some((agent, _)) = &layer.agent {
+        let binary = std::fs::read(agent)
+            .map_err(|e| Error::io(format_args!("reading the agent {}", agent.display()), e))?;
         let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(mode);
-        header.set_size(0);
+        header.set_entry_type(tar::EntryType::Regular);
+        header.set_mode(0o755);
+        header.set_size(binary.len() as u64);
         header.set_mtime(0);
-        builder.append_data(&mut header, path, std::io::empty())
-    };
-    let io = |e| Error::io("packing the agent", e);
-    dir(".sandcell/", 0o755, &mut builder).map_err(io)?;
-    dir(".sandcell/run/", 0o1777, &mut builder).map_err(io)?;
-    let mut header = tar::Header::new_gnu();
-    header.set_entry_type(tar::EntryType::Regular);
-    header.set_mode(0o755);
-    header.set_size(binary.len() as u64);
-    header.set_mtime(0);
-    builder
-        .append_data(&mut header, ".sandcell/agent", binary.as_slice())
-        .map_err(io)?;
+        builder
+            .append_data(&mut header, ".sandcell/agent", binary.as_slice())
+            .map_err(io)?;
+    }
     builder.into_inner().map_err(io)
 }

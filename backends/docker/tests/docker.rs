@@ -497,3 +497,55 @@ async fn output_streams_while_the_command_runs() {
     process.kill().await.unwrap();
     destroy(&backend, &sandbox.id).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_process_reaches_the_agent_through_the_relay() {
+    if !common::engine_available().await {
+        return;
+    }
+    let creator = common::backend(true).await;
+    let sandbox = creator.create(&spec("relay")).await.unwrap();
+    creator
+        .write_string(&sandbox.id, &"from-creator.txt".parse().unwrap(), "one")
+        .await
+        .unwrap();
+    // A second backend instance has no attached connection: it opens one with an exec
+    // of `sandcell-agent connect`. Both connections work at the same time.
+    let other = common::backend(true).await;
+    let (a, b) = tokio::join!(
+        creator.run_shell(&sandbox.id, "sleep 0.3; echo creator"),
+        other.run_shell(&sandbox.id, "cat from-creator.txt"),
+    );
+    assert_eq!(a.unwrap().stdout_str(), "creator\n");
+    assert_eq!(b.unwrap().stdout_str(), "one");
+    other
+        .write_string(&sandbox.id, &"from-other.txt".parse().unwrap(), "two")
+        .await
+        .unwrap();
+    assert_eq!(
+        creator
+            .read_to_string(&sandbox.id, &"from-other.txt".parse().unwrap())
+            .await
+            .unwrap(),
+        "two"
+    );
+    // A reset restarts the agent: both reconnect by themselves.
+    creator.reset(&sandbox.id).await.unwrap();
+    assert_eq!(
+        other
+            .run_shell(&sandbox.id, "cat from-other.txt")
+            .await
+            .unwrap()
+            .stdout_str(),
+        "two"
+    );
+    assert_eq!(
+        creator
+            .run_shell(&sandbox.id, "echo back")
+            .await
+            .unwrap()
+            .stdout_str(),
+        "back\n"
+    );
+    destroy(&creator, &sandbox.id).await;
+}

@@ -3,13 +3,14 @@
 //! an engine API call.
 //!
 //! ```text
-//! sandcell-agent serve [--workspace DIR] [--state DIR] [--socket PATH]
+//! sandcell-agent serve [--workspace DIR] [--state DIR] [--socket PATH] [--stdio]
 //! sandcell-agent connect [--socket PATH]
 //! ```
 //!
 //! `serve` is the container's keep-alive process: it serves the workspace directory as
 //! one sandbox of the local backend (in place, as the container's user) over the wire
-//! protocol on a Unix socket. `connect` relays its stdin and stdout to that socket; the
+//! protocol on a Unix socket, and with `--stdio` also on its own stdin and stdout (the
+//! connection of whoever attached to the container before it started). `connect` relays its stdin and stdout to that socket; the
 //! host starts it with the engine's exec API once per connection. Build it statically
 //! (`RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p sandcell-agent
 //! --target x86_64-unknown-linux-gnu`) so it runs in any image, even one without libc.
@@ -35,8 +36,13 @@ fn main() -> ExitCode {
     let mut workspace = PathBuf::from(DEFAULT_WORKSPACE);
     let mut state = PathBuf::from(DEFAULT_STATE);
     let mut socket = PathBuf::from(DEFAULT_SOCKET);
+    let mut stdio = false;
     while let Some(flag) = args.next() {
         let target = match flag.as_str() {
+            "--stdio" => {
+                stdio = true;
+                continue;
+            }
             "--workspace" => &mut workspace,
             "--state" => &mut state,
             "--socket" => &mut socket,
@@ -48,7 +54,7 @@ fn main() -> ExitCode {
         }
     }
     let result = match command.as_deref() {
-        Some("serve") => serve(&workspace, &state, &socket),
+        Some("serve") => serve(&workspace, &state, &socket, stdio),
         Some("connect") => connect(&socket),
         Some("--version") => {
             println!("sandcell-agent {}", env!("CARGO_PKG_VERSION"));
@@ -67,12 +73,12 @@ fn main() -> ExitCode {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "sandcell-agent: {problem}; usage: sandcell-agent serve [--workspace DIR] [--state DIR] [--socket PATH] | connect [--socket PATH]"
+        "sandcell-agent: {problem}; usage: sandcell-agent serve [--workspace DIR] [--state DIR] [--socket PATH] [--stdio] | connect [--socket PATH]"
     );
     ExitCode::from(2)
 }
 
-fn serve(workspace: &Path, state: &Path, socket: &Path) -> Result<(), String> {
+fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -97,6 +103,15 @@ fn serve(workspace: &Path, state: &Path, socket: &Path) -> Result<(), String> {
         let _ = std::fs::remove_file(socket);
         let listener = tokio::net::UnixListener::bind(socket)
             .map_err(|e| format!("listening on {}: {e}", socket.display()))?;
+        if stdio {
+            // The first connection: whoever attached to the container before it started.
+            tokio::spawn(sandcell::wire::serve(
+                Arc::clone(&backend),
+                sandbox.id.clone(),
+                tokio::io::stdin(),
+                tokio::io::stdout(),
+            ));
+        }
         let mut terminate =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
                 .map_err(|e| format!("handling SIGTERM: {e}"))?;
