@@ -92,6 +92,25 @@ enum BackendKind {
     Remote,
 }
 
+impl BackendKind {
+    fn name(self) -> &'static str {
+        match self {
+            BackendKind::Local => "local",
+            BackendKind::Docker => "docker",
+            BackendKind::Remote => "remote",
+        }
+    }
+
+    /// The flag that selects this backend, as a hint shows it.
+    fn flag(self) -> &'static str {
+        match self {
+            BackendKind::Local => "",
+            BackendKind::Docker => " --backend docker",
+            BackendKind::Remote => " --backend remote",
+        }
+    }
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Manage template directories (local backend).
@@ -206,12 +225,13 @@ struct ReleaseHow {
 
 #[derive(Debug, Subcommand)]
 enum TemplateCommand {
-    /// Register (or re-point) a template: new sandboxes start from a copy-on-write view
-    /// of DIR.
+    /// Register (or re-point) a template. Local: new sandboxes start from a
+    /// copy-on-write view of DIR. Docker: DIR is a build context, or give an image.
     Add {
         /// Template name.
         name: String,
-        /// Host directory.
+        /// Host directory (Docker: or an image reference).
+        #[arg(value_name = "DIR")]
         dir: PathBuf,
     },
     /// List registered templates; one JSON object per template.
@@ -421,49 +441,44 @@ fn init_logging() {
 
 async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let data_dir = &cli.data_dir;
-    if cli.backend != BackendKind::Remote && (cli.remote_url.is_some()) {
+    if cli.backend != BackendKind::Remote && cli.remote_url.is_some() {
         return Err(CliError::bad_input(
             "--remote-url applies to --backend remote only",
             "drop it, or add --backend remote",
         ));
     }
-    match cli.backend {
-        BackendKind::Local => {}
-        other => {
-            return Err(CliError::bad_input(
-                format_args!(
-                    "the {} backend is not part of this build yet",
-                    other
-                        .to_possible_value()
-                        .map(|v| v.get_name().to_owned())
-                        .unwrap_or_default()
-                ),
-                "use --backend local",
-            ))
-        }
+    let backend = cli.backend;
+    if backend == BackendKind::Remote {
+        return Err(CliError::bad_input(
+            "the remote backend is not part of this build yet",
+            "use --backend local or --backend docker",
+        ));
     }
     match cli.command {
         Command::Template(TemplateCommand::Add { name, dir }) => {
-            let dir = Templates::add(data_dir, &name, &dir)?;
-            print_json(&json!({ "template": name, "dir": dir }))?;
+            let source = Templates::add(data_dir, backend, &name, &dir)?;
+            print_json(&json!({ "template": name, "backend": backend.name(), "source": source }))?;
             Ok(ExitCode::SUCCESS)
         }
         Command::Template(TemplateCommand::List) => {
-            for (name, dir) in Templates::load(data_dir)?.0 {
-                print_json(&json!({ "template": name, "dir": dir }))?;
+            for (name, source) in Templates::load(data_dir)?.of(backend) {
+                print_json(
+                    &json!({ "template": name, "backend": backend.name(), "source": source }),
+                )?;
             }
             Ok(ExitCode::SUCCESS)
         }
         Command::Session(command) => {
-            let manager = open_manager(data_dir, &command).await?;
-            run_session_command(&manager, data_dir, command).await
+            let manager = open_manager(data_dir, backend, &command).await?;
+            run_session_command(&manager, data_dir, backend, command).await
         }
     }
 }
 
 async fn run_session_command(
-    manager: &SandboxManager<LocalBackend>,
+    manager: &Manager,
     data_dir: &Path,
+    backend: BackendKind,
     command: SessionCommand,
 ) -> Result<ExitCode, CliError> {
     match command {
@@ -474,17 +489,40 @@ async fn run_session_command(
         } => {
             let key = session.key()?;
             if let Some(template) = &template {
-                if !Templates::load(data_dir)?.contains(template) {
+                if !Templates::load(data_dir)?.contains(backend, template) {
                     return Err(CliError::bad_input(
                         format_args!("unknown template {template:?}"),
-                        format_args!("register it with `sandcell template add {template} DIR`"),
+                        format_args!(
+                            "register it with `sandcell{} template add {template} {}`",
+                            backend.flag(),
+                            if backend == BackendKind::Docker {
+                                "DIR|IMAGE"
+                            } else {
+                                "DIR"
+                            }
+                        ),
                     ));
                 }
             }
             // A known session keeps its spec (template, env); flags add to it.
             let mut spec = match manager.session(&key).await? {
-                Some(record) => record.spec,
-                None => SandboxSpec::new(template.as_deref().unwrap_or("default")),
+                Some(record) => {
+                    same_backend(manager, &record)?;
+                    record.spec
+                }
+                None => {
+                    let template = template.as_deref().unwrap_or("default");
+                    if !Templates::load(data_dir)?.contains(backend, template) {
+                        return Err(CliError::bad_input(
+                            format_args!("the {} backend has no template {template:?}", backend.name()),
+                            format_args!(
+                                "register one with `sandcell{} template add {template} IMAGE`, or pass --template",
+                                backend.flag()
+                            ),
+                        ));
+                    }
+                    SandboxSpec::new(template)
+                }
             };
             spec.env.extend(env);
             let mut events = manager.subscribe();
@@ -632,18 +670,34 @@ async fn run_session_command(
     }
 }
 
+/// The manager the CLI drives: any backend, boxed.
+type Manager = SandboxManager<Box<dyn SandboxBackend>>;
+
 /// Opens the manager over the data directory. Sessions outlive the process: shutdown keeps
 /// their sandboxes, and reconcile runs only in `gc`, where the user asked for it.
 async fn open_manager(
     data_dir: &Path,
+    kind: BackendKind,
     command: &SessionCommand,
-) -> Result<SandboxManager<LocalBackend>, CliError> {
+) -> Result<Manager, CliError> {
     let templates = Templates::load(data_dir)?;
-    let mut backend = LocalBackend::builder().root(data_dir.join("local"));
-    for (name, dir) in &templates.0 {
-        backend = backend.template(name, dir);
-    }
-    let mut builder = SandboxManager::builder(backend.build()?)
+    let backend: Box<dyn SandboxBackend> = match kind {
+        BackendKind::Docker => {
+            let mut docker = sandcell_docker::DockerBackend::builder().from_env();
+            for (name, source) in templates.of(kind) {
+                docker = docker.template(name.clone(), docker_image(&name, &source));
+            }
+            Box::new(docker.build()?)
+        }
+        _ => {
+            let mut local = LocalBackend::builder().root(data_dir.join("local"));
+            for (name, dir) in templates.of(kind) {
+                local = local.template(name, dir);
+            }
+            Box::new(local.build()?)
+        }
+    };
+    let mut builder = SandboxManager::builder(backend)
         .data_dir(data_dir)
         .shutdown_policy(ShutdownPolicy::Keep)
         .reconcile_on_start(false);
@@ -662,12 +716,34 @@ async fn open_manager(
     Ok(builder.build().await?)
 }
 
+/// A Docker template's image: a directory is a build context, anything else a reference.
+fn docker_image(name: &str, source: &str) -> sandcell_docker::ImageSpec {
+    if Path::new(source).is_dir() {
+        sandcell_docker::ImageSpec::build(source, format!("sandcell-cli/{name}:latest"))
+    } else {
+        sandcell_docker::ImageSpec::pull(source)
+    }
+}
+
+/// A session created on another backend cannot be driven through this one.
+fn same_backend(manager: &Manager, record: &SessionRecord) -> Result<(), CliError> {
+    let here = manager.backend().name();
+    if record.backend == here {
+        return Ok(());
+    }
+    Err(CliError::bad_input(
+        format_args!(
+            "session {:?} lives on the {} backend, not {here}",
+            record.key.session(),
+            record.backend
+        ),
+        format_args!("pass --backend {}", record.backend),
+    ))
+}
+
 /// The session's record; an unknown session is bad input.
-async fn known_session(
-    manager: &SandboxManager<LocalBackend>,
-    key: &SessionKey,
-) -> Result<SessionRecord, CliError> {
-    manager.session(key).await?.ok_or_else(|| {
+async fn known_session(manager: &Manager, key: &SessionKey) -> Result<SessionRecord, CliError> {
+    let record = manager.session(key).await?.ok_or_else(|| {
         let tenant = if key.tenant() == "default" {
             String::new()
         } else {
@@ -684,14 +760,16 @@ async fn known_session(
                 key.session()
             ),
         )
-    })
+    })?;
+    same_backend(manager, &record)?;
+    Ok(record)
 }
 
 /// The session's sandbox, restored or resumed if it was suspended.
 async fn open_session(
-    manager: &SandboxManager<LocalBackend>,
+    manager: &Manager,
     key: &SessionKey,
-) -> Result<sandcell::SandboxHandle<LocalBackend>, CliError> {
+) -> Result<sandcell::SandboxHandle<Box<dyn SandboxBackend>>, CliError> {
     let record = known_session(manager, key).await?;
     let progress = (!record.is_live()).then(|| Progress::start(format_args!("restoring {key}")));
     let handle = manager.acquire(key, &record.spec).await?;
@@ -834,9 +912,10 @@ impl Progress {
     }
 }
 
-/// Registered template directories, persisted as `templates.json` in the data directory.
+/// Registered templates per backend, persisted as `templates.json` in the data directory:
+/// `{"local": {name: dir}, "docker": {name: dir-or-image}}`.
 #[derive(Debug, Default)]
-struct Templates(BTreeMap<String, PathBuf>);
+struct Templates(BTreeMap<String, BTreeMap<String, String>>);
 
 impl Templates {
     const FILE: &'static str = "templates.json";
@@ -860,30 +939,49 @@ impl Templates {
         }
     }
 
-    fn contains(&self, name: &str) -> bool {
-        // The local backend provides an empty "default" template unless one is registered.
-        name == "default" || self.0.contains_key(name)
+    /// The templates of one backend.
+    fn of(&self, backend: BackendKind) -> BTreeMap<String, String> {
+        self.0.get(backend.name()).cloned().unwrap_or_default()
     }
 
-    /// Validates and records `name → dir` (canonicalized); returns the stored directory.
-    fn add(data_dir: &Path, name: &str, dir: &Path) -> Result<PathBuf, CliError> {
+    fn contains(&self, backend: BackendKind, name: &str) -> bool {
+        // The local backend provides an empty "default" template unless one is registered.
+        (backend == BackendKind::Local && name == "default") || self.of(backend).contains_key(name)
+    }
+
+    /// Validates and records a template; returns the stored source (a canonical
+    /// directory, or for Docker an image reference).
+    fn add(
+        data_dir: &Path,
+        backend: BackendKind,
+        name: &str,
+        source: &Path,
+    ) -> Result<String, CliError> {
         SandboxSpec::new(name).validate().map_err(|err| {
             CliError::bad_input(
                 error_chain(&err),
                 "use letters, digits, `.`, `_` and `-` in template names",
             )
         })?;
-        let dir = std::fs::canonicalize(dir)
-            .ok()
-            .filter(|d| d.is_dir())
-            .ok_or_else(|| {
-                CliError::bad_input(
-                    format_args!("{} is not a directory", dir.display()),
+        let stored = match std::fs::canonicalize(source).ok().filter(|d| d.is_dir()) {
+            Some(dir) => dir.to_string_lossy().into_owned(),
+            // For Docker, a name that is not a directory is an image reference.
+            None if backend == BackendKind::Docker && !source.as_os_str().is_empty() => {
+                source.to_string_lossy().into_owned()
+            }
+            None => {
+                return Err(CliError::bad_input(
+                    format_args!("{} is not a directory", source.display()),
                     "give an existing host directory",
-                )
-            })?;
+                ))
+            }
+        };
         let mut templates = Self::load(data_dir)?;
-        templates.0.insert(name.to_owned(), dir.clone());
+        templates
+            .0
+            .entry(backend.name().to_owned())
+            .or_default()
+            .insert(name.to_owned(), stored.clone());
         let io_err = |err: std::io::Error| {
             CliError::failure(
                 format_args!("cannot write {}: {err}", data_dir.display()),
@@ -899,6 +997,6 @@ impl Templates {
         file.as_file().sync_all().map_err(io_err)?;
         file.persist(data_dir.join(Self::FILE))
             .map_err(|err| io_err(err.error))?;
-        Ok(dir)
+        Ok(stored)
     }
 }

@@ -9,6 +9,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use sandcell::{LabelSelector, SandboxBackend, SandboxSpec};
+
+#[path = "../backends/docker/tests/common/mod.rs"]
+mod docker_common;
 use serde_json::Value;
 
 /// The example binary, built (or found up to date) by cargo once per test run: a filtered
@@ -46,12 +49,22 @@ fn cli_binary() -> PathBuf {
 /// One CLI invocation against a data directory.
 struct Cli {
     data_dir: PathBuf,
+    /// `--backend X`, or nothing for the default (local).
+    backend: Vec<String>,
 }
 
 impl Cli {
     fn new(dir: &Path) -> Self {
         Cli {
             data_dir: dir.join("data"),
+            backend: Vec::new(),
+        }
+    }
+
+    fn docker(dir: &Path) -> Self {
+        Cli {
+            data_dir: dir.join("data"),
+            backend: vec!["--backend".into(), "docker".into()],
         }
     }
 
@@ -59,6 +72,7 @@ impl Cli {
         let mut child = Command::new(cli_binary())
             .arg("--data-dir")
             .arg(&self.data_dir)
+            .args(&self.backend)
             .args(args)
             .env_remove("SANDCELL_LOG")
             .stdin(Stdio::piped())
@@ -370,4 +384,49 @@ fn snapshot_ls_and_gc_report_json() {
     assert_eq!(cli.ok(&["read", "s", "--tenant", "acme", "a.txt"]), b"aaa");
     cli.ok(&["release", "s", "--tenant", "acme", "--purge"]);
     assert!(cli.sandbox_dirs().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_docker_session_survives_process_restarts_too() {
+    if !docker_common::engine_available().await {
+        return;
+    }
+    docker_common::images().await;
+    // The CLI finds the agent through the environment, as a user's shell would.
+    std::env::set_var("SANDCELL_DOCKER_AGENT", docker_common::agent_binary());
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::docker(dir.path());
+    cli.json(&["template", "add", "default", docker_common::USER_IMAGE]);
+    let acquired = cli.json(&["acquire", "d1"]);
+    assert_eq!(
+        (acquired["backend"].as_str(), acquired["outcome"].as_str()),
+        (Some("docker"), Some("created"))
+    );
+    let sandbox = acquired["sandbox_id"].as_str().unwrap().to_owned();
+    let out = cli.run_with_stdin(&["write", "d1", "app/main.sh"], Some(b"echo from docker\n"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = cli.run(&["exec", "d1", "--", "sh", "app/main.sh"]);
+    assert_eq!(out.stdout, b"from docker\n");
+    assert_eq!(cli.json(&["suspend", "d1"])["status"], "suspended");
+    let again = cli.json(&["acquire", "d1"]);
+    assert_eq!(again["outcome"], "restored");
+    assert_ne!(again["sandbox_id"].as_str().unwrap(), sandbox);
+    assert_eq!(
+        cli.ok(&["read", "d1", "app/main.sh"]),
+        b"echo from docker\n"
+    );
+    // The session belongs to Docker; the local backend says so instead of guessing.
+    let out = Cli::new(dir.path()).run(&["read", "d1", "app/main.sh"]);
+    assert_one_line_error(&out, 2, "--backend docker");
+    assert_eq!(cli.json(&["release", "d1", "--purge"])["status"], "purged");
+    let gone = sandcell_docker::DockerBackend::builder()
+        .build()
+        .unwrap()
+        .inspect(&sandcell::SandboxId::new(again["sandbox_id"].as_str().unwrap()).unwrap())
+        .await;
+    assert!(gone.is_err(), "purge removed the container");
 }

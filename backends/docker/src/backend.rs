@@ -29,8 +29,6 @@ use crate::image::{Images, AGENT_PATH, AGENT_RUN_DIR};
 const INTERNAL_PREFIX: &str = "sandcell.docker.";
 /// The template a container was made from; its presence marks containers of this backend.
 pub(crate) const LABEL_TEMPLATE: &str = "sandcell.docker.template";
-/// Marks throwaway containers used while preparing images.
-pub(crate) const LABEL_BUILD: &str = "sandcell.docker.build";
 /// `agent` or `engine`: how commands reach the container.
 const LABEL_EXEC: &str = "sandcell.docker.exec";
 const LABEL_OUTPUT_BYTES: &str = "sandcell.docker.output_bytes";

@@ -326,10 +326,8 @@ async fn derive(docker: &Docker, base: &str, layer: &Layer) -> Result<String> {
         image: Some(base.to_owned()),
         cmd: Some(vec![AGENT_PATH.to_owned(), "serve".to_owned()]),
         entrypoint: Some(Vec::new()),
-        labels: Some(HashMap::from([(
-            crate::backend::LABEL_BUILD.to_owned(),
-            "prepare".to_owned(),
-        )])),
+        // No labels: a commit copies them into the image, and so into every sandbox.
+        // A crash mid-way leaves a stopped container named `sandcell-prepare-*`.
         ..Default::default()
     };
     docker

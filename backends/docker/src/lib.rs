@@ -27,6 +27,8 @@ mod engine;
 mod error;
 mod image;
 mod task;
+#[cfg(feature = "testing")]
+pub mod testing;
 mod user;
 
 pub use backend::DockerBackend;

@@ -55,6 +55,7 @@ async fn containers_are_hardened_by_default() {
         .create(&spec("hardening").with_limits(limits))
         .await
         .unwrap();
+    let _guard = common::Guard::new(&backend, &sandbox.id);
     let c = backend
         .docker()
         .inspect_container(sandbox.id.as_str(), None)
@@ -116,6 +117,7 @@ async fn exec_contract(backend: &DockerBackend, label: &str) {
         .with_env("FROM_SPEC", "spec")
         .with_limits(Limits::new().output_bytes(4096));
     let sandbox = backend.create(&spec).await.unwrap();
+    let _guard = common::Guard::new(backend, &sandbox.id);
     let id = &sandbox.id;
 
     let out = backend
@@ -253,6 +255,7 @@ async fn exec_through_the_engine_keeps_the_same_contract() {
     exec_contract(&backend, "exec-engine").await;
     // Without the agent, files other than reads say why they are missing.
     let sandbox = backend.create(&spec("exec-engine-files")).await.unwrap();
+    let _guard = common::Guard::new(&backend, &sandbox.id);
     backend.run_shell(&sandbox.id, "echo hi > f").await.unwrap();
     assert_eq!(
         backend
@@ -306,6 +309,11 @@ async fn images_are_prepared_once_however_many_ask() {
         async move { backend.create(&spec).await }
     });
     let created = futures::future::join_all(creates).await;
+    let _guards: Vec<_> = created
+        .iter()
+        .flatten()
+        .map(|s| common::Guard::new(&backend, &s.id))
+        .collect();
     assert_eq!(
         builds.load(Ordering::SeqCst),
         1,
@@ -384,6 +392,7 @@ async fn multi_stage_builds_chain_and_skip_stages_whose_cache_key_matches() {
     let mut staged = SandboxSpec::new("staged");
     staged.labels = spec("multi-stage").labels;
     let sandbox = backend.create(&staged).await.unwrap();
+    let _guard = common::Guard::new(&backend, &sandbox.id);
     let out = backend
         .run_shell(&sandbox.id, "cat /stages/base /stages/app")
         .await
@@ -480,6 +489,7 @@ async fn output_streams_while_the_command_runs() {
     }
     let backend = common::backend(true).await;
     let sandbox = backend.create(&spec("streaming")).await.unwrap();
+    let _guard = common::Guard::new(&backend, &sandbox.id);
     let mut process = backend
         .exec(
             &sandbox.id,
@@ -505,6 +515,7 @@ async fn another_process_reaches_the_agent_through_the_relay() {
     }
     let creator = common::backend(true).await;
     let sandbox = creator.create(&spec("relay")).await.unwrap();
+    let _guard = common::Guard::new(&creator, &sandbox.id);
     creator
         .write_string(&sandbox.id, &"from-creator.txt".parse().unwrap(), "one")
         .await

@@ -79,6 +79,7 @@ async fn services_are_reachable_by_hostname_and_go_with_their_sandbox() {
     }
     let backend = backend().await;
     let sandbox = backend.create(&spec("services")).await.unwrap();
+    let _guard = common::Guard::new(&backend, &sandbox.id);
     assert_eq!(
         remains(&backend, &sandbox.id).await,
         (2, 1),
@@ -119,6 +120,7 @@ async fn a_clone_is_independent_of_its_source() {
     }
     let backend = backend().await;
     let source = backend.create(&spec("clone")).await.unwrap();
+    let _source_guard = common::Guard::new(&backend, &source.id);
     backend
         .write_string(
             &source.id,
@@ -134,6 +136,7 @@ async fn a_clone_is_independent_of_its_source() {
         )
         .await
         .unwrap();
+    let _clone_guard = common::Guard::new(&backend, &clone.id);
     assert_ne!(clone.id, source.id);
     assert_eq!(clone.labels[common::TEST_LABEL.0], "clone-copy");
     assert_eq!(

@@ -36,37 +36,6 @@ pub(crate) async fn engine_available() -> bool {
     }
 }
 
-/// A root file system with a static busybox and its applets, a `sandbox` user (uid 1000)
-/// and a world-writable /tmp.
-fn busybox_rootfs(dir: &Path) {
-    let busybox = ["/bin/busybox", "/usr/bin/busybox"]
-        .into_iter()
-        .map(Path::new)
-        .find(|p| p.exists())
-        .expect("busybox is installed (apt-get install busybox-static)");
-    for d in ["bin", "etc", "tmp", "home/sandbox"] {
-        std::fs::create_dir_all(dir.join(d)).unwrap();
-    }
-    std::fs::copy(busybox, dir.join("bin/busybox")).unwrap();
-    let applets = std::process::Command::new(busybox)
-        .arg("--list")
-        .output()
-        .unwrap();
-    for applet in String::from_utf8_lossy(&applets.stdout).lines() {
-        if applet != "busybox" && !applet.is_empty() {
-            let _ = std::os::unix::fs::symlink("busybox", dir.join("bin").join(applet));
-        }
-    }
-    std::fs::write(
-        dir.join("etc/passwd"),
-        "root:x:0:0:root:/root:/bin/sh\nsandbox:x:1000:1000:sandbox:/home/sandbox:/bin/sh\n",
-    )
-    .unwrap();
-    std::fs::write(dir.join("etc/group"), "root:x:0:\nsandbox:x:1000:\n").unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(dir.join("tmp"), std::fs::Permissions::from_mode(0o1777)).unwrap();
-}
-
 /// Imports the busybox image and builds the user image from it, once per test binary.
 pub(crate) async fn images() {
     static READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
@@ -78,7 +47,9 @@ pub(crate) async fn images() {
             }
             let work = tempfile::tempdir().unwrap();
             let rootfs = work.path().join("rootfs");
-            busybox_rootfs(&rootfs);
+            let busybox = sandcell_docker::testing::host_busybox()
+                .expect("busybox is installed (apt-get install busybox-static)");
+            sandcell_docker::testing::busybox_rootfs(&busybox, &rootfs).unwrap();
             let context = work.path().join("context");
             std::fs::create_dir_all(&context).unwrap();
             std::fs::write(
@@ -118,7 +89,13 @@ pub(crate) fn agent_binary() -> PathBuf {
             {
                 return PathBuf::from(path);
             }
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+            // The workspace root: the nearest ancestor with the lock file (this module is
+            // also used from the root crate's tests).
+            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+                .ancestors()
+                .find(|d| d.join("Cargo.lock").exists())
+                .expect("inside the workspace")
+                .to_path_buf();
             let target = workspace.join("target/agent");
             let status = std::process::Command::new(env!("CARGO"))
                 .args([
@@ -154,9 +131,9 @@ pub(crate) async fn backend(with_agent: bool) -> DockerBackend {
     builder.build().unwrap()
 }
 
-/// Test containers still on the engine (the leak check).
+/// Test containers still on the engine (any `sandcell.test` label).
 pub(crate) async fn leftovers(backend: &DockerBackend) -> Vec<String> {
-    let selector = sandcell::LabelSelector::new().with(TEST_LABEL.0, TEST_LABEL.1);
+    let selector = sandcell::LabelSelector::new().with_key(TEST_LABEL.0);
     backend
         .list(&selector)
         .await
@@ -164,4 +141,32 @@ pub(crate) async fn leftovers(backend: &DockerBackend) -> Vec<String> {
         .into_iter()
         .map(|i| i.id.to_string())
         .collect()
+}
+
+/// Destroys a sandbox when dropped, so a failing assertion leaves nothing behind.
+pub(crate) struct Guard {
+    backend: DockerBackend,
+    id: sandcell::SandboxId,
+}
+
+impl Guard {
+    pub(crate) fn new(backend: &DockerBackend, id: &sandcell::SandboxId) -> Self {
+        Guard {
+            backend: backend.clone(),
+            id: id.clone(),
+        }
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let (backend, id) = (self.backend.clone(), self.id.clone());
+        // Drop may run inside the test's runtime: destroy on a thread with its own.
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Runtime::new() {
+                let _ = rt.block_on(backend.destroy(&id));
+            }
+        })
+        .join();
+    }
 }
