@@ -46,3 +46,10 @@ async fn a_template_with_files_passes_too() {
     conformance::run_all(&mock).await;
     assert_eq!(mock.live_count(), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_through_the_manager() {
+    let mock = MockBackend::new();
+    conformance::manager_sessions(Arc::new(mock.clone())).await;
+    assert_eq!(mock.live_count(), 0);
+}

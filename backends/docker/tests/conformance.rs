@@ -20,3 +20,13 @@ async fn docker_sandboxes_pass_the_conformance_suite() {
         "every conformance sandbox was destroyed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_through_the_manager() {
+    if !common::engine_available().await {
+        return;
+    }
+    let backend = common::backend(true).await;
+    conformance::manager_sessions(std::sync::Arc::new(backend.clone())).await;
+    assert!(common::leftovers(&backend).await.is_empty());
+}

@@ -49,3 +49,14 @@ async fn the_local_backend_passes_through_the_wire_protocol() {
         .count();
     assert_eq!(left, 0, "every conformance sandbox was destroyed");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_through_the_manager() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    conformance::manager_sessions(std::sync::Arc::new(backend)).await;
+    let left = std::fs::read_dir(root.path().join("sandboxes"))
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "nothing left");
+}
