@@ -683,7 +683,9 @@ async fn open_manager(
     let templates = Templates::load(data_dir)?;
     let backend: Box<dyn SandboxBackend> = match kind {
         BackendKind::Docker => {
-            let mut docker = sandcell_docker::DockerBackend::builder().from_env();
+            let mut docker = sandcell_docker::DockerBackend::builder()
+                .from_env()
+                .on_progress(|p| Progress::note(&format!("{} {}", p.image, p.message)));
             for (name, source) in templates.of(kind) {
                 docker = docker.template(name.clone(), docker_image(&name, &source));
             }
@@ -892,7 +894,11 @@ fn write_stdout(data: &[u8]) -> Result<(), CliError> {
 }
 
 /// A spinner with the elapsed time on a terminal; nothing when stderr is not one.
+/// Image pulls and builds report into it, under the operation's own message.
 struct Progress(ProgressBar);
+
+/// The spinner on screen, if any, with its message.
+static CURRENT: std::sync::Mutex<Option<(ProgressBar, String)>> = std::sync::Mutex::new(None);
 
 impl Progress {
     fn start(message: impl Display) -> Self {
@@ -903,11 +909,26 @@ impl Progress {
             }
             bar.set_message(message.to_string());
             bar.enable_steady_tick(Duration::from_millis(100));
+            if let Ok(mut current) = CURRENT.lock() {
+                *current = Some((bar.clone(), message.to_string()));
+            }
         }
         Progress(bar)
     }
 
+    /// Shows a step of a long operation (an image build line) on the current spinner.
+    fn note(step: &str) {
+        if let Ok(current) = CURRENT.lock() {
+            if let Some((bar, message)) = current.as_ref() {
+                bar.set_message(format!("{message}: {}", one_line(step)));
+            }
+        }
+    }
+
     fn finish(self) {
+        if let Ok(mut current) = CURRENT.lock() {
+            *current = None;
+        }
         self.0.finish_and_clear();
     }
 }
