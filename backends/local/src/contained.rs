@@ -52,12 +52,9 @@ impl Workspace {
             Mode::empty(),
         )
         .map_err(|e| fail(format_args!("opening workspace {}", root.display()), e))?;
-        // The real path, so paths resolved beneath it compare equal even when `root`
-        // is reached through a link (an in-place workspace).
-        let root_path = fd_path(fd.as_fd()).unwrap_or_else(|_| root.to_path_buf());
         Ok(Workspace {
             root: fd,
-            root_path,
+            root_path: root.to_path_buf(),
         })
     }
 
