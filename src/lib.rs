@@ -51,12 +51,14 @@
 
 pub mod archive;
 mod backend;
+pub mod background;
 mod capabilities;
 pub mod config;
 mod error;
 mod exec;
 mod ext;
 mod fs;
+pub mod json_lines;
 pub mod manager;
 mod path;
 mod process;

@@ -31,6 +31,13 @@ pub trait ProcessControl: Send + Sync {
     async fn wait(&mut self) -> Result<ExitStatus>;
     /// Kills the process and everything it started. Idempotent; no error if it already ended.
     async fn kill(&mut self) -> Result<()>;
+    /// Sends a Unix signal to the process and everything it started; no error if it
+    /// already ended. `Unsupported` unless the backend implements it.
+    async fn signal(&mut self, signal: i32) -> Result<()> {
+        Err(crate::Error::unsupported(format!(
+            "this backend cannot send signal {signal} to a process"
+        )))
+    }
 }
 
 /// One item of a process's combined output, in arrival order.
@@ -122,6 +129,12 @@ impl Process {
     /// Kills the process and its children.
     pub async fn kill(&mut self) -> Result<()> {
         self.control.kill().await
+    }
+
+    /// Sends a Unix signal (`SIGTERM` is 15, `SIGINT` 2) to the process and its
+    /// children; `Unsupported` where the backend cannot.
+    pub async fn signal(&mut self, signal: i32) -> Result<()> {
+        self.control.signal(signal).await
     }
 
     /// The combined output as one stream in arrival order, ending with

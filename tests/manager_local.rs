@@ -203,3 +203,46 @@ async fn config_mistakes_are_invalid_input_naming_the_problem() {
         serde_yaml::from_str::<SandboxConfig>("type: local\nmanager:\n  idle_timout: 5\n");
     assert!(bad_setting.unwrap_err().to_string().contains("idle_timout"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn background_processes_outlive_their_handle_and_end_with_the_session() {
+    use futures::StreamExt;
+    let dir = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder()
+        .root(dir.path().join("local"))
+        .build()
+        .unwrap();
+    let manager = SandboxManager::builder(backend)
+        .data_dir(dir.path().join("data"))
+        .build()
+        .await
+        .unwrap();
+    let key = SessionKey::new("acme", "bg").unwrap();
+    let handle = manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    let id = handle
+        .spawn(ExecRequest::shell("echo serving; exec sleep 300"))
+        .await
+        .unwrap();
+    assert_eq!(handle.processes().len(), 1);
+    drop(handle);
+    // The handle is gone; the process is not.
+    let mut events = manager.background().attach(&id).unwrap();
+    let first = events.next().await.unwrap();
+    assert_eq!(first, sandcell::ProcessEvent::Stdout("serving\n".into()));
+    assert_eq!(manager.background().info(&id).unwrap().status, None);
+    let ended = manager.background().wait(&id);
+    manager.release(&key, ReleaseMode::Destroy).await.unwrap();
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), ended)
+        .await
+        .expect("the process ended with its sandbox")
+        .unwrap();
+    assert!(!status.success(), "killed with the sandbox: {status:?}");
+    assert!(
+        manager.background().list(None).is_empty(),
+        "records of a destroyed sandbox's processes are dropped"
+    );
+    manager.shutdown().await;
+}

@@ -231,6 +231,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             tasks: Mutex::new(Vec::new()),
             pool_wakeup: Arc::new(tokio::sync::Notify::new()),
             fill_lock: tokio::sync::Mutex::new(()),
+            background: crate::background::Background::new(),
         });
         let manager = SandboxManager { inner };
         if self.reconcile_on_start {

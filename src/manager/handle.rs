@@ -103,6 +103,26 @@ impl<B: SandboxBackend> SandboxHandle<B> {
         .await
     }
 
+    /// Starts a command in the background and returns its id: it keeps running when
+    /// this handle is dropped, until it ends or the sandbox does. Reach it through
+    /// [`SandboxManager::background`](crate::SandboxManager::background).
+    pub async fn spawn(&self, request: ExecRequest) -> Result<crate::background::ProcessId> {
+        async move {
+            self.touch().await;
+            self.inner
+                .background
+                .start(&self.inner.backend, &self.info.id, request)
+                .await
+        }
+        .instrument(self.span("spawn"))
+        .await
+    }
+
+    /// The background processes of this sandbox.
+    pub fn processes(&self) -> Vec<crate::background::ProcessInfo> {
+        self.inner.background.list(Some(&self.info.id))
+    }
+
     /// Runs a command to completion and collects its output; see [`SandboxBackendExt::run`].
     pub async fn run(&self, request: ExecRequest) -> Result<ExecOutput> {
         async move {

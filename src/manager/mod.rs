@@ -160,6 +160,8 @@ pub(crate) struct Inner<B: SandboxBackend> {
     pub(crate) pool_wakeup: Arc<tokio::sync::Notify>,
     /// One pool fill at a time in this process, so concurrent fills do not overshoot.
     pub(crate) fill_lock: tokio::sync::Mutex<()>,
+    /// Background processes started through handles; they end with their sandbox.
+    pub(crate) background: crate::background::Background,
 }
 
 impl<B: SandboxBackend> Drop for Inner<B> {
@@ -180,6 +182,12 @@ impl<B: SandboxBackend> SandboxManager<B> {
     /// The backend.
     pub fn backend(&self) -> &B {
         &self.inner.backend
+    }
+
+    /// The background processes started with [`SandboxHandle::spawn`]: attach to them,
+    /// write to them, signal them and wait for them by id, from any handle or none.
+    pub fn background(&self) -> &crate::background::Background {
+        &self.inner.background
     }
 
     /// The settings in force.
@@ -500,7 +508,10 @@ impl<B: SandboxBackend> Inner<B> {
         status: SandboxStatus,
     ) -> Result<()> {
         record.status = status;
-        record.sandbox_id = None;
+        // Its background processes went with the sandbox; drop their records.
+        if let Some(id) = record.sandbox_id.take() {
+            self.background.forget_sandbox(&id);
+        }
         record.sandbox_created_at = None;
         record.updated_at = self.clock.now();
         self.state.put(record).await

@@ -1361,6 +1361,124 @@ pub async fn read_only_mounts_refuse_writes(b: &dyn SandboxBackend) {
     );
 }
 
+/// Background processes by id ([`crate::background::Background`]): output so far and
+/// then live, input, signals (where the backend has them), kill, wait, a late attach that
+/// replays everything, and processes ending with their sandbox. Needs a shell.
+pub async fn background_processes_by_id(b: &dyn SandboxBackend) {
+    use crate::background::Background;
+    use crate::ProcessEvent;
+    if !b.capabilities().shell {
+        eprintln!(
+            "conformance[{}]: background_processes_by_id skipped: no shell",
+            b.name()
+        );
+        return;
+    }
+    /// Reads events until the stdout seen so far contains `want`.
+    async fn until(
+        events: &mut futures::stream::BoxStream<'static, ProcessEvent>,
+        seen: &mut String,
+        want: &str,
+    ) {
+        let found = tokio::time::timeout(Duration::from_secs(30), async {
+            while !seen.contains(want) {
+                match events.next().await {
+                    Some(ProcessEvent::Stdout(b)) => seen.push_str(&String::from_utf8_lossy(&b)),
+                    Some(_) => {}
+                    None => break,
+                }
+            }
+        })
+        .await;
+        assert!(
+            found.is_ok() && seen.contains(want),
+            "never saw {want:?} in {seen:?}"
+        );
+    }
+    let table = Background::new();
+    with_sandbox(b, spec(), |id| {
+        let table = table.clone();
+        async move {
+            let echo = table
+                .start(
+                    b,
+                    &id,
+                    ExecRequest::shell(
+                        "echo started; while read line; do echo \"got $line\"; [ \"$line\" = quit ] && exit 4; done",
+                    ),
+                )
+                .await
+                .unwrap();
+            let mut events = table.attach(&echo).unwrap();
+            let mut seen = String::new();
+            until(&mut events, &mut seen, "started\n").await;
+            table.send_input(&echo, Bytes::from_static(b"hello\n")).await.unwrap();
+            until(&mut events, &mut seen, "got hello\n").await;
+            let info = table.info(&echo).unwrap();
+            assert_eq!((info.status, &info.sandbox), (None, &id));
+            assert!(table.list(Some(&id)).iter().any(|p| p.id == echo));
+            table.send_input(&echo, Bytes::from_static(b"quit\n")).await.unwrap();
+            assert_eq!(table.wait(&echo).await.unwrap().code, Some(4));
+            // A late attach replays what was kept, then the exit.
+            let all: Vec<ProcessEvent> = table.attach(&echo).unwrap().collect().await;
+            let text: String = all
+                .iter()
+                .filter_map(|e| match e {
+                    ProcessEvent::Stdout(b) => Some(String::from_utf8_lossy(b).into_owned()),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(text, "started\ngot hello\ngot quit\n");
+            assert!(matches!(all.last(), Some(ProcessEvent::Exit(s)) if s.code == Some(4)));
+            table.forget(&echo).unwrap();
+            assert_kind(table.info(&echo).map(|_| ()), ErrorKind::NotFound, "forgotten");
+
+            let trapper = table
+                .start(
+                    b,
+                    &id,
+                    ExecRequest::shell(
+                        "trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
+                    ),
+                )
+                .await
+                .unwrap();
+            let mut events = table.attach(&trapper).unwrap();
+            let mut seen = String::new();
+            until(&mut events, &mut seen, "ready\n").await;
+            match table.signal(&trapper, 15).await {
+                Ok(()) => {
+                    until(&mut events, &mut seen, "term\n").await;
+                    assert_eq!(table.wait(&trapper).await.unwrap().code, Some(7));
+                }
+                Err(e) => {
+                    assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+                    table.kill(&trapper).unwrap();
+                    assert!(!table.wait(&trapper).await.unwrap().success());
+                }
+            }
+            let sleeper = table
+                .start(b, &id, ExecRequest::new(["sleep", "30"]))
+                .await
+                .unwrap();
+            table.kill(&sleeper).unwrap();
+            assert!(!table.wait(&sleeper).await.unwrap().success());
+        }
+    })
+    .await;
+    // A process still running when its sandbox goes ends with it.
+    let info = b.create(&spec()).await.unwrap();
+    let orphan = table
+        .start(b, &info.id, ExecRequest::new(["sleep", "300"]))
+        .await
+        .unwrap();
+    b.destroy(&info.id).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(30), table.wait(&orphan)).await;
+    assert!(ended.is_ok(), "a background process outlived its sandbox");
+    table.forget_sandbox(&info.id);
+    assert!(table.list(None).iter().all(|p| p.sandbox != info.id));
+}
+
 /// The session manager over this backend, the path an agent framework takes: a session
 /// is acquired, used, suspended (snapshot, then the sandbox destroyed), and a second
 /// manager on the same stores restores it into a new sandbox; reconcile destroys a
@@ -1480,6 +1598,7 @@ pub async fn run_all(b: &dyn SandboxBackend) {
     case!(ext_editing_and_search);
     case!(ext_upload_download);
     case!(exec_missing_program_is_not_found);
+    case!(background_processes_by_id);
     if caps.symlinks {
         case!(symlink_escapes_are_refused);
     } else {

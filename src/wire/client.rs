@@ -483,4 +483,15 @@ impl ProcessControl for WireProcess {
         }
         Ok(())
     }
+
+    async fn signal(&mut self, signal: i32) -> Result<()> {
+        if self.status.borrow().is_none() {
+            self.mux.send(Frame::new(
+                Kind::Signal,
+                self.id,
+                signal.to_be_bytes().to_vec(),
+            ))?;
+        }
+        Ok(())
+    }
 }

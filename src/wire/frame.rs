@@ -40,6 +40,8 @@ pub(crate) enum Kind {
     Credit = 8,
     /// A stream ended in an error: a JSON error payload.
     Abort = 9,
+    /// Client → server: send a signal (a big-endian `i32`) to the process of request `id`.
+    Signal = 10,
 }
 
 impl Kind {
@@ -54,6 +56,7 @@ impl Kind {
             7 => Kind::Kill,
             8 => Kind::Credit,
             9 => Kind::Abort,
+            10 => Kind::Signal,
             _ => return None,
         })
     }

@@ -244,6 +244,13 @@ async fn exec(
                 Some(f) if f.kind == Kind::Kill => {
                     let _ = process.kill().await;
                 }
+                Some(f) if f.kind == Kind::Signal && f.payload.len() == 4 => {
+                    let mut n = [0u8; 4];
+                    n.copy_from_slice(&f.payload);
+                    if let Err(e) = process.signal(i32::from_be_bytes(n)).await {
+                        tracing::debug!(error = %e, "signal not delivered");
+                    }
+                }
                 Some(_) => {}
                 None => {
                     // The client is gone: nobody will read the result.

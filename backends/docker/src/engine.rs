@@ -32,6 +32,8 @@ use crate::error::engine;
 const MARKER: &str = "sandcell-exec ";
 const WRAPPER: &str =
     r#"command -v "$1" >/dev/null 2>&1 || exit 127; echo "sandcell-exec $$"; exec "$@""#;
+/// Sends `$2` to the tree rooted at `$1`, parents first.
+const SIGNAL_TREE: &str = r#"t() { kill "$2" "$1" 2>/dev/null; for s in /proc/[0-9]*/status; do case "$(grep '^PPid:' "$s" 2>/dev/null)" in *"	$1") c=${s#/proc/}; t "${c%/status}" "$2";; esac; done; }; t "$1" "$2""#;
 const KILL_TREE: &str = r#"t() { kill -STOP "$1" 2>/dev/null; for s in /proc/[0-9]*/status; do case "$(grep '^PPid:' "$s" 2>/dev/null)" in *"	$1") c=${s#/proc/}; t "${c%/status}";; esac; done; kill -KILL "$1" 2>/dev/null; kill -CONT "$1" 2>/dev/null; }; t "$1""#;
 
 type Output = BoxStream<'static, std::result::Result<LogOutput, bollard::errors::Error>>;
@@ -291,6 +293,16 @@ impl Killer {
             state.killed = true;
             state.timed_out |= timed_out;
         }
+        self.run(KILL_TREE, "-KILL").await;
+    }
+
+    /// Sends `signal` to the command's whole tree.
+    async fn signal(&self, signal: i32) {
+        self.run(SIGNAL_TREE, &format!("-{signal}")).await;
+    }
+
+    /// Runs one of the tree scripts inside the container as the command's user.
+    async fn run(&self, script: &str, signal: &str) {
         let created = self
             .docker
             .create_exec(
@@ -299,9 +311,10 @@ impl Killer {
                     cmd: Some(vec![
                         "/bin/sh".to_owned(),
                         "-c".to_owned(),
-                        KILL_TREE.to_owned(),
+                        script.to_owned(),
                         "sh".to_owned(),
                         self.pid.to_string(),
+                        signal.to_owned(),
                     ]),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
@@ -345,6 +358,13 @@ impl ProcessControl for EngineProcess {
     async fn kill(&mut self) -> Result<()> {
         if self.status.borrow().is_none() {
             self.killer.kill(false).await;
+        }
+        Ok(())
+    }
+
+    async fn signal(&mut self, signal: i32) -> Result<()> {
+        if self.status.borrow().is_none() {
+            self.killer.signal(signal).await;
         }
         Ok(())
     }

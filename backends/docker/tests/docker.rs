@@ -221,6 +221,31 @@ async fn exec_contract(backend: &DockerBackend, label: &str) {
         "{label}: left inside after the timeout: {left:?}"
     );
 
+    // A signal reaches the command (its trap runs), not just the client stream.
+    let mut process = backend
+        .exec(
+            id,
+            ExecRequest::shell(
+                "trap 'echo term; exit 7' TERM; echo ready; while :; do sleep 0.1; done",
+            ),
+        )
+        .await
+        .unwrap();
+    let mut stdout = process.take_stdout().unwrap();
+    let first = stdout.next().await.unwrap().unwrap();
+    assert_eq!(first, "ready\n", "{label}");
+    process.signal(15).await.unwrap();
+    let rest: Vec<_> = stdout.collect().await;
+    assert_eq!(
+        rest.into_iter()
+            .map(Result::unwrap)
+            .collect::<Vec<_>>()
+            .concat(),
+        b"term\n",
+        "{label}"
+    );
+    assert_eq!(process.wait().await.unwrap().code, Some(7), "{label}");
+
     let mut process = backend
         .exec(id, ExecRequest::shell("sleep 4141 & sleep 4141"))
         .await

@@ -94,6 +94,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
     let control = LocalControl {
         kill: kill_tx,
         status: status_rx,
+        pgid,
     };
     Ok((
         Process::new(Box::new(control), stdin_writer, out_stream, err_stream),
@@ -230,6 +231,8 @@ pub(crate) fn group_alive(pgid: i32) -> bool {
 struct LocalControl {
     kill: mpsc::Sender<()>,
     status: watch::Receiver<Option<Result<ExitStatus, String>>>,
+    /// The process group every process of the command is in.
+    pgid: i32,
 }
 
 #[async_trait]
@@ -251,6 +254,17 @@ impl ProcessControl for LocalControl {
     async fn kill(&mut self) -> Result<()> {
         // A full channel means a kill is already on its way; a closed one means it ended.
         let _ = self.kill.try_send(());
+        Ok(())
+    }
+
+    async fn signal(&mut self, signal: i32) -> Result<()> {
+        let signal = Signal::from_named_raw(signal)
+            .ok_or_else(|| Error::invalid_input(format!("{signal} is not a signal")))?;
+        // An ended group is not an error; its pgid is not reused while the supervisor
+        // has not reaped the leader, and afterwards the status says it ended.
+        if self.status.borrow().is_none() {
+            signal_group(self.pgid, signal);
+        }
         Ok(())
     }
 }
