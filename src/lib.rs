@@ -63,6 +63,7 @@ pub mod manager;
 mod path;
 mod process;
 mod sandbox;
+pub mod services;
 pub mod snapshot;
 mod spec;
 pub mod store;

@@ -215,8 +215,11 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             }
         };
         let (events, _) = broadcast::channel(1024);
+        let background = crate::background::Background::new();
+        let services =
+            crate::services::Services::new(self.settings.service_ports, background.clone());
         let inner = Arc::new(Inner {
-            backend: self.backend,
+            backend: Arc::new(self.backend),
             state,
             snapshots,
             settings: self.settings,
@@ -231,7 +234,8 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             tasks: Mutex::new(Vec::new()),
             pool_wakeup: Arc::new(tokio::sync::Notify::new()),
             fill_lock: tokio::sync::Mutex::new(()),
-            background: crate::background::Background::new(),
+            background,
+            services,
         });
         let manager = SandboxManager { inner };
         if self.reconcile_on_start {

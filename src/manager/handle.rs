@@ -118,6 +118,31 @@ impl<B: SandboxBackend> SandboxHandle<B> {
         .await
     }
 
+    /// Starts a service in this sandbox on a port from the manager's
+    /// [`service_ports`](crate::ManagerSettings::service_ports) and waits until it
+    /// answers; see [`Services::start`](crate::services::Services::start). An unhealthy
+    /// service fails the sandbox at the reaper's next pass.
+    pub async fn start_service(
+        &self,
+        spec: crate::services::ServiceSpec,
+    ) -> Result<crate::services::ServiceInfo> {
+        async move {
+            self.touch().await;
+            let backend: Arc<dyn SandboxBackend> = self.inner.backend.clone();
+            self.inner
+                .services
+                .start(backend, &self.info.id, spec)
+                .await
+        }
+        .instrument(self.span("start_service"))
+        .await
+    }
+
+    /// The services of this sandbox.
+    pub fn services(&self) -> Vec<crate::services::ServiceInfo> {
+        self.inner.services.list(Some(&self.info.id))
+    }
+
     /// The background processes of this sandbox.
     pub fn processes(&self) -> Vec<crate::background::ProcessInfo> {
         self.inner.background.list(Some(&self.info.id))

@@ -289,7 +289,18 @@ impl<B: SandboxBackend> Inner<B> {
                 report.failed.push(key);
                 return Ok(());
             }
-            Ok(_) => {}
+            Ok(_) => {
+                // Seed 000's rule: a service that died for good fails its sandbox.
+                if let Some(service) = self.services.unhealthy(&id).first() {
+                    self.fail_sandbox(
+                        record,
+                        &format!("service {:?} ended and may not restart", service.name),
+                    )
+                    .await?;
+                    report.failed.push(key);
+                    return Ok(());
+                }
+            }
             Err(e) if e.kind() == ErrorKind::NotFound => {
                 self.mark_gone(record, EventKind::Lost, "the sandbox no longer exists")
                     .await?;

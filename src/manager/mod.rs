@@ -141,7 +141,8 @@ impl<B: SandboxBackend> std::fmt::Debug for SandboxManager<B> {
 }
 
 pub(crate) struct Inner<B: SandboxBackend> {
-    pub(crate) backend: B,
+    /// Shared so services can restart their processes from their own tasks.
+    pub(crate) backend: Arc<B>,
     pub(crate) state: Arc<dyn StateStore>,
     pub(crate) snapshots: Arc<dyn SnapshotStore>,
     pub(crate) settings: ManagerSettings,
@@ -162,6 +163,8 @@ pub(crate) struct Inner<B: SandboxBackend> {
     pub(crate) fill_lock: tokio::sync::Mutex<()>,
     /// Background processes started through handles; they end with their sandbox.
     pub(crate) background: crate::background::Background,
+    /// Services started through handles, with their ports.
+    pub(crate) services: crate::services::Services,
 }
 
 impl<B: SandboxBackend> Drop for Inner<B> {
@@ -188,6 +191,11 @@ impl<B: SandboxBackend> SandboxManager<B> {
     /// write to them, signal them and wait for them by id, from any handle or none.
     pub fn background(&self) -> &crate::background::Background {
         &self.inner.background
+    }
+
+    /// The services started with [`SandboxHandle::start_service`]: list and stop them.
+    pub fn services(&self) -> &crate::services::Services {
+        &self.inner.services
     }
 
     /// The settings in force.
@@ -511,6 +519,7 @@ impl<B: SandboxBackend> Inner<B> {
         // Its background processes went with the sandbox; drop their records.
         if let Some(id) = record.sandbox_id.take() {
             self.background.forget_sandbox(&id);
+            self.services.forget_sandbox(&id);
         }
         record.sandbox_created_at = None;
         record.updated_at = self.clock.now();

@@ -110,6 +110,8 @@ pub struct ManagerSettings {
     pub provision_timeout: Duration,
     /// zstd level for snapshots.
     pub snapshot_level: i32,
+    /// The host ports services started through this manager are given.
+    pub service_ports: crate::services::PortRange,
 }
 
 impl Default for ManagerSettings {
@@ -126,6 +128,7 @@ impl Default for ManagerSettings {
             shutdown: ShutdownPolicy::Suspend,
             provision_timeout: Duration::from_secs(600),
             snapshot_level: 1,
+            service_ports: crate::services::PortRange::default(),
         }
     }
 }
@@ -134,6 +137,7 @@ impl ManagerSettings {
     /// Checks the settings; the builder calls this.
     pub fn validate(&self) -> Result<()> {
         crate::sandbox::validate_name("manager id", &self.manager_id)?;
+        self.service_ports.validate()?;
         if self.max_sandboxes_per_tenant == Some(0) {
             return Err(Error::invalid_input(
                 "max_sandboxes_per_tenant must be at least 1 (leave it unset for no limit)",

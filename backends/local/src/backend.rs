@@ -344,6 +344,12 @@ impl SandboxBackend for LocalBackend {
                 return Ok(());
             }
             let meta = dir.read_meta(&id).ok();
+            // New commands are refused from here on; one that started meanwhile is in
+            // the cgroup, which is killed again until it can be removed.
+            if let Some(mut terminated) = meta.clone() {
+                terminated.status = SandboxStatus::Terminated;
+                let _ = dir.write_meta(&terminated);
+            }
             if let Some(cg) = meta.as_ref().and_then(|m| m.cgroups.as_ref()) {
                 // Frozen processes die on SIGKILL, but thaw so none lingers frozen.
                 let _ = cg.freeze(false);
@@ -420,6 +426,9 @@ impl SandboxBackend for LocalBackend {
                 format!("sandbox {id} is paused; resume it first"),
             ));
         }
+        if meta.status == SandboxStatus::Terminated {
+            return Err(Error::not_found(format!("sandbox {id} is being destroyed")));
+        }
         if request.user.is_some() {
             return Err(Error::unsupported(
                 "backend local does not run commands as another user yet",
@@ -471,6 +480,7 @@ impl SandboxBackend for LocalBackend {
             None => None,
         };
         let (process, pgid) = process::spawn(Launch {
+            wrapped: meta.ns_init.is_some(),
             argv,
             env,
             cwd,

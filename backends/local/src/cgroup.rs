@@ -248,12 +248,14 @@ impl SandboxCgroups {
         Ok(true)
     }
 
-    /// Removes the directories (they must be empty of processes); best effort.
+    /// Removes the directories; best effort. A process that joined after the last kill
+    /// keeps a directory busy, so busy means kill again, then retry.
     pub(crate) fn remove(&self) {
         for dir in self.dirs() {
             for _ in 0..50 {
                 match std::fs::remove_dir(dir) {
                     Err(e) if e.raw_os_error() == Some(rustix::io::Errno::BUSY.raw_os_error()) => {
+                        self.kill_all(Duration::from_millis(100));
                         std::thread::sleep(Duration::from_millis(10))
                     }
                     _ => break,

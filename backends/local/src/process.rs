@@ -25,6 +25,9 @@ pub(crate) const DEFAULT_PATH: &str =
 /// Everything needed to start one command.
 #[derive(Debug)]
 pub(crate) struct Launch {
+    /// Whether the group leader is a wrapper (`nsenter`) around the command, which
+    /// signals must pass by: it would die of them instead of reporting the command's exit.
+    pub(crate) wrapped: bool,
     pub(crate) argv: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: PathBuf,
@@ -95,6 +98,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         kill: kill_tx,
         status: status_rx,
         pgid,
+        wrapped: launch.wrapped,
     };
     Ok((
         Process::new(Box::new(control), stdin_writer, out_stream, err_stream),
@@ -220,6 +224,27 @@ pub(crate) fn signal_group(pgid: i32, signal: Signal) {
     }
 }
 
+/// The processes of group `pgid`, from `/proc/*/stat` (field 5).
+fn group_members(pgid: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // The command name may hold spaces and parentheses; fields follow the last ')'.
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(2)?.parse::<i32>().ok()
+                })
+                == Some(pgid)
+        })
+        .collect()
+}
+
 /// Whether any process of the group is still there (zombies included).
 pub(crate) fn group_alive(pgid: i32) -> bool {
     match Pid::from_raw(pgid) {
@@ -233,6 +258,8 @@ struct LocalControl {
     status: watch::Receiver<Option<Result<ExitStatus, String>>>,
     /// The process group every process of the command is in.
     pgid: i32,
+    /// See [`Launch::wrapped`].
+    wrapped: bool,
 }
 
 #[async_trait]
@@ -263,7 +290,18 @@ impl ProcessControl for LocalControl {
         // An ended group is not an error; its pgid is not reused while the supervisor
         // has not reaped the leader, and afterwards the status says it ended.
         if self.status.borrow().is_none() {
-            signal_group(self.pgid, signal);
+            if self.wrapped {
+                for pid in group_members(self.pgid)
+                    .into_iter()
+                    .filter(|p| *p != self.pgid)
+                {
+                    if let Some(pid) = Pid::from_raw(pid) {
+                        let _ = rustix::process::kill_process(pid, signal);
+                    }
+                }
+            } else {
+                signal_group(self.pgid, signal);
+            }
         }
         Ok(())
     }
