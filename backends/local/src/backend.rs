@@ -96,8 +96,9 @@ impl LocalBackend {
         capabilities.python = on_path("python3");
         capabilities.pause = true;
         capabilities.reset = true;
-        // Processes share the host's network stack and can listen on its ports.
-        capabilities.port_exposure = true;
+        // Processes share the host's network stack and can listen on its ports, unless
+        // they have a network namespace of their own.
+        capabilities.port_exposure = config.isolation != Isolation::Namespaces;
         capabilities.symlinks = true;
         // Bind mounts (like overlay mounts and cgroups) need root.
         capabilities.host_mounts = rustix::process::geteuid().is_root();
