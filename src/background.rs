@@ -14,11 +14,11 @@
 //! use sandcell::{ExecRequest, ProcessEvent, SandboxBackend, SandboxSpec};
 //! use futures::StreamExt;
 //!
-//! let backend = MockBackend::new();
-//! backend.on_exec("server", |_| MockReply::ok("listening\n"));
+//! let backend = MockBackend::new().on_exec("server", |_| MockReply::stdout("listening\n"));
 //! let sandbox = backend.create(&SandboxSpec::new("default")).await?;
 //! let table = Background::new();
-//! let id = table.start(&backend, &sandbox.id, ExecRequest::new(["server"])).await?;
+//! // The mock answers once its stdin is closed: give it an empty one.
+//! let id = table.start(&backend, &sandbox.id, ExecRequest::new(["server"]).stdin("")).await?;
 //! let events: Vec<ProcessEvent> = table.attach(&id)?.collect().await;
 //! assert_eq!(events[0], ProcessEvent::Stdout("listening\n".into()));
 //! assert!(table.wait(&id).await?.success());
