@@ -2,7 +2,7 @@
 //! a caller can list them, read what they printed so far and follow it, write to their
 //! stdin, signal them and wait for them. They end with their sandbox.
 //!
-//! The table works over any backend that can run commands: it holds the [`Process`]
+//! The table works over any backend that can run commands: it holds the [`Process`](crate::Process)
 //! handles `exec` returns and a supervisor task per process drains its output into a
 //! bounded log, so a process never blocks on a full pipe however long nobody attaches.
 //!
