@@ -93,6 +93,15 @@ struct State {
     started: bool,
 }
 
+impl State {
+    /// Kills the running process, if any; the next request starts a new one.
+    async fn kill(&mut self) {
+        if let Some(mut running) = self.running.take() {
+            let _ = running.process.kill().await;
+        }
+    }
+}
+
 struct Running {
     process: Process,
     stdin: ProcessStdin,
@@ -275,9 +284,7 @@ impl JsonLinesSession {
             Ok(result) => result,
             Err(_) => {
                 let mut state = self.state.lock().await;
-                if let Some(mut running) = state.running.take() {
-                    let _ = running.process.kill().await;
-                }
+                state.kill().await;
                 Err(Error::new(
                     ErrorKind::Timeout,
                     format!("no pong within {deadline:?}; the process was killed"),
@@ -347,9 +354,7 @@ impl Reply {
                         Err(e) => {
                             let shown: String =
                                 String::from_utf8_lossy(&line).chars().take(120).collect();
-                            if let Some(mut running) = state.running.take() {
-                                let _ = running.process.kill().await;
-                            }
+                            state.kill().await;
                             Err(Error::new(
                                 ErrorKind::Backend,
                                 format!("the process wrote a line that is not JSON ({e}): {shown:?}; it was killed"),
@@ -365,9 +370,7 @@ impl Reply {
                     ));
                 }
                 Err(e) => {
-                    if let Some(mut running) = state.running.take() {
-                        let _ = running.process.kill().await;
-                    }
+                    state.kill().await;
                     return Err(e);
                 }
             }

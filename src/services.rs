@@ -256,7 +256,7 @@ impl Services {
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
         lock(&self.inner.services).insert(key.clone(), Arc::clone(&service));
-        match self.launch(&*backend, &service).await {
+        match launch(&self.inner, &*backend, &service).await {
             Ok(()) => {}
             Err(e) => {
                 lock(&self.inner.services).remove(&key);
@@ -290,11 +290,6 @@ impl Services {
             range.first,
             range.last
         )))
-    }
-
-    /// Starts the service's process and waits for it to answer.
-    async fn launch(&self, backend: &dyn SandboxBackend, service: &Service) -> Result<()> {
-        launch(&self.inner, backend, service).await
     }
 
     /// The services of `sandbox` (or of all), by name.

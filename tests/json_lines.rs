@@ -11,6 +11,8 @@ use sandcell::{ErrorKind, ExecRequest, SandboxBackend, SandboxBackendExt, Sandbo
 use sandcell_local::LocalBackend;
 use serde_json::{json, Value};
 
+mod common;
+
 const AGENT: &str = include_str!("fixtures/json_agent.py");
 
 /// Every step must end on its own: a hang is the failure this helper exists to prevent.
@@ -29,12 +31,7 @@ async fn reply(session: &JsonLinesSession, message: Value) -> Vec<sandcell::Resu
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_json_lines_agent_replies_crashes_garbles_and_comes_back() {
-    if std::process::Command::new("python3")
-        .arg("-V")
-        .output()
-        .is_err()
-    {
-        eprintln!("SKIPPED: python3 is not installed");
+    if !common::python_available() {
         return;
     }
     let root = tempfile::tempdir().unwrap();

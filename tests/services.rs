@@ -15,16 +15,7 @@ use sandcell::{
 };
 use sandcell_local::LocalBackend;
 
-fn python() -> bool {
-    let ok = std::process::Command::new("python3")
-        .arg("-V")
-        .output()
-        .is_ok();
-    if !ok {
-        eprintln!("SKIPPED: python3 is not installed");
-    }
-    ok
-}
+mod common;
 
 /// A web server on the service's port, with a marker on its command line.
 fn http_server(name: &str, marker: &str) -> ServiceSpec {
@@ -66,7 +57,7 @@ fn listening(port: u16) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_service_gets_a_port_becomes_ready_and_stops_cleanly() {
-    if !python() {
+    if !common::python_available() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -138,7 +129,7 @@ async fn a_service_gets_a_port_becomes_ready_and_stops_cleanly() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ports_run_out_with_limit_exceeded_and_come_back_with_the_sandbox() {
-    if !python() {
+    if !common::python_available() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
@@ -217,7 +208,7 @@ async fn a_service_that_never_answers_times_out_and_leaves_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restarts_follow_the_policy_and_an_unhealthy_service_fails_its_sandbox() {
-    if !python() {
+    if !common::python_available() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -209,14 +209,7 @@ impl Drop for Request {
 
 impl Request {
     fn lost(&self) -> Error {
-        let reason = self
-            .mux
-            .closed()
-            .unwrap_or_else(|| "the request ended".into());
-        Error::new(
-            crate::ErrorKind::Unavailable,
-            format!("the connection to the sandbox agent ended: {reason}"),
-        )
+        self.mux.ended_error()
     }
 
     /// Waits for the call's reply.

@@ -111,6 +111,12 @@ impl Mux {
         )
     }
 
+    /// The error for a request that can go no further: the connection ended, or (while
+    /// it stands) the request itself was closed.
+    pub(crate) fn ended_error(&self) -> Error {
+        Self::closed_error(self.closed().as_deref().unwrap_or("the request ended"))
+    }
+
     /// Whether the connection has ended, and why.
     pub(crate) fn closed(&self) -> Option<String> {
         lock(&self.state).closed.clone()
@@ -179,16 +185,7 @@ impl Mux {
 
     /// Sends `data` on stream `tag` of request `id`, waiting for credit as needed.
     pub(crate) async fn send_data(&self, id: u64, tag: u8, data: Bytes) -> Result<()> {
-        let credit = {
-            let state = lock(&self.state);
-            match state.slots.get(&id) {
-                Some(slot) => Arc::clone(&slot.send_credit[usize::from(tag & 1)]),
-                None => {
-                    let reason = state.closed.as_deref().unwrap_or("the request ended");
-                    return Err(Self::closed_error(reason));
-                }
-            }
-        };
+        let credit = self.credit(id, tag).ok_or_else(|| self.ended_error())?;
         let kind = if tag == ERR {
             Kind::DataErr
         } else {
@@ -198,9 +195,10 @@ impl Mux {
         while offset < data.len() {
             let end = (offset + CHUNK).min(data.len());
             let chunk = data.slice(offset..end);
-            let permit = credit.acquire_many(chunk.len() as u32).await.map_err(|_| {
-                Self::closed_error(self.closed().as_deref().unwrap_or("the request ended"))
-            })?;
+            let permit = credit
+                .acquire_many(chunk.len() as u32)
+                .await
+                .map_err(|_| self.ended_error())?;
             permit.forget();
             self.send(Frame::new(kind, id, chunk))?;
             offset = end;

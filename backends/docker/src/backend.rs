@@ -98,9 +98,7 @@ impl std::fmt::Debug for DockerBackend {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::lock;
 
 impl DockerBackend {
     /// A builder: templates, limits, network, user, runtime, agent.

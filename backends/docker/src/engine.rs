@@ -266,9 +266,7 @@ async fn route(
     let _ = status.send(Some(result));
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
-}
+use crate::lock;
 
 #[derive(Debug, Default, Clone, Copy)]
 struct KillState {

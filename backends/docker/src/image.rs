@@ -48,7 +48,7 @@ impl Images {
         F: FnOnce() -> BoxFuture<'static, Result<String>>,
     {
         let job = {
-            let mut jobs = sandcell_lock(&self.jobs);
+            let mut jobs = crate::lock(&self.jobs);
             jobs.entry(key.clone())
                 .or_insert_with(|| {
                     make()
@@ -61,7 +61,7 @@ impl Images {
         match job.await {
             Ok(image) => Ok(image),
             Err((kind, message)) => {
-                sandcell_lock(&self.jobs).remove(&key);
+                crate::lock(&self.jobs).remove(&key);
                 Err(Error::new(kind, message))
             }
         }
@@ -121,10 +121,6 @@ impl Layer {
         h.update(self.workspace.as_bytes());
         hex::encode(&h.finalize()[..6])
     }
-}
-
-fn sandcell_lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// One preparation job.
@@ -292,7 +288,9 @@ fn split_reference(reference: &str) -> (&str, &str) {
     }
 }
 
-/// A tar of a directory's contents, symlinks kept as links.
+/// A faithful tar of a directory (build contexts, root file systems): modes, setuid bits
+/// and symlinks as they are. Not `archive::pack_dir_tar`, which masks modes for sandbox
+/// content and would break a root file system's setuid programs.
 fn tar_directory(dir: &Path) -> Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());
     builder.follow_symlinks(false);

@@ -32,6 +32,12 @@ pub mod testing;
 mod user;
 
 pub use backend::DockerBackend;
+
+/// Locks a mutex, recovering the data if a panicking holder poisoned it: every value kept
+/// under these locks stays consistent between statements.
+pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 pub use config::{
     BuildStage, DockerBackendBuilder, DockerConfig, ImageProgress, ImageSpec, ProgressFn,
     PullPolicy, ServiceSpec,
