@@ -136,6 +136,32 @@ pub trait SandboxBackend: Send + Sync + 'static {
         )))
     }
 
+    /// Makes `port` inside the sandbox reachable at `127.0.0.1:port` on this host. Needs
+    /// [`Capabilities::port_exposure`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`; an unknown sandbox is `NotFound`.
+    /// - Until [`unpublish_port`](Self::unpublish_port) or the sandbox's destroy, a
+    ///   connection to `127.0.0.1:port` reaches whatever listens on `port` inside the
+    ///   sandbox on all of its addresses (`0.0.0.0`).
+    /// - Publishing a port already published for the same sandbox succeeds.
+    async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        let _ = (id, port);
+        Err(crate::Error::unsupported(format!(
+            "backend {} cannot expose ports to this host",
+            self.name()
+        )))
+    }
+
+    /// Undoes [`publish_port`](Self::publish_port).
+    ///
+    /// # Behavior
+    /// - Idempotent: a port that is not published, or a sandbox that is gone, succeeds.
+    async fn unpublish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        let _ = (id, port);
+        Ok(())
+    }
+
     /// Starts a command.
     ///
     /// # Behavior
@@ -274,6 +300,12 @@ macro_rules! forward_backend {
             }
             async fn reset(&self, id: &SandboxId) -> Result<()> {
                 (**self).reset(id).await
+            }
+            async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+                (**self).publish_port(id, port).await
+            }
+            async fn unpublish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+                (**self).unpublish_port(id, port).await
             }
             async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
                 (**self).exec(id, request).await

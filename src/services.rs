@@ -8,9 +8,11 @@
 //! [`RestartPolicy`] allows; after that it is [`ServiceStatus::Unhealthy`], which the
 //! session manager's reaper treats as a failed sandbox (seed 000's rule).
 //!
-//! A service is reached at `http://127.0.0.1:PORT` from this host, so the backend must
-//! share a network with it: [`Capabilities::port_exposure`](crate::Capabilities) says
-//! whether it does.
+//! A service listens on its port inside the sandbox, on all addresses, and is reached at
+//! `http://127.0.0.1:PORT` from this host: the backend publishes the port
+//! ([`SandboxBackend::publish_port`]) — a no-op where the sandbox shares the host's
+//! network, a forwarder into a container on Docker. [`Capabilities::port_exposure`](crate::Capabilities)
+//! says whether a backend can.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -190,6 +192,8 @@ struct Inner {
 
 struct Service {
     spec: ServiceSpec,
+    /// The backend that published the port, to unpublish it on `stop`.
+    backend: Arc<dyn SandboxBackend>,
     info: Mutex<ServiceInfo>,
     /// Set by `stop`, so the monitor does not restart what was stopped on purpose.
     stopped: std::sync::atomic::AtomicBool,
@@ -242,6 +246,10 @@ impl Services {
             ));
         }
         let port = self.allocate(sandbox, &spec.name)?;
+        if let Err(e) = backend.publish_port(sandbox, port).await {
+            lock(&self.inner.ports).remove(&port);
+            return Err(e.context(format_args!("starting service {}", spec.name)));
+        }
         let service = Arc::new(Service {
             info: Mutex::new(ServiceInfo {
                 name: spec.name.clone(),
@@ -253,6 +261,7 @@ impl Services {
                 process: None,
             }),
             spec,
+            backend: Arc::clone(&backend),
             stopped: std::sync::atomic::AtomicBool::new(false),
         });
         lock(&self.inner.services).insert(key.clone(), Arc::clone(&service));
@@ -260,6 +269,7 @@ impl Services {
             Ok(()) => {}
             Err(e) => {
                 lock(&self.inner.services).remove(&key);
+                let _ = backend.unpublish_port(sandbox, port).await;
                 lock(&self.inner.ports).remove(&port);
                 return Err(e.context(format_args!("starting service {}", key.1)));
             }
@@ -330,6 +340,7 @@ impl Services {
             let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
             let _ = self.inner.background.forget(&process);
         }
+        let _ = service.backend.unpublish_port(sandbox, port).await;
         lock(&self.inner.ports).remove(&port);
         Ok(())
     }

@@ -242,6 +242,87 @@ pub async fn pause_resume(b: &dyn SandboxBackend) {
     .await;
 }
 
+/// `publish_port`: `Unsupported` without the capability; with it, idempotent, `NotFound`
+/// for an unknown sandbox, and (where the sandbox has busybox) a listener inside the
+/// sandbox answers on `127.0.0.1:port` of this host.
+pub async fn published_ports(b: &dyn SandboxBackend) {
+    let spec = spec().with_network(crate::Network::Full);
+    with_sandbox(b, spec, |id| async move {
+        if !b.capabilities().port_exposure {
+            assert_kind(
+                b.publish_port(&id, 20999).await,
+                ErrorKind::Unsupported,
+                "publish_port without the capability",
+            );
+            return;
+        }
+        assert_kind(
+            b.publish_port(&SandboxId::new("conformance-missing").unwrap(), 20999)
+                .await,
+            ErrorKind::NotFound,
+            "publish_port on an unknown sandbox",
+        );
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .expect("a free port")
+            .port();
+        if !b.run(&id, ExecRequest::new(["busybox", "true"])).await.is_ok_and(|o| o.success()) {
+            eprintln!(
+                "conformance[{}]: published_ports: no busybox in the sandbox; reachability not checked",
+                b.name()
+            );
+        } else {
+            b.write(&id, &p("www/index.html"), Bytes::from_static(b"published"))
+                .await
+                .unwrap();
+            let port_arg = port.to_string();
+            let mut server = b
+                .exec(
+                    &id,
+                    ExecRequest::new(["busybox", "httpd", "-f", "-p", &port_arg, "-h", "www"]),
+                )
+                .await
+                .expect("start busybox httpd");
+            b.publish_port(&id, port).await.expect("publish_port");
+            b.publish_port(&id, port).await.expect("publish_port twice");
+            let deadline = std::time::Instant::now() + Duration::from_secs(15);
+            let page = loop {
+                let page = tokio::task::spawn_blocking(move || http_get(port, "/index.html"))
+                    .await
+                    .unwrap();
+                if page.as_deref().is_some_and(|p| p.starts_with("HTTP/")) {
+                    break page.unwrap();
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "nothing answered on 127.0.0.1:{port} within 15 s"
+                );
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            };
+            assert!(page.ends_with("published"), "{page}");
+            server.kill().await.expect("kill busybox httpd");
+        }
+        b.unpublish_port(&id, port).await.expect("unpublish_port");
+        b.unpublish_port(&id, port)
+            .await
+            .expect("unpublish_port twice");
+    })
+    .await;
+}
+
+/// A raw HTTP/1.0 GET of `path` on `127.0.0.1:port`: the whole response, if any.
+fn http_get(port: u16, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .write_all(format!("GET {path} HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n").as_bytes())
+        .ok()?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).ok()?;
+    Some(response)
+}
+
 /// `reset` keeps the workspace; `Unsupported` without the capability.
 pub async fn reset_keeps_workspace(b: &dyn SandboxBackend) {
     with_sandbox(b, spec(), |id| async move {
@@ -1579,6 +1660,7 @@ pub async fn run_all(b: &dyn SandboxBackend) {
     case!(unknown_sandbox_is_not_found);
     case!(pause_resume);
     case!(reset_keeps_workspace);
+    case!(published_ports);
     case!(files_round_trip);
     case!(remove_mkdir_rename);
     case!(hostile_paths_are_rejected);

@@ -129,6 +129,14 @@ impl SandboxBackend for WireLoop {
         self.inner.reset(id).await
     }
 
+    async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        self.inner.publish_port(id, port).await
+    }
+
+    async fn unpublish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        self.inner.unpublish_port(id, port).await
+    }
+
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
         self.live(id).await?.exec(request).await
     }

@@ -79,6 +79,8 @@ struct Inner {
     settings: Mutex<HashMap<SandboxId, ContainerSettings>>,
     /// Containers this backend paused: calls into a frozen agent would hang.
     paused: Mutex<HashSet<SandboxId>>,
+    /// Ports published to this host's loopback.
+    ports: crate::ports::Forwarders,
 }
 
 /// What a container's labels say about how to run commands in it.
@@ -144,6 +146,7 @@ impl DockerBackend {
                 clients: Mutex::new(HashMap::new()),
                 settings: Mutex::new(HashMap::new()),
                 paused: Mutex::new(HashSet::new()),
+                ports: crate::ports::Forwarders::default(),
             }),
         })
     }
@@ -254,6 +257,7 @@ impl DockerBackend {
         lock(&self.inner.clients).remove(id);
         lock(&self.inner.settings).remove(id);
         lock(&self.inner.paused).remove(id);
+        self.inner.ports.forget(id);
     }
 
     /// Removes a container and whatever it holds; gone already is fine.
@@ -637,6 +641,7 @@ impl SandboxBackend for DockerBackend {
         caps.network_isolation = true;
         caps.resource_limits = true;
         caps.symlinks = true;
+        caps.port_exposure = true;
         caps
     }
 
@@ -794,6 +799,18 @@ impl SandboxBackend for DockerBackend {
             Err(e) => return Err(engine(format_args!("resuming sandbox {id}"), e)),
         }
         lock(&self.inner.paused).remove(id);
+        Ok(())
+    }
+
+    /// A forwarder on this host's loopback to the container's address: the engine binds
+    /// host ports only at create. A sandbox without a network is `Unsupported`.
+    async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        self.settings(id).await?;
+        self.inner.ports.publish(&self.inner.docker, id, port).await
+    }
+
+    async fn unpublish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        self.inner.ports.unpublish(id, port);
         Ok(())
     }
 

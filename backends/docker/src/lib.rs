@@ -13,7 +13,8 @@
 //! for reconcile. Host mounts from the spec are bind mounts, read-only where asked.
 //!
 //! Capability checklist: pause, reset, host mounts (read-only enforced), network
-//! isolation, resource limits, symlinks, shell. Not supported: incremental snapshots,
+//! isolation, resource limits, symlinks, shell, port exposure (a forwarder on this
+//! host's loopback to the container's address; not for a sandbox without a network). Not supported: incremental snapshots,
 //! network allowlists, disk limits.
 //!
 //! Without an agent binary, commands run through the engine's exec API (about 60 ms a
@@ -26,6 +27,7 @@ mod config;
 mod engine;
 mod error;
 mod image;
+mod ports;
 mod task;
 #[cfg(feature = "testing")]
 pub mod testing;

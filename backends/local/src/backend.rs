@@ -305,6 +305,17 @@ impl SandboxBackend for LocalBackend {
         Ok(meta.info(&dir))
     }
 
+    /// Processes listen on the host's own ports: nothing to forward.
+    async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        let _ = port;
+        if !self.capabilities().port_exposure {
+            return Err(Error::unsupported(
+                "backend local cannot expose ports of a sandbox with its own network namespace",
+            ));
+        }
+        self.meta(id).map(|_| ())
+    }
+
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
         let root = self.inner.config.root.clone();
         let selector = selector.clone();
