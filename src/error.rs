@@ -60,6 +60,28 @@ impl ErrorKind {
     }
 }
 
+impl ErrorKind {
+    /// Every kind, for protocols that carry kinds by name.
+    pub const ALL: [ErrorKind; 11] = [
+        ErrorKind::NotFound,
+        ErrorKind::AlreadyExists,
+        ErrorKind::Unsupported,
+        ErrorKind::InvalidInput,
+        ErrorKind::PermissionDenied,
+        ErrorKind::LimitExceeded,
+        ErrorKind::Timeout,
+        ErrorKind::Unavailable,
+        ErrorKind::Corrupt,
+        ErrorKind::InvalidState,
+        ErrorKind::Backend,
+    ];
+
+    /// The kind whose [`as_str`](Self::as_str) is `name`.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

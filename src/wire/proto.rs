@@ -70,20 +70,6 @@ pub(crate) struct WireError {
     temporary: bool,
 }
 
-const KINDS: [ErrorKind; 11] = [
-    ErrorKind::NotFound,
-    ErrorKind::AlreadyExists,
-    ErrorKind::Unsupported,
-    ErrorKind::InvalidInput,
-    ErrorKind::PermissionDenied,
-    ErrorKind::LimitExceeded,
-    ErrorKind::Timeout,
-    ErrorKind::Unavailable,
-    ErrorKind::Corrupt,
-    ErrorKind::InvalidState,
-    ErrorKind::Backend,
-];
-
 impl From<&Error> for WireError {
     fn from(e: &Error) -> Self {
         WireError {
@@ -97,10 +83,7 @@ impl From<&Error> for WireError {
 impl From<WireError> for Error {
     fn from(e: WireError) -> Self {
         // A kind this side does not know (a newer agent) is still an error.
-        let kind = KINDS
-            .into_iter()
-            .find(|k| k.as_str() == e.kind)
-            .unwrap_or(ErrorKind::Backend);
+        let kind = ErrorKind::from_name(&e.kind).unwrap_or(ErrorKind::Backend);
         Error::new(kind, e.message).set_temporary(e.temporary)
     }
 }

@@ -1,0 +1,115 @@
+//! `sandcell-server`: serves a local or Docker sandcell backend as a Fly-Machines-style
+//! API (plus file, archive and streaming-exec endpoints) for `RemoteBackend` clients.
+//!
+//! ```text
+//! SANDCELL_SERVER_TOKEN=secret cargo run -p sandcell-remote --features server \
+//!     --bin sandcell-server -- --backend local --root /tmp/sandcell-server
+//! ```
+//!
+//! It listens on `127.0.0.1:7711` unless `--listen` says otherwise; every request needs
+//! `Authorization: Bearer <token>`.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use sandcell::SandboxBackend;
+use sandcell_remote::server::{serve, ServerConfig};
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum Backend {
+    /// Processes on this host (`sandcell-local`).
+    Local,
+    /// Docker containers (`sandcell-docker`; the engine from DOCKER_HOST or the default socket).
+    Docker,
+}
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "sandcell-server",
+    version,
+    about = "Serve a sandcell backend over HTTP"
+)]
+struct Args {
+    /// The backend to serve.
+    #[arg(long, value_enum, default_value = "local")]
+    backend: Backend,
+    /// The address to listen on (loopback unless you mean otherwise).
+    #[arg(long, default_value = "127.0.0.1:7711")]
+    listen: SocketAddr,
+    /// The bearer token clients must send.
+    #[arg(long, env = "SANDCELL_SERVER_TOKEN", hide_env_values = true)]
+    token: String,
+    /// Where the local backend keeps its sandboxes.
+    #[arg(long, default_value = "sandcell-server-data")]
+    root: PathBuf,
+    /// The backend's options as JSON (the `type`-less body of a sandcell config), e.g.
+    /// `{"templates": {"python": "/srv/templates/python"}}`; overrides --root.
+    #[arg(long)]
+    options: Option<String>,
+    /// Largest file a client may upload, in bytes.
+    #[arg(long, default_value_t = 64 << 20)]
+    max_file_bytes: usize,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    match run(args).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("sandcell-server: {e}");
+            ExitCode::from(if e.kind() == sandcell::ErrorKind::InvalidInput {
+                2
+            } else {
+                1
+            })
+        }
+    }
+}
+
+async fn run(args: Args) -> sandcell::Result<()> {
+    if args.token.trim().is_empty() {
+        return Err(sandcell::Error::invalid_input(
+            "an empty token would let anyone in; set --token or SANDCELL_SERVER_TOKEN",
+        ));
+    }
+    let options = match &args.options {
+        Some(json) => serde_json::from_str(json)
+            .map_err(|e| sandcell::Error::invalid_input(format!("--options is not JSON: {e}")))?,
+        None => match args.backend {
+            Backend::Local => serde_json::json!({ "root": args.root }),
+            Backend::Docker => serde_json::json!({}),
+        },
+    };
+    let backend: Arc<dyn SandboxBackend> = match args.backend {
+        Backend::Local => Arc::from(sandcell_local::LocalBackend::from_options(options)?),
+        Backend::Docker => Arc::from(sandcell_docker::DockerBackend::from_options(options)?),
+    };
+    let mut config = ServerConfig::new(args.token);
+    config.max_file_bytes = args.max_file_bytes;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| {
+            sandcell::Error::with_source(
+                sandcell::ErrorKind::Unavailable,
+                format!("listening on {}", args.listen),
+                e,
+            )
+        })?;
+    eprintln!(
+        "sandcell-server: serving backend {} on http://{}",
+        backend.name(),
+        args.listen
+    );
+    serve(listener, backend, config, async {
+        let _ = tokio::signal::ctrl_c().await;
+    })
+    .await
+    .map_err(|e| sandcell::Error::with_source(sandcell::ErrorKind::Backend, "serving", e))
+}

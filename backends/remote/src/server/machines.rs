@@ -1,0 +1,290 @@
+//! The Fly Machines routes: create, list, get, wait, suspend/stop/start/restart, destroy.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sandcell::{Error, ErrorKind, LabelSelector, SandboxInfo, SandboxSpec, SandboxStatus};
+use serde::Deserialize;
+
+use super::{
+    machine, ApiError, ApiResult, AppState, JsonBody, Shared, APP_LABEL, NAME_LABEL, REGION_LABEL,
+};
+use crate::protocol::{
+    CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody, WaitResponse, SPEC_METADATA,
+};
+use crate::state::MachineState;
+
+/// The longest a `wait` blocks, as Fly's.
+const MAX_WAIT: Duration = Duration::from_secs(60);
+
+pub(super) async fn server_info(State(state): State<AppState>) -> Json<ServerInfo> {
+    Json(ServerInfo {
+        backend: state.backend.name().to_owned(),
+        capabilities: served_capabilities(&*state.backend),
+    })
+}
+
+/// What a client gets: port publishing and incremental snapshots have no routes.
+pub(crate) fn served_capabilities(
+    backend: &dyn sandcell::SandboxBackend,
+) -> sandcell::Capabilities {
+    let mut caps = backend.capabilities();
+    caps.port_exposure = false;
+    caps.incremental_snapshot = false;
+    caps
+}
+
+pub(super) async fn create(
+    State(state): State<AppState>,
+    Path(app): Path<String>,
+    JsonBody(request): JsonBody<CreateMachineRequest>,
+) -> ApiResult<Json<Machine>> {
+    let spec = spec_from(&app, &request)?;
+    let name = spec.labels[NAME_LABEL].clone();
+    // One create at a time: the name check and the create must not interleave.
+    let _creating = state.creating.lock().await;
+    let selector = LabelSelector::new()
+        .with(APP_LABEL, &app)
+        .with(NAME_LABEL, &name);
+    if !state.backend.list(&selector).await?.is_empty() {
+        return Err(ApiError(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("a machine named {name:?} already exists in app {app}"),
+        )));
+    }
+    let info = state.backend.create(&spec).await?;
+    Ok(Json(machine_of(&state, &info)))
+}
+
+/// The sandcell spec a create asks for: [`SPEC_METADATA`] when given, with the Fly
+/// config's image, env and guest on top.
+fn spec_from(app: &str, request: &CreateMachineRequest) -> Result<SandboxSpec, ApiError> {
+    let config = &request.config;
+    let mut spec = match config.metadata.get(SPEC_METADATA) {
+        Some(json) => serde_json::from_str::<SandboxSpec>(json).map_err(|e| {
+            ApiError(Error::invalid_input(format!(
+                "metadata {SPEC_METADATA} is not a sandcell spec: {e}"
+            )))
+        })?,
+        None => SandboxSpec::new(config.image.clone()),
+    };
+    if !config.image.is_empty() {
+        spec.template = config.image.clone();
+    }
+    spec.env.extend(config.env.clone());
+    if let Some(guest) = &config.guest {
+        if let Some(cpus) = guest.cpus {
+            spec.limits
+                .cpu_millis
+                .get_or_insert(cpus.saturating_mul(1000));
+        }
+        if let Some(mb) = guest.memory_mb {
+            spec.limits
+                .memory_bytes
+                .get_or_insert(mb.saturating_mul(1 << 20));
+        }
+    }
+    for (key, value) in &config.metadata {
+        if key != SPEC_METADATA {
+            spec.labels.insert(key.clone(), value.clone());
+        }
+    }
+    let name = request
+        .name
+        .clone()
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| format!("machine-{}", uuid::Uuid::new_v4().simple()));
+    spec.labels.insert(APP_LABEL.to_owned(), app.to_owned());
+    spec.labels.insert(NAME_LABEL.to_owned(), name);
+    if let Some(region) = &request.region {
+        spec.labels.insert(REGION_LABEL.to_owned(), region.clone());
+    }
+    Ok(spec)
+}
+
+/// The API's view of a sandbox.
+fn machine_of(state: &Shared, info: &SandboxInfo) -> Machine {
+    let stopped = crate::lock(&state.stopped).contains(&info.id);
+    let machine_state = MachineState::of(info.status, stopped);
+    let metadata: BTreeMap<String, String> = info
+        .labels
+        .iter()
+        .filter(|(k, _)| !k.starts_with("sandcell.server."))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let created = info.created_at.to_rfc3339();
+    Machine {
+        id: info.id.to_string(),
+        name: info.labels.get(NAME_LABEL).cloned().unwrap_or_default(),
+        state: machine_state.as_str().to_owned(),
+        region: info.labels.get(REGION_LABEL).cloned().unwrap_or_default(),
+        // One version per machine: sandcell never updates a machine's config.
+        instance_id: version_of(info),
+        config: Some(MachineConfig {
+            image: info.template.clone(),
+            metadata,
+            ..MachineConfig::default()
+        }),
+        created_at: created.clone(),
+        updated_at: created,
+    }
+}
+
+/// One version per machine (sandcell never updates a machine's config): 26 characters
+/// derived from the id, as Fly's versions are 26 characters long.
+fn version_of(info: &SandboxInfo) -> String {
+    let digits: String = info
+        .id
+        .as_str()
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .map(|c| c.to_ascii_uppercase())
+        .collect();
+    let padded = format!("{digits:0>26}");
+    padded[padded.len() - 26..].to_owned()
+}
+
+pub(super) async fn list(
+    State(state): State<AppState>,
+    Path(app): Path<String>,
+) -> ApiResult<Json<Vec<Machine>>> {
+    let selector = LabelSelector::new().with(APP_LABEL, &app);
+    let infos = state.backend.list(&selector).await?;
+    Ok(Json(infos.iter().map(|i| machine_of(&state, i)).collect()))
+}
+
+pub(super) async fn get(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+) -> ApiResult<Json<Machine>> {
+    let info = machine(&state, &app, &id).await?;
+    Ok(Json(machine_of(&state, &info)))
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct WaitQuery {
+    #[serde(default)]
+    state: Option<String>,
+    #[serde(default)]
+    timeout: Option<u64>,
+}
+
+pub(super) async fn wait(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+    Query(query): Query<WaitQuery>,
+) -> ApiResult<Response> {
+    let wanted: Vec<MachineState> = query
+        .state
+        .as_deref()
+        .unwrap_or("started")
+        .split(',')
+        .map(|s| {
+            MachineState::parse(s.trim())
+                .ok_or_else(|| ApiError(Error::invalid_input(format!("unknown state {s:?}"))))
+        })
+        .collect::<Result<_, _>>()?;
+    let timeout = query
+        .timeout
+        .map(Duration::from_secs)
+        .unwrap_or(MAX_WAIT)
+        .min(MAX_WAIT);
+    let deadline = Instant::now() + timeout;
+    loop {
+        let now = match machine(&state, &app, &id).await {
+            Ok(info) => {
+                let stopped = crate::lock(&state.stopped).contains(&info.id);
+                MachineState::of(info.status, stopped)
+            }
+            Err(ApiError(e)) if e.kind() == ErrorKind::NotFound => MachineState::Destroyed,
+            Err(e) => return Err(e),
+        };
+        if wanted.contains(&now) || (wanted.contains(&MachineState::Settled) && now.is_settled()) {
+            let body = WaitResponse {
+                ok: true,
+                state: Some(now.as_str().to_owned()),
+            };
+            return Ok(Json(body).into_response());
+        }
+        if now == MachineState::Destroyed {
+            return Err(ApiError(Error::not_found(format!(
+                "machine {id} not found"
+            ))));
+        }
+        if Instant::now() >= deadline {
+            let body = crate::protocol::ErrorBody {
+                error: format!("machine {id} did not reach {:?} in time", query.state),
+                kind: Some(ErrorKind::Timeout.as_str().to_owned()),
+            };
+            return Ok((StatusCode::REQUEST_TIMEOUT, Json(body)).into_response());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub(super) async fn suspend(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let info = machine(&state, &app, &id).await?;
+    pause(&state, &info).await?;
+    Ok(Json(serde_json::json!({"ok": true})))
+}
+
+pub(super) async fn stop(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+    body: axum::body::Bytes,
+) -> ApiResult<Json<serde_json::Value>> {
+    // The body is optional; a malformed one is still refused.
+    if !body.is_empty() {
+        serde_json::from_slice::<StopBody>(&body)
+            .map_err(|e| ApiError(Error::invalid_input(format!("a malformed stop: {e}"))))?;
+    }
+    let info = machine(&state, &app, &id).await?;
+    pause(&state, &info).await?;
+    crate::lock(&state.stopped).insert(info.id);
+    Ok(Json(serde_json::json!({"ok": true})))
+}
+
+async fn pause(state: &Shared, info: &SandboxInfo) -> ApiResult<()> {
+    if info.status != SandboxStatus::Paused {
+        state.backend.pause(&info.id).await?;
+    }
+    Ok(())
+}
+
+pub(super) async fn start(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let info = machine(&state, &app, &id).await?;
+    state.backend.resume(&info.id).await?;
+    crate::lock(&state.stopped).remove(&info.id);
+    Ok(Json(serde_json::json!({"ok": true})))
+}
+
+pub(super) async fn restart(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let info = machine(&state, &app, &id).await?;
+    state.backend.reset(&info.id).await?;
+    crate::lock(&state.stopped).remove(&info.id);
+    Ok(Json(serde_json::json!({"ok": true})))
+}
+
+pub(super) async fn destroy(
+    State(state): State<AppState>,
+    Path((app, id)): Path<(String, String)>,
+) -> ApiResult<Json<serde_json::Value>> {
+    let info = machine(&state, &app, &id).await?;
+    state.backend.destroy(&info.id).await?;
+    crate::lock(&state.stopped).remove(&info.id);
+    crate::lock(&state.processes).retain(|_, p| p.sandbox != info.id);
+    Ok(Json(serde_json::json!({"ok": true})))
+}

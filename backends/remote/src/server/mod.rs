@@ -1,0 +1,255 @@
+//! `sandcell-server`'s HTTP surface: any [`SandboxBackend`] served as the Fly Machines
+//! API subset sandcell's client uses, plus file, archive and streaming-exec endpoints.
+//!
+//! | route (under `/v1`) | what |
+//! |---|---|
+//! | `POST /apps/{app}/machines` | create (`config.image` is the template; unique `name`) |
+//! | `GET /apps/{app}/machines` | list the app's machines |
+//! | `GET/DELETE /apps/{app}/machines/{id}` | inspect, destroy (`404` once gone) |
+//! | `GET .../wait?state=&timeout=` | wait for a state, `408` after `timeout` (≤ 60 s) |
+//! | `POST .../suspend`, `.../stop`, `.../start`, `.../restart` | pause, pause, resume, reset |
+//! | `POST .../exec` | a command, buffered (Fly's shape) |
+//! | `POST .../sandcell/exec` | a command, streamed as newline-delimited [`ExecEvent`](crate::protocol::ExecEvent)s |
+//! | `POST .../sandcell/processes/{p}/stdin`, `.../signal`, `.../kill` | a streamed command's stdin (`?close=true` closes it) and signals |
+//! | `GET/POST .../files?path=` | read, write a file (raw bytes; E2B envd's style) |
+//! | `GET/PUT .../archive?path=&mode=` | export, import an uncompressed tar |
+//! | `POST .../filesystem.Filesystem/{Stat,ListDir,MakeDir,Move,Remove}` | file-system calls, JSON |
+//! | `GET /sandcell/capabilities` | the served backend and what it can do |
+//!
+//! Every route needs `Authorization: Bearer <token>` (or `FlyV1 <token>`). Errors are
+//! `{"error": ..., "kind": ...}` with a status from [`crate::protocol::status_for`].
+
+mod exec;
+mod files;
+mod machines;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use sandcell::{Error, ErrorKind, SandboxBackend, SandboxId, SandboxInfo};
+
+use crate::protocol::{status_for, ErrorBody};
+
+/// Label naming the app a machine belongs to.
+pub(crate) const APP_LABEL: &str = "sandcell.server.app";
+/// Label holding a machine's unique name.
+pub(crate) const NAME_LABEL: &str = "sandcell.server.name";
+/// Label holding a machine's region.
+pub(crate) const REGION_LABEL: &str = "sandcell.server.region";
+
+/// How a server answers: its token and body limits.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// The bearer token every request must carry.
+    pub token: String,
+    /// Largest JSON body accepted (default 1 MiB).
+    pub max_json_bytes: usize,
+    /// Largest file accepted by `POST .../files` (default 64 MiB).
+    pub max_file_bytes: usize,
+    /// Largest archive accepted by `PUT .../archive` (default 1 GiB).
+    pub max_archive_bytes: u64,
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("token", &"<redacted>")
+            .field("max_json_bytes", &self.max_json_bytes)
+            .field("max_file_bytes", &self.max_file_bytes)
+            .field("max_archive_bytes", &self.max_archive_bytes)
+            .finish()
+    }
+}
+
+impl ServerConfig {
+    /// Defaults, with `token`.
+    pub fn new(token: impl Into<String>) -> Self {
+        ServerConfig {
+            token: token.into(),
+            max_json_bytes: 1 << 20,
+            max_file_bytes: 64 << 20,
+            max_archive_bytes: 1 << 30,
+        }
+    }
+}
+
+/// What every handler shares.
+pub(crate) struct Shared {
+    pub(crate) backend: Arc<dyn SandboxBackend>,
+    pub(crate) config: ServerConfig,
+    /// Machines stopped (rather than suspended): both are paused sandboxes.
+    pub(crate) stopped: Mutex<HashSet<SandboxId>>,
+    /// Serialises creates so a name is taken once.
+    pub(crate) creating: tokio::sync::Mutex<()>,
+    /// Streamed commands still running, by process id.
+    pub(crate) processes: Mutex<HashMap<String, Arc<exec::Running>>>,
+}
+
+pub(crate) type AppState = Arc<Shared>;
+
+/// The router serving `backend`; hand it to `axum::serve`.
+pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router {
+    let json_limit = config.max_json_bytes;
+    let state = Arc::new(Shared {
+        backend,
+        config,
+        stopped: Mutex::new(HashSet::new()),
+        creating: tokio::sync::Mutex::new(()),
+        processes: Mutex::new(HashMap::new()),
+    });
+    let machine = "/v1/apps/{app}/machines/{id}";
+    let unlimited = DefaultBodyLimit::disable();
+    Router::new()
+        .route("/v1/sandcell/capabilities", get(machines::server_info))
+        .route(
+            "/v1/apps/{app}/machines",
+            post(machines::create).get(machines::list),
+        )
+        .route(machine, get(machines::get).delete(machines::destroy))
+        .route(&format!("{machine}/wait"), get(machines::wait))
+        .route(&format!("{machine}/suspend"), post(machines::suspend))
+        .route(&format!("{machine}/stop"), post(machines::stop))
+        .route(&format!("{machine}/start"), post(machines::start))
+        .route(&format!("{machine}/restart"), post(machines::restart))
+        .route(&format!("{machine}/exec"), post(exec::buffered))
+        .route(&format!("{machine}/sandcell/exec"), post(exec::streamed))
+        .route(
+            &format!("{machine}/sandcell/processes/{{process}}/stdin"),
+            post(exec::stdin).layer(unlimited),
+        )
+        .route(
+            &format!("{machine}/sandcell/processes/{{process}}/signal"),
+            post(exec::signal),
+        )
+        .route(
+            &format!("{machine}/sandcell/processes/{{process}}/kill"),
+            post(exec::kill),
+        )
+        .route(
+            &format!("{machine}/files"),
+            get(files::read).post(files::write).layer(unlimited),
+        )
+        .route(
+            &format!("{machine}/archive"),
+            get(files::export).put(files::import).layer(unlimited),
+        )
+        .route(
+            &format!("{machine}/filesystem.Filesystem/{{call}}"),
+            post(files::filesystem),
+        )
+        .fallback(|| async { ApiError(Error::not_found("no such route")) })
+        .layer(DefaultBodyLimit::max(json_limit))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&state),
+            authorize,
+        ))
+        .with_state(state)
+}
+
+/// Serves `backend` on `listener` until `shutdown` resolves. Small writes go out at
+/// once (`TCP_NODELAY`): a command's round trip is a few small messages, and Nagle's
+/// algorithm against delayed acknowledgements would add tens of milliseconds to each.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    backend: Arc<dyn SandboxBackend>,
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    use axum::serve::ListenerExt;
+    let listener = listener.tap_io(|tcp| {
+        let _ = tcp.set_nodelay(true);
+    });
+    axum::serve(listener, router(backend, config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Refuses requests without the token (before any body is read).
+async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
+    let given = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("FlyV1 "))
+        });
+    if given.is_some_and(|t| constant_time_eq(t.as_bytes(), state.config.token.as_bytes())) {
+        next.run(request).await
+    } else {
+        let mut response = ApiError(Error::new(
+            ErrorKind::PermissionDenied,
+            "a valid `Authorization: Bearer <token>` header is required",
+        ))
+        .into_response();
+        *response.status_mut() = StatusCode::UNAUTHORIZED;
+        response
+    }
+}
+
+/// Compares without an early exit, so timing does not reveal the token's prefix.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// An error as the API answers it.
+pub(crate) struct ApiError(pub(crate) Error);
+
+impl From<Error> for ApiError {
+    fn from(e: Error) -> Self {
+        ApiError(e)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = StatusCode::from_u16(status_for(self.0.kind()))
+            .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        (status, Json(ErrorBody::from_error(&self.0))).into_response()
+    }
+}
+
+pub(crate) type ApiResult<T> = Result<T, ApiError>;
+
+/// A JSON body, with malformed ones answered as `InvalidInput` in the API's shape.
+pub(crate) struct JsonBody<T>(pub(crate) T);
+
+impl<T, S> axum::extract::FromRequest<S> for JsonBody<T>
+where
+    T: serde::de::DeserializeOwned,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) => {
+                let kind = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                    ErrorKind::LimitExceeded
+                } else {
+                    ErrorKind::InvalidInput
+                };
+                Err(ApiError(Error::new(kind, rejection.body_text())))
+            }
+        }
+    }
+}
+
+/// The sandbox behind `app`'s machine `id`; `NotFound` if it is another app's.
+pub(crate) async fn machine(state: &Shared, app: &str, id: &str) -> ApiResult<SandboxInfo> {
+    let missing = || ApiError(Error::not_found(format!("machine {id} not found")));
+    let id = SandboxId::new(id).map_err(|_| missing())?;
+    let info = state.backend.inspect(&id).await?;
+    if info.labels.get(APP_LABEL).map(String::as_str) != Some(app) {
+        return Err(missing());
+    }
+    Ok(info)
+}

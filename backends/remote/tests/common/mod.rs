@@ -1,0 +1,68 @@
+//! Shared set-up: a sandcell-server over a local backend on a loopback port, and a
+//! client for it.
+
+#![allow(dead_code)]
+
+pub(crate) mod openapi;
+pub(crate) mod proxy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandcell::SandboxBackend;
+use sandcell_local::LocalBackend;
+use sandcell_remote::server::{serve, ServerConfig};
+use sandcell_remote::{RemoteBackend, RemoteConfig, RetryPolicy};
+
+/// The token test servers take.
+pub(crate) const TOKEN: &str = "test-token";
+
+/// A running server; dropping it stops the server (its sandboxes' directory goes too).
+pub(crate) struct TestServer {
+    pub(crate) url: String,
+    pub(crate) local: LocalBackend,
+    task: tokio::task::JoinHandle<()>,
+    _root: tempfile::TempDir,
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Serves a fresh local backend on `127.0.0.1:<any>`.
+pub(crate) async fn serve_local() -> TestServer {
+    let root = tempfile::tempdir().unwrap();
+    let local = LocalBackend::builder().root(root.path()).build().unwrap();
+    let backend: Arc<dyn SandboxBackend> = Arc::new(local.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        let _ = serve(
+            listener,
+            backend,
+            ServerConfig::new(TOKEN),
+            std::future::pending(),
+        )
+        .await;
+    });
+    TestServer {
+        url,
+        local,
+        task,
+        _root: root,
+    }
+}
+
+/// Quick retries, so fault tests do not wait seconds.
+pub(crate) fn fast_retries() -> RetryPolicy {
+    RetryPolicy::new(3, Duration::from_millis(20), Duration::from_millis(100))
+}
+
+/// A client of `url` with quick retries.
+pub(crate) async fn client(url: &str) -> RemoteBackend {
+    RemoteBackend::connect(RemoteConfig::new(url, TOKEN).retry(fast_retries()))
+        .await
+        .unwrap()
+}

@@ -1,0 +1,201 @@
+//! Fault tests: a proxy between client and server drops connections, answers 502 and
+//! 429, and delays replies. Reads and deletes retry within their deadline; creates are
+//! resolved, never repeated blindly; nothing is left behind.
+#![cfg(feature = "server")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::proxy::{Fault, FaultProxy};
+use sandcell::{ErrorKind, LabelSelector, SandboxBackend, SandboxSpec};
+use sandcell_remote::{RemoteBackend, RemoteConfig};
+
+async fn setup() -> (common::TestServer, FaultProxy, RemoteBackend) {
+    let server = common::serve_local().await;
+    let proxy = FaultProxy::start(&server.url).await;
+    let backend = common::client(&proxy.url()).await;
+    (server, proxy, backend)
+}
+
+/// The sandboxes the server's backend holds.
+async fn machines(server: &common::TestServer) -> usize {
+    server
+        .local
+        .list(&LabelSelector::new())
+        .await
+        .unwrap()
+        .len()
+}
+
+fn count(proxy: &FaultProxy, method: &str, path_contains: &str) -> usize {
+    proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == method && r.path.contains(path_contains))
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_deletes_retry_through_drops_502_and_429() {
+    let (server, proxy, backend) = setup().await;
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let path = format!("/machines/{}", sandbox.id);
+
+    proxy.inject(
+        "GET",
+        &path,
+        vec![
+            Fault::Reset,
+            Fault::Status(502),
+            Fault::TooMany {
+                retry_after_secs: 0,
+            },
+        ],
+    );
+    let before = count(&proxy, "GET", &path);
+    let info = backend.inspect(&sandbox.id).await.unwrap();
+    assert_eq!(info.id, sandbox.id);
+    assert_eq!(
+        count(&proxy, "GET", &path) - before,
+        4,
+        "three faults, then success"
+    );
+
+    proxy.inject("DELETE", &path, vec![Fault::Status(503), Fault::Reset]);
+    backend.destroy(&sandbox.id).await.unwrap();
+    assert_eq!(count(&proxy, "DELETE", &path), 3);
+    assert_eq!(machines(&server).await, 0);
+    // A double destroy succeeds (the API answers 404, which means destroyed).
+    backend.destroy(&sandbox.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_stop_at_the_deadline_and_4xx_fails_at_once() {
+    let server = common::serve_local().await;
+    let proxy = FaultProxy::start(&server.url).await;
+    let config = RemoteConfig::new(proxy.url(), common::TOKEN)
+        .retry(sandcell_remote::RetryPolicy::new(
+            10,
+            Duration::from_millis(200),
+            Duration::from_millis(200),
+        ))
+        .call_timeout(Duration::from_millis(700));
+    let backend = RemoteBackend::connect(config).await.unwrap();
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let path = format!("/machines/{}", sandbox.id);
+
+    proxy.inject("GET", &path, vec![Fault::Status(502); 20]);
+    let started = Instant::now();
+    let err = backend.inspect(&sandbox.id).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "the deadline bounds the retries: {:?}",
+        started.elapsed()
+    );
+    proxy.clear();
+
+    // A client error is the API's answer: no retry.
+    proxy.inject("GET", &path, vec![Fault::Status(400), Fault::Status(400)]);
+    let before = count(&proxy, "GET", &path);
+    let err = backend.inspect(&sandbox.id).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    assert_eq!(count(&proxy, "GET", &path) - before, 1);
+    proxy.clear();
+    backend.destroy(&sandbox.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_ambiguous_create_leaves_exactly_one_machine() {
+    let (server, proxy, backend) = setup().await;
+
+    // The server creates the machine, the answer is lost: the name finds it.
+    proxy.inject("POST", "/machines", vec![Fault::ResetAfterForward]);
+    let first = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    assert_eq!(machines(&server).await, 1);
+    assert_eq!(count(&proxy, "POST", "/machines"), 1, "not sent again");
+    proxy.clear();
+
+    // A gateway error before the server saw it: the lookup finds nothing, the create
+    // is sent again under the same name.
+    proxy.inject("POST", "/machines", vec![Fault::Status(502), Fault::Reset]);
+    let second = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    assert_ne!(first.id, second.id);
+    assert_eq!(machines(&server).await, 2);
+    let names: Vec<String> = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/machines"))
+        .skip(1)
+        .map(|r| {
+            let body: serde_json::Value = serde_json::from_slice(&r.body).unwrap();
+            body["name"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    assert_eq!(names.len(), 3);
+    assert!(
+        names.iter().all(|n| n == &names[0]),
+        "one name per create: {names:?}"
+    );
+    proxy.clear();
+
+    for id in [first.id, second.id] {
+        backend.destroy(&id).await.unwrap();
+    }
+    assert_eq!(machines(&server).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_destroy_racing_a_create_leaves_no_machine() {
+    let (server, proxy, backend) = setup().await;
+    // The create lands; its follow-up read is slow, and a destroy gets in first.
+    proxy.inject(
+        "GET",
+        "/machines/",
+        vec![Fault::Delay(Duration::from_millis(500))],
+    );
+    let creating = tokio::spawn({
+        let backend = backend.clone();
+        async move { backend.create(&SandboxSpec::new("default")).await }
+    });
+    let id = loop {
+        if let Some(info) = server
+            .local
+            .list(&LabelSelector::new())
+            .await
+            .unwrap()
+            .into_iter()
+            .next()
+        {
+            break info.id;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    backend.destroy(&id).await.unwrap();
+    match creating.await.unwrap() {
+        Ok(info) => assert_eq!(info.id, id),
+        Err(e) => assert_eq!(e.kind(), ErrorKind::NotFound, "{e}"),
+    }
+    backend.destroy(&id).await.unwrap();
+    assert_eq!(machines(&server).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_server_is_unavailable() {
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("http://{}", closed.local_addr().unwrap());
+    drop(closed);
+    let err =
+        RemoteBackend::connect(RemoteConfig::new(url, common::TOKEN).retry(common::fast_retries()))
+            .await
+            .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+
+    let server = common::serve_local().await;
+    let err = RemoteBackend::connect(RemoteConfig::new(&server.url, "wrong-token"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+}
