@@ -67,7 +67,8 @@ struct Cli {
     /// Which backend runs the sandboxes.
     #[arg(long, global = true, value_enum, default_value_t = BackendKind::Local)]
     backend: BackendKind,
-    /// Control-plane URL of the remote backend.
+    /// Control-plane URL of the remote backend (a sandcell-server, or a Fly Machines
+    /// endpoint), e.g. `http://127.0.0.1:7711`.
     #[arg(long, global = true)]
     remote_url: Option<String>,
     /// Bearer token for the remote backend.
@@ -448,13 +449,17 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         ));
     }
     let backend = cli.backend;
-    if backend == BackendKind::Remote {
-        return Err(CliError::bad_input(
-            "the remote backend is not part of this build yet",
-            "use --backend local or --backend docker",
-        ));
-    }
+    let remote = match backend {
+        BackendKind::Remote => Some(remote_config(&cli)?),
+        _ => None,
+    };
     match cli.command {
+        Command::Template(TemplateCommand::Add { .. }) if backend == BackendKind::Remote => {
+            Err(CliError::bad_input(
+                "a remote backend's templates live on its server",
+                "pass the server's template name to `acquire --template`",
+            ))
+        }
         Command::Template(TemplateCommand::Add { name, dir }) => {
             let source = Templates::add(data_dir, backend, &name, &dir)?;
             print_json(&json!({ "template": name, "backend": backend.name(), "source": source }))?;
@@ -469,7 +474,7 @@ async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Session(command) => {
-            let manager = open_manager(data_dir, backend, &command).await?;
+            let manager = open_manager(data_dir, backend, remote, &command).await?;
             run_session_command(&manager, data_dir, backend, command).await
         }
     }
@@ -675,14 +680,35 @@ type Manager = SandboxManager<Box<dyn SandboxBackend>>;
 
 /// Opens the manager over the data directory. Sessions outlive the process: shutdown keeps
 /// their sandboxes, and reconcile runs only in `gc`, where the user asked for it.
+/// The remote backend's settings from the flags (or their environment variables).
+fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
+    let url = cli.remote_url.clone().ok_or_else(|| {
+        CliError::bad_input(
+            "--backend remote needs the server's URL",
+            "pass --remote-url URL (e.g. http://127.0.0.1:7711 for a local sandcell-server)",
+        )
+    })?;
+    let token = cli.remote_token.clone().ok_or_else(|| {
+        CliError::bad_input(
+            "--backend remote needs an API token",
+            "pass --remote-token TOKEN or set SANDCELL_REMOTE_TOKEN",
+        )
+    })?;
+    Ok(sandcell_remote::RemoteConfig::new(url, token))
+}
+
 async fn open_manager(
     data_dir: &Path,
     kind: BackendKind,
+    remote: Option<sandcell_remote::RemoteConfig>,
     command: &SessionCommand,
 ) -> Result<Manager, CliError> {
     let templates = Templates::load(data_dir)?;
-    let backend: Box<dyn SandboxBackend> = match kind {
-        BackendKind::Docker => {
+    let backend: Box<dyn SandboxBackend> = match (kind, remote) {
+        (BackendKind::Remote, Some(config)) => {
+            Box::new(sandcell_remote::RemoteBackend::connect(config).await?)
+        }
+        (BackendKind::Docker, _) => {
             let mut docker = sandcell_docker::DockerBackend::builder()
                 .from_env()
                 .on_progress(|p| Progress::note(&format!("{} {}", p.image, p.message)));
@@ -966,8 +992,11 @@ impl Templates {
     }
 
     fn contains(&self, backend: BackendKind, name: &str) -> bool {
-        // The local backend provides an empty "default" template unless one is registered.
-        (backend == BackendKind::Local && name == "default") || self.of(backend).contains_key(name)
+        // The local backend provides an empty "default" template unless one is registered;
+        // a remote server knows its own templates (an unknown one fails the create).
+        (backend == BackendKind::Local && name == "default")
+            || backend == BackendKind::Remote
+            || self.of(backend).contains_key(name)
     }
 
     /// Validates and records a template; returns the stored source (a canonical

@@ -68,6 +68,20 @@ impl Cli {
         }
     }
 
+    fn remote(dir: &Path, url: &str, token: &str) -> Self {
+        Cli {
+            data_dir: dir.join("data"),
+            backend: vec![
+                "--backend".into(),
+                "remote".into(),
+                "--remote-url".into(),
+                url.into(),
+                "--remote-token".into(),
+                token.into(),
+            ],
+        }
+    }
+
     fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let mut child = Command::new(cli_binary())
             .arg("--data-dir")
@@ -429,4 +443,74 @@ async fn a_docker_session_survives_process_restarts_too() {
         .inspect(&sandcell::SandboxId::new(again["sandbox_id"].as_str().unwrap()).unwrap())
         .await;
     assert!(gone.is_err(), "purge removed the container");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_session_lives_on_a_sandcell_server() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = sandcell_local::LocalBackend::builder()
+        .root(dir.path().join("server"))
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(sandcell_remote::server::serve(
+        listener,
+        std::sync::Arc::new(served.clone()),
+        sandcell_remote::server::ServerConfig::new("cli-token"),
+        std::future::pending(),
+    ));
+    let cli = Cli::remote(dir.path(), &url, "cli-token");
+    // The CLI is a blocking child process: keep this runtime free to serve it.
+    let run = |cli: Cli| {
+        tokio::task::spawn_blocking(move || {
+            let acquired = cli.json(&["acquire", "r1"]);
+            assert_eq!(
+                (acquired["backend"].as_str(), acquired["outcome"].as_str()),
+                (Some("remote"), Some("created"))
+            );
+            let out =
+                cli.run_with_stdin(&["write", "r1", "app/hi.sh"], Some(b"echo from remote\n"));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let out = cli.run(&["exec", "r1", "--", "sh", "app/hi.sh"]);
+            assert_eq!(out.stdout, b"from remote\n");
+            assert_eq!(cli.json(&["suspend", "r1"])["status"], "suspended");
+            assert_eq!(cli.json(&["acquire", "r1"])["outcome"], "restored");
+            assert_eq!(cli.ok(&["read", "r1", "app/hi.sh"]), b"echo from remote\n");
+            assert_eq!(cli.json(&["release", "r1", "--purge"])["status"], "purged");
+            // Templates live on the server; a wrong token is refused with the reason.
+            let out = cli.run(&["template", "add", "t", "."]);
+            assert_one_line_error(&out, 2, "server");
+        })
+    };
+    run(cli).await.unwrap();
+    assert!(
+        served.list(&LabelSelector::new()).await.unwrap().is_empty(),
+        "the purge left a sandbox on the server"
+    );
+    let bad = Cli::remote(dir.path(), &url, "wrong");
+    let out = tokio::task::spawn_blocking(move || bad.run(&["acquire", "r2"]))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("Authorization"), "{stderr}");
+    let missing = Cli {
+        data_dir: dir.path().join("data"),
+        backend: vec!["--backend".into(), "remote".into()],
+    };
+    let out = tokio::task::spawn_blocking(move || missing.run(&["acquire", "r3"]))
+        .await
+        .unwrap();
+    assert_one_line_error(&out, 2, "--remote-url");
+    server.abort();
 }
