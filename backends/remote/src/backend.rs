@@ -17,7 +17,7 @@ use sandcell::{
 use serde::{Deserialize, Serialize};
 
 use crate::fly::{ControlPlane, FlyMachines};
-use crate::http::{api_error, transport_error, Body, Call, Class, Http, RateLimits, RetryPolicy};
+use crate::http::{api_error, transport_error, Body, Call, Http, RateLimits, RetryPolicy};
 use crate::protocol::{
     CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig, PathBody, ServerInfo,
     SPEC_METADATA,
@@ -186,15 +186,11 @@ impl RemoteBackend {
             config.rate_limits,
             config.call_timeout,
         )?);
-        let call = Call {
-            method: Method::GET,
-            path: "/v1/sandcell/capabilities".to_owned(),
-            body: Body::None,
-            idempotent: true,
-            class: Class::Unlimited,
-            action: "capabilities",
-            scope: String::new(),
-        };
+        let call = Call::extension(
+            Method::GET,
+            "/v1/sandcell/capabilities".to_owned(),
+            Body::None,
+        );
         let server = match http.json::<ServerInfo>(call).await {
             Ok(info) => Some(info),
             // A plain Fly Machines endpoint has no such route.
@@ -245,17 +241,7 @@ impl RemoteBackend {
         tail: &str,
         body: Body<'a>,
     ) -> Call<'a> {
-        // Only reads repeat safely; writes are not retried (they may have landed).
-        let idempotent = method == Method::GET;
-        Call {
-            method,
-            path: format!("{}{tail}", self.machine_path(id)),
-            body,
-            idempotent,
-            class: Class::Unlimited,
-            action: "files",
-            scope: id.to_string(),
-        }
+        Call::extension(method, format!("{}{tail}", self.machine_path(id)), body)
     }
 
     async fn filesystem<T: serde::de::DeserializeOwned>(

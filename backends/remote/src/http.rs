@@ -142,6 +142,23 @@ pub(crate) struct Call<'a> {
     pub(crate) scope: String,
 }
 
+impl<'a> Call<'a> {
+    /// A call to one of sandcell-server's extensions: no documented rate limit, and
+    /// only reads repeat safely (a write may have landed before its answer was lost).
+    pub(crate) fn extension(method: Method, path: String, body: Body<'a>) -> Self {
+        let idempotent = method == Method::GET;
+        Call {
+            method,
+            path,
+            body,
+            idempotent,
+            class: Class::Unlimited,
+            action: "sandcell",
+            scope: String::new(),
+        }
+    }
+}
+
 /// A request body.
 pub(crate) enum Body<'a> {
     None,
@@ -226,15 +243,22 @@ impl Http {
                 tokio::time::sleep(wait).await;
             }
             let remaining = deadline.saturating_duration_since(Instant::now());
-            let mut request = self
-                .request(call.method.clone(), &call.path)
-                .timeout(remaining);
+            let mut request = self.request(call.method.clone(), &call.path);
             request = match &call.body {
                 Body::None => request,
                 Body::Json(value) => request.json(value),
                 Body::Bytes(bytes) => request.body(bytes.clone()),
             };
-            let outcome = request.send().await;
+            // The deadline bounds the wait for the answer's head only: a streamed body
+            // (a command's events, an archive) may take as long as it takes.
+            let outcome = match tokio::time::timeout(remaining, request.send()).await {
+                Ok(outcome) => outcome.map_err(|e| transport_error(&what, &e)),
+                Err(_) => Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("{what}: no answer within {:?}", self.deadline),
+                )
+                .set_temporary(true)),
+            };
             let (error, retry_after) = match outcome {
                 Ok(response) if response.status().is_success() => return Ok(response),
                 Ok(response) => {
@@ -246,7 +270,7 @@ impl Http {
                     }
                     (error, retry_after)
                 }
-                Err(e) => (transport_error(&what, &e), None),
+                Err(error) => (error, None),
             };
             if !call.idempotent || attempt >= self.retry.retries {
                 return Err(error);

@@ -12,7 +12,7 @@ use sandcell::{Error, ErrorKind, ExecRequest, ExitStatus, Process, ProcessContro
 use tokio::io::AsyncReadExt;
 use tokio::sync::watch;
 
-use crate::http::{api_error, transport_error, Http};
+use crate::http::{transport_error, Body, Call, Http};
 use crate::protocol::{ExecEvent, SignalBody, StreamExecBody, B64};
 
 /// Largest stdin chunk sent in one call.
@@ -32,16 +32,12 @@ pub(crate) async fn start(
     };
     let path = format!("{machine_path}/sandcell/exec");
     let what = format!("POST {path}");
-    // Not retried: a lost answer may mean the command ran.
+    let body = serde_json::to_value(&body)
+        .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding a command", e))?;
+    // A POST is not retried: a lost answer may mean the command ran.
     let response = http
-        .request(Method::POST, &path)
-        .json(&body)
-        .send()
-        .await
-        .map_err(|e| transport_error(&what, &e))?;
-    if !response.status().is_success() {
-        return Err(api_error(&what, response).await);
-    }
+        .send(Call::extension(Method::POST, path, Body::Json(&body)))
+        .await?;
     let mut lines = ndjson(response);
     let (process, output_limit) = match lines.next().await {
         Some(Ok(ExecEvent::Started {
@@ -212,24 +208,14 @@ struct Remote {
 impl Remote {
     /// Posts `.../kill` or `.../signal`; a process that already ended is fine.
     async fn post(&self, tail: &str, body: Option<SignalBody>) -> Result<()> {
-        let path = format!("{}/{tail}", self.path);
-        let what = format!("POST {path}");
-        let mut request = self.http.request(Method::POST, &path);
-        if let Some(body) = body {
-            request = request.json(&body);
+        let value = body.map(|b| serde_json::json!(b));
+        let body = value.as_ref().map_or(Body::None, Body::Json);
+        let call = Call::extension(Method::POST, format!("{}/{tail}", self.path), body);
+        match self.http.send(call).await {
+            Ok(_) => Ok(()),
+            Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(e),
         }
-        let response = request
-            .send()
-            .await
-            .map_err(|e| transport_error(&what, &e))?;
-        if response.status().is_success() {
-            return Ok(());
-        }
-        let error = api_error(&what, response).await;
-        if error.kind() == ErrorKind::NotFound {
-            return Ok(());
-        }
-        Err(error)
     }
 }
 

@@ -193,7 +193,7 @@ pub(super) async fn stdin(
             let _ = writer.shutdown().await;
         }
     }
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 /// `POST .../sandcell/processes/{process}/signal`.
@@ -218,7 +218,7 @@ async fn call(
             result?;
         }
     }
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 /// `POST .../sandcell/processes/{process}/kill`.

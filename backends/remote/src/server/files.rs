@@ -82,7 +82,7 @@ pub(super) async fn write(
         ))
     })?;
     state.backend.write(&info.id, &path, data).await?;
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 pub(super) async fn export(
@@ -133,7 +133,7 @@ pub(super) async fn import(
         let _ = tokio::time::timeout(DRAIN_TIME, feeder).await;
     }
     result?;
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 /// How long a failed import keeps reading (and dropping) what the client still sends.
@@ -185,7 +185,7 @@ pub(super) async fn filesystem(
 ) -> ApiResult<Response> {
     let info = machine(&state, &app, &id).await?;
     let backend = &state.backend;
-    let ok = || Json(serde_json::json!({"ok": true})).into_response();
+    let ok = || super::ok().into_response();
     Ok(match call.as_str() {
         "Stat" => Json(backend.stat(&info.id, &body.path).await?).into_response(),
         "ListDir" => Json(backend.list_dir(&info.id, &body.path).await?).into_response(),

@@ -232,7 +232,7 @@ pub(super) async fn suspend(
 ) -> ApiResult<Json<serde_json::Value>> {
     let info = machine(&state, &app, &id).await?;
     pause(&state, &info).await?;
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 pub(super) async fn stop(
@@ -248,7 +248,7 @@ pub(super) async fn stop(
     let info = machine(&state, &app, &id).await?;
     pause(&state, &info).await?;
     crate::lock(&state.stopped).insert(info.id);
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 async fn pause(state: &Shared, info: &SandboxInfo) -> ApiResult<()> {
@@ -265,7 +265,7 @@ pub(super) async fn start(
     let info = machine(&state, &app, &id).await?;
     state.backend.resume(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 pub(super) async fn restart(
@@ -275,7 +275,7 @@ pub(super) async fn restart(
     let info = machine(&state, &app, &id).await?;
     state.backend.reset(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
 
 pub(super) async fn destroy(
@@ -286,5 +286,5 @@ pub(super) async fn destroy(
     state.backend.destroy(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     crate::lock(&state.processes).retain(|_, p| p.sandbox != info.id);
-    Ok(Json(serde_json::json!({"ok": true})))
+    Ok(super::ok())
 }
