@@ -83,7 +83,11 @@ async fn retries_stop_at_the_deadline_and_4xx_fails_at_once() {
         ))
         .call_timeout(Duration::from_millis(700));
     let backend = RemoteBackend::connect(config).await.unwrap();
-    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    // Create and destroy without the short deadline, which a loaded machine may miss.
+    let patient = RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN))
+        .await
+        .unwrap();
+    let sandbox = patient.create(&SandboxSpec::new("default")).await.unwrap();
     let path = format!("/machines/{}", sandbox.id);
 
     proxy.inject("GET", &path, vec![Fault::Status(502); 20]);
@@ -103,7 +107,7 @@ async fn retries_stop_at_the_deadline_and_4xx_fails_at_once() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     assert_eq!(count(&proxy, "GET", &path) - before, 1);
     proxy.clear();
-    backend.destroy(&sandbox.id).await.unwrap();
+    patient.destroy(&sandbox.id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,19 +206,24 @@ async fn an_unreachable_server_is_unavailable() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_streamed_command_may_outlast_the_call_deadline() {
     let server = common::serve_local().await;
+    // Create and destroy without the short deadline: on a loaded machine they
+    // may take longer than the second this test gives the command's call.
+    let patient = RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN))
+        .await
+        .unwrap();
+    let sandbox = patient.create(&SandboxSpec::new("default")).await.unwrap();
     let config = RemoteConfig::new(&server.url, common::TOKEN)
         .retry(common::fast_retries())
-        .call_timeout(Duration::from_millis(500));
+        .call_timeout(Duration::from_secs(1));
     let backend = RemoteBackend::connect(config).await.unwrap();
-    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
     // The deadline bounds the wait for an answer's head, not a command's run.
     let out = sandcell::SandboxBackendExt::run(
         &backend,
         &sandbox.id,
-        sandcell::ExecRequest::new(["sh", "-c", "sleep 1.5; echo done"]),
+        sandcell::ExecRequest::new(["sh", "-c", "sleep 2.5; echo done"]),
     )
     .await
     .unwrap();
     assert_eq!(out.stdout_str(), "done\n");
-    backend.destroy(&sandbox.id).await.unwrap();
+    patient.destroy(&sandbox.id).await.unwrap();
 }
