@@ -189,13 +189,21 @@ impl Background {
 
     /// Starts `request` in `sandbox` and keeps it running in the background. Its stdin
     /// stays open for [`send_input`](Self::send_input) unless the request supplies it.
-    /// The request's timeout, if any, still applies.
+    /// The request's timeout, if any, still applies. Needs
+    /// [`Capabilities::interactive_exec`](crate::Capabilities::interactive_exec)
+    /// (`Unsupported` without it: such a backend would answer only once the command ended).
     pub async fn start(
         &self,
         backend: &dyn SandboxBackend,
         sandbox: &SandboxId,
         request: ExecRequest,
     ) -> Result<ProcessId> {
+        if !backend.capabilities().interactive_exec {
+            return Err(Error::unsupported(format!(
+                "background processes need interactive exec; the {} backend runs a command to its end before answering",
+                backend.name()
+            )));
+        }
         let argv = request.argv.clone();
         let mut process = backend.exec(sandbox, request).await?;
         let id = ProcessId::generate();
@@ -415,5 +423,29 @@ async fn next(stream: &mut Option<crate::process::OutputStream>) -> Option<Resul
     match stream {
         Some(s) => s.next().await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(all(test, feature = "testing"))]
+mod tests {
+    use super::*;
+    use crate::testing::{MockBackend, MockReply};
+
+    #[tokio::test]
+    async fn a_backend_without_interactive_exec_is_refused() {
+        let mut caps = MockBackend::new().capabilities();
+        caps.interactive_exec = false;
+        let backend = MockBackend::new()
+            .on_exec("sleep", |_| MockReply::stdout(""))
+            .with_capabilities(caps);
+        let sandbox = backend
+            .create(&crate::SandboxSpec::new("default"))
+            .await
+            .unwrap();
+        let err = Background::new()
+            .start(&backend, &sandbox.id, ExecRequest::new(["sleep", "9"]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), crate::ErrorKind::Unsupported, "{err}");
     }
 }

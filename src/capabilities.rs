@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 /// assert!(caps.pause && !caps.shell);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(default)]
 #[non_exhaustive]
 pub struct Capabilities {
     /// `exec` runs real processes with a POSIX `sh` and `PATH` utilities inside the sandbox.
@@ -39,6 +40,16 @@ pub struct Capabilities {
     pub incremental_snapshot: bool,
     /// Symlinks can exist inside the workspace (and archives may carry them).
     pub symlinks: bool,
+    /// Files can be read, written and archived while the sandbox is paused. Without it
+    /// those calls are `InvalidState` on a paused sandbox (its files are reached
+    /// through its own processes), and the manager resumes a paused session around a
+    /// snapshot.
+    pub files_while_paused: bool,
+    /// `exec` answers as the command starts: output streams while it runs, stdin can be
+    /// written after the start, and kill and signals reach it. Without it, `exec` runs
+    /// the command to its end (bounded by its timeout) before answering, with only
+    /// `request.stdin` as input; background processes need this capability.
+    pub interactive_exec: bool,
 }
 
 impl Capabilities {
@@ -56,6 +67,8 @@ impl Capabilities {
             port_exposure: false,
             incremental_snapshot: false,
             symlinks: false,
+            files_while_paused: false,
+            interactive_exec: false,
         }
     }
 }

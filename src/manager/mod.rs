@@ -714,6 +714,27 @@ impl<B: SandboxBackend> Inner<B> {
         id: &SandboxId,
         spec: &SandboxSpec,
     ) -> Result<SnapshotManifest> {
+        if self.backend.capabilities().files_while_paused
+            || self.backend.inspect(id).await?.status != SandboxStatus::Paused
+        {
+            return self.write_snapshot(key, id, spec).await;
+        }
+        // This backend reaches files through the sandbox's own processes: thaw it for
+        // the export, and leave it paused again whatever the export did.
+        self.backend.resume(id).await?;
+        let snapshot = self.write_snapshot(key, id, spec).await;
+        let paused_again = self.backend.pause(id).await;
+        let snapshot = snapshot?;
+        paused_again.map(|()| snapshot)
+    }
+
+    /// Exports the workspace of `id` and stores it as a new snapshot of `key`.
+    async fn write_snapshot(
+        &self,
+        key: &SessionKey,
+        id: &SandboxId,
+        spec: &SandboxSpec,
+    ) -> Result<SnapshotManifest> {
         let now = self.clock.now();
         let snapshot_id = format!(
             "{}-{}",

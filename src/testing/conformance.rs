@@ -225,11 +225,19 @@ pub async fn pause_resume(b: &dyn SandboxBackend) {
             .unwrap();
         b.pause(&id).await.expect("pause");
         assert_eq!(b.inspect(&id).await.unwrap().status, SandboxStatus::Paused);
-        assert_eq!(
-            &b.read(&id, &p("paused/f")).await.unwrap()[..],
-            b"kept",
-            "files readable while paused"
-        );
+        if b.capabilities().files_while_paused {
+            assert_eq!(
+                &b.read(&id, &p("paused/f")).await.unwrap()[..],
+                b"kept",
+                "files readable while paused"
+            );
+        } else {
+            assert_kind(
+                b.read(&id, &p("paused/f")).await,
+                ErrorKind::InvalidState,
+                "read while paused without files_while_paused",
+            );
+        }
         assert_kind(
             b.exec(&id, ExecRequest::new(["true"])).await.map(|_| ()),
             ErrorKind::InvalidState,
@@ -1306,13 +1314,15 @@ pub async fn exec_basics(b: &dyn SandboxBackend) {
             out.status
         );
 
-        let mut proc = b
-            .exec(&id, ExecRequest::new(["sleep", "30"]))
-            .await
-            .unwrap();
-        proc.kill().await.unwrap();
-        let status = proc.wait().await.unwrap();
-        assert!(!status.success() && !status.timed_out, "killed: {status:?}");
+        if b.capabilities().interactive_exec {
+            let mut proc = b
+                .exec(&id, ExecRequest::new(["sleep", "30"]))
+                .await
+                .unwrap();
+            proc.kill().await.unwrap();
+            let status = proc.wait().await.unwrap();
+            assert!(!status.success() && !status.timed_out, "killed: {status:?}");
+        }
 
         let out = b
             .execute_code(&id, Language::Sh, "x=4; echo $((x * 10))")
@@ -1448,9 +1458,9 @@ pub async fn read_only_mounts_refuse_writes(b: &dyn SandboxBackend) {
 pub async fn background_processes_by_id(b: &dyn SandboxBackend) {
     use crate::background::Background;
     use crate::ProcessEvent;
-    if !b.capabilities().shell {
+    if !b.capabilities().shell || !b.capabilities().interactive_exec {
         eprintln!(
-            "conformance[{}]: background_processes_by_id skipped: no shell",
+            "conformance[{}]: background_processes_by_id skipped: no shell or exec is not interactive",
             b.name()
         );
         return;
@@ -1680,7 +1690,14 @@ pub async fn run_all(b: &dyn SandboxBackend) {
     case!(ext_editing_and_search);
     case!(ext_upload_download);
     case!(exec_missing_program_is_not_found);
-    case!(background_processes_by_id);
+    if caps.interactive_exec {
+        case!(background_processes_by_id);
+    } else {
+        eprintln!(
+            "conformance[{}]: background_processes_by_id skipped: exec is not interactive",
+            b.name()
+        );
+    }
     if caps.symlinks {
         case!(symlink_escapes_are_refused);
     } else {

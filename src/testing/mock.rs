@@ -131,6 +131,7 @@ pub struct MockBackend {
     state: Arc<Mutex<State>>,
     templates: Arc<BTreeMap<String, Tree>>,
     handlers: Arc<HashMap<String, Handler>>,
+    capabilities: Capabilities,
 }
 
 impl fmt::Debug for MockBackend {
@@ -157,7 +158,23 @@ impl MockBackend {
             state: Arc::new(Mutex::new(State::default())),
             templates: Arc::new(templates),
             handlers: Arc::new(HashMap::new()),
+            capabilities: Capabilities {
+                pause: true,
+                reset: true,
+                symlinks: true,
+                files_while_paused: true,
+                interactive_exec: true,
+                incremental_snapshot: true,
+                ..Capabilities::none()
+            },
         }
+    }
+
+    /// Reports `capabilities` instead of the mock's own, to test code that checks them
+    /// (the mock's behaviour does not change).
+    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
+        self.capabilities = capabilities;
+        self
     }
 
     /// Adds a template whose workspace holds `files` (path, contents).
@@ -343,13 +360,7 @@ impl SandboxBackend for MockBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        Capabilities {
-            pause: true,
-            reset: true,
-            symlinks: true,
-            incremental_snapshot: true,
-            ..Capabilities::none()
-        }
+        self.capabilities
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {

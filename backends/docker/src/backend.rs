@@ -641,6 +641,8 @@ impl SandboxBackend for DockerBackend {
         caps.network_isolation = true;
         caps.resource_limits = true;
         caps.symlinks = true;
+        caps.files_while_paused = true;
+        caps.interactive_exec = true;
         caps.port_exposure = true;
         caps
     }

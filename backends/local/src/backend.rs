@@ -100,6 +100,8 @@ impl LocalBackend {
         // they have a network namespace of their own.
         capabilities.port_exposure = config.isolation != Isolation::Namespaces;
         capabilities.symlinks = true;
+        capabilities.files_while_paused = true;
+        capabilities.interactive_exec = true;
         // Bind mounts (like overlay mounts and cgroups) need root.
         capabilities.host_mounts = rustix::process::geteuid().is_root();
         // Landlocked or capability-less namespaced processes cannot mount or remount,
