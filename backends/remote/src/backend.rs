@@ -16,6 +16,7 @@ use sandcell::{
 };
 use serde::{Deserialize, Serialize};
 
+use crate::exec_files::ExecFiles;
 use crate::fly::{ControlPlane, FlyMachines};
 use crate::http::{api_error, transport_error, Body, Call, Http, RateLimits, RetryPolicy};
 use crate::protocol::{
@@ -58,6 +59,10 @@ pub struct RemoteConfig {
     /// How long a new machine may take to start (default 5 min).
     #[serde(default = "default_start_timeout", with = "secs")]
     pub start_timeout: Duration,
+    /// On a plain Fly Machines endpoint, the directory on the machine that file paths
+    /// are relative to; unset, the directory commands start in.
+    #[serde(default)]
+    pub workspace: Option<String>,
 }
 
 fn default_app() -> String {
@@ -103,6 +108,7 @@ impl RemoteConfig {
             rate_limits: RateLimits::default(),
             call_timeout: default_call_timeout(),
             start_timeout: default_start_timeout(),
+            workspace: None,
         }
     }
 
@@ -135,10 +141,17 @@ impl RemoteConfig {
         self.call_timeout = timeout;
         self
     }
+
+    /// Sets the workspace directory files over exec are relative to (plain endpoints).
+    pub fn workspace(mut self, dir: impl Into<String>) -> Self {
+        self.workspace = Some(dir.into());
+        self
+    }
 }
 
 /// Sandboxes as remote machines: lifecycle over the Fly Machines API; commands and
-/// files over sandcell-server's extensions where the server offers them.
+/// files over sandcell-server's extensions where the server offers them, and over the
+/// buffered `exec` (shell scripts moving base64 chunks) on a plain Fly endpoint.
 ///
 /// ```no_run
 /// # async fn demo() -> sandcell::Result<()> {
@@ -164,6 +177,10 @@ struct Inner {
     control: Arc<dyn ControlPlane>,
     /// The sandcell server's description; `None` on a plain Fly Machines endpoint.
     server: Option<ServerInfo>,
+    /// Files over `exec`, for a plain endpoint.
+    files: ExecFiles,
+    /// Each sandbox's output cap, for exec on a plain endpoint.
+    output_limits: std::sync::Mutex<std::collections::HashMap<SandboxId, Option<usize>>>,
 }
 
 impl RemoteBackend {
@@ -197,13 +214,20 @@ impl RemoteBackend {
             Err(e) if e.kind() == ErrorKind::NotFound => None,
             Err(e) => return Err(e.context(format_args!("connecting to {}", config.url))),
         };
-        let control = Arc::new(FlyMachines::new(Arc::clone(&http), config.app.clone()));
+        let control: Arc<dyn ControlPlane> =
+            Arc::new(FlyMachines::new(Arc::clone(&http), config.app.clone()));
+        let files = ExecFiles::new(
+            Arc::clone(&control),
+            config.workspace.clone().unwrap_or_default(),
+        );
         Ok(RemoteBackend {
             inner: Arc::new(Inner {
                 config,
                 http,
                 control,
                 server,
+                files,
+                output_limits: Default::default(),
             }),
         })
     }
@@ -222,15 +246,9 @@ impl RemoteBackend {
         format!("/v1/apps/{}/machines/{id}", self.inner.config.app)
     }
 
-    /// `Unsupported` on a plain endpoint.
-    fn extensions(&self, what: &str) -> Result<()> {
-        if self.inner.server.is_some() {
-            Ok(())
-        } else {
-            Err(Error::unsupported(format!(
-                "{what} needs a sandcell-server; this endpoint speaks only the Fly Machines API"
-            )))
-        }
+    /// Files over `exec`, when the endpoint has no sandcell extensions.
+    fn over_exec(&self) -> Option<&ExecFiles> {
+        self.inner.server.is_none().then_some(&self.inner.files)
     }
 
     /// A call to one of the extension routes of machine `id`.
@@ -250,7 +268,6 @@ impl RemoteBackend {
         call: &str,
         body: PathBody,
     ) -> Result<T> {
-        self.extensions("file operations")?;
         let value = serde_json::to_value(&body)
             .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding a path", e))?;
         let mut request = self.extension(
@@ -270,6 +287,23 @@ impl RemoteBackend {
             destination: None,
             recursive: false,
         }
+    }
+
+    /// The spec's output cap for sandbox `id` (plain endpoints, where the process
+    /// cannot carry it): read once from the machine's metadata, then remembered.
+    async fn output_limit(&self, id: &SandboxId) -> Result<Option<usize>> {
+        if let Some(limit) = crate::lock(&self.inner.output_limits).get(id) {
+            return Ok(*limit);
+        }
+        let machine = self.inner.control.get(id.as_str()).await?;
+        let limit = machine
+            .config
+            .as_ref()
+            .and_then(|c| c.metadata.get(SPEC_METADATA))
+            .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
+            .and_then(|spec| spec.limits.output_bytes);
+        crate::lock(&self.inner.output_limits).insert(id.clone(), limit);
+        Ok(limit)
     }
 
     async fn wait_for(
@@ -352,6 +386,7 @@ impl SandboxBackend for RemoteBackend {
                 caps.reset = true;
                 caps.resource_limits = true;
                 caps.shell = true;
+                caps.symlinks = true;
                 caps
             }
         }
@@ -418,7 +453,9 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
-        self.inner.control.destroy(id.as_str()).await
+        self.inner.control.destroy(id.as_str()).await?;
+        crate::lock(&self.inner.output_limits).remove(id);
+        Ok(())
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<()> {
@@ -446,29 +483,51 @@ impl SandboxBackend for RemoteBackend {
             )
             .await;
         }
-        // A plain endpoint runs the command to its end and answers text.
+        // A plain endpoint runs the command to its end and answers text. Its exec has
+        // no cwd or env and cannot tell a missing program: a wrapper does those.
+        let workspace = self.inner.config.workspace.as_deref().unwrap_or("");
+        let (command, marker) = crate::exec_files::wrap_command(&request, workspace);
         let body = ExecBody {
-            command: request.argv.clone(),
+            command,
             stdin: request
                 .stdin
                 .as_ref()
                 .map(|b| String::from_utf8_lossy(b).into_owned()),
-            timeout: request.timeout.map(|t| t.as_secs().max(1)),
+            // The API counts whole seconds.
+            timeout: request
+                .timeout
+                .map(|t| t.as_secs() + u64::from(t.subsec_nanos() > 0)),
         };
+        let output_limit = self.output_limit(id).await?;
+        let started = Instant::now();
         let answer = self.inner.control.exec(id.as_str(), &body).await?;
+        let what = format!("running {:?}", request.argv[0]);
+        if let Some(e) =
+            crate::exec_files::typed_failure(answer.exit_code, &answer.stderr, &marker, &what)
+        {
+            return Err(e);
+        }
         let status = match (answer.exit_signal.filter(|s| *s > 0), answer.exit_code) {
             (Some(signal), _) => ExitStatus::signaled(signal),
-            (None, code) => ExitStatus::exited(code.unwrap_or(-1)),
+            (None, Some(code)) => ExitStatus::exited(code),
+            (None, None) => ExitStatus::signaled(9),
         };
+        // The answer does not say why a command was killed: one killed once its
+        // timeout had passed is taken to have timed out.
+        let timed_out =
+            status.code.is_none() && request.timeout.is_some_and(|t| started.elapsed() >= t);
         Ok(crate::process::finished(
             Bytes::from(answer.stdout),
             Bytes::from(answer.stderr),
-            status,
-        ))
+            status.with_timed_out(timed_out),
+        )
+        .with_output_limit(output_limit))
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
-        self.extensions("reading files")?;
+        if let Some(files) = self.over_exec() {
+            return files.read(id, path).await;
+        }
         let call = self.extension(
             Method::GET,
             id,
@@ -483,7 +542,9 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
-        self.extensions("writing files")?;
+        if let Some(files) = self.over_exec() {
+            return files.write(id, path, data).await;
+        }
         let call = self.extension(
             Method::POST,
             id,
@@ -494,14 +555,23 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
+        if let Some(files) = self.over_exec() {
+            return files.stat(id, path).await;
+        }
         self.filesystem(id, "Stat", Self::path_body(path)).await
     }
 
     async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>> {
+        if let Some(files) = self.over_exec() {
+            return files.list_dir(id, path).await;
+        }
         self.filesystem(id, "ListDir", Self::path_body(path)).await
     }
 
     async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()> {
+        if let Some(files) = self.over_exec() {
+            return files.remove(id, path, recursive).await;
+        }
         let mut body = Self::path_body(path);
         body.recursive = recursive;
         self.filesystem::<serde_json::Value>(id, "Remove", body)
@@ -510,12 +580,18 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
+        if let Some(files) = self.over_exec() {
+            return files.mkdir(id, path).await;
+        }
         self.filesystem::<serde_json::Value>(id, "MakeDir", Self::path_body(path))
             .await
             .map(drop)
     }
 
     async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
+        if let Some(files) = self.over_exec() {
+            return files.rename(id, from, to).await;
+        }
         let mut body = Self::path_body(from);
         body.destination = Some(to.clone());
         self.filesystem::<serde_json::Value>(id, "Move", body)
@@ -524,7 +600,9 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
-        self.extensions("exporting archives")?;
+        if let Some(files) = self.over_exec() {
+            return files.export_tar(id, path).await;
+        }
         let call = self.extension(
             Method::GET,
             id,
@@ -546,7 +624,9 @@ impl SandboxBackend for RemoteBackend {
         tar: ByteStream,
         options: ImportOptions,
     ) -> Result<()> {
-        self.extensions("importing archives")?;
+        if let Some(files) = self.over_exec() {
+            return files.import_tar(id, path, tar, options).await;
+        }
         let mode = match options.mode {
             ImportMode::Replace => "replace",
             _ => "merge",
@@ -562,27 +642,22 @@ impl SandboxBackend for RemoteBackend {
             limits.max_name_len,
         );
         let what = format!("PUT {route}");
-        // The stream is consumed once, so this call is never retried. An error item
-        // from the caller's stream aborts the upload, and the server's import is atomic.
-        let (failure_tx, failure_rx) = std::sync::mpsc::channel::<Error>();
-        let body = tar.map(move |chunk| {
-            chunk.map_err(|e| {
-                let message = e.to_string();
-                let _ = failure_tx.send(e);
-                std::io::Error::other(message)
-            })
-        });
-        let sent = self
+        // The caller's stream is spooled first: an error it raises then fails the import
+        // before the upload starts. Aborting an upload half-way would return before the
+        // server had cleaned up after its import, so a caller could see its staging.
+        let mut spooled = crate::exec_files::spool(tar, limits.max_stream_bytes()).await?;
+        std::io::Seek::rewind(&mut spooled)
+            .map_err(|e| Error::io("rewinding the spooled archive", e))?;
+        let body = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(spooled));
+        // The body is read once, so this call is never retried.
+        let response = self
             .inner
             .http
             .request(Method::PUT, &route)
             .body(reqwest::Body::wrap_stream(body))
             .send()
-            .await;
-        if let Ok(error) = failure_rx.try_recv() {
-            return Err(error);
-        }
-        let response = sent.map_err(|e| transport_error(&what, &e))?;
+            .await
+            .map_err(|e| transport_error(&what, &e))?;
         if response.status().is_success() {
             Ok(())
         } else {

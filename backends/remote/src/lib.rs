@@ -4,7 +4,7 @@
 //!
 //! | piece | what it does |
 //! |---|---|
-//! | [`RemoteBackend`] | [`SandboxBackend`](sandcell::SandboxBackend) over the API: lifecycle through the [`ControlPlane`]; commands streamed and files moved through sandcell-server's extensions |
+//! | [`RemoteBackend`] | [`SandboxBackend`](sandcell::SandboxBackend) over the API: lifecycle through the [`ControlPlane`]; commands streamed and files moved through sandcell-server's extensions, or over the plain `exec` (shell scripts, base64 chunks) on a Fly endpoint without them |
 //! | [`FlyMachines`] | the Fly Machines control plane: create (resolving lost answers by name), get, list, wait (looping past the API's 60 s cap), suspend, start, stop, restart, destroy, exec |
 //! | [`RetryPolicy`], [`RateLimits`] | retries of calls safe to repeat (connection errors, 408, 429 with `Retry-After`, 5xx) with capped exponential backoff; client-side token buckets per machine and action |
 //! | [`server`] | the axum router `sandcell-server` serves |
@@ -14,6 +14,7 @@
 //! makes at most one machine.
 
 mod backend;
+mod exec_files;
 mod fly;
 mod http;
 mod process;

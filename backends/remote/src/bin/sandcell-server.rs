@@ -52,6 +52,10 @@ struct Args {
     /// Largest file a client may upload, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_file_bytes: usize,
+    /// Serve only the Fly Machines API subset, without sandcell's extensions, as a plain
+    /// Fly endpoint would (clients then move files over exec).
+    #[arg(long)]
+    fly_only: bool,
 }
 
 #[tokio::main]
@@ -93,6 +97,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     };
     let mut config = ServerConfig::new(args.token);
     config.max_file_bytes = args.max_file_bytes;
+    config.extensions = !args.fly_only;
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| {

@@ -88,10 +88,10 @@ fn spec_from(app: &str, request: &CreateMachineRequest) -> Result<SandboxSpec, A
                 .get_or_insert(mb.saturating_mul(1 << 20));
         }
     }
+    // Every metadata entry is kept, the spec too, so the machine answers its metadata
+    // as given, as Fly does.
     for (key, value) in &config.metadata {
-        if key != SPEC_METADATA {
-            spec.labels.insert(key.clone(), value.clone());
-        }
+        spec.labels.insert(key.clone(), value.clone());
     }
     let name = request
         .name

@@ -55,6 +55,10 @@ pub struct ServerConfig {
     pub max_file_bytes: usize,
     /// Largest archive accepted by `PUT .../archive` (default 1 GiB).
     pub max_archive_bytes: u64,
+    /// Whether sandcell's extensions (capabilities, streamed exec, files, archives) are
+    /// served (default true). Off, the server answers only the Fly Machines subset, as a
+    /// plain Fly endpoint does, and clients move files over `exec`.
+    pub extensions: bool,
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -64,6 +68,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_json_bytes", &self.max_json_bytes)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("extensions", &self.extensions)
             .finish()
     }
 }
@@ -76,6 +81,7 @@ impl ServerConfig {
             max_json_bytes: 1 << 20,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
+            extensions: true,
         }
     }
 }
@@ -97,6 +103,7 @@ pub(crate) type AppState = Arc<Shared>;
 /// The router serving `backend`; hand it to `axum::serve`.
 pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router {
     let json_limit = config.max_json_bytes;
+    let extensions = config.extensions;
     let state = Arc::new(Shared {
         backend,
         config,
@@ -106,8 +113,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     });
     let machine = "/v1/apps/{app}/machines/{id}";
     let unlimited = DefaultBodyLimit::disable();
-    Router::new()
-        .route("/v1/sandcell/capabilities", get(machines::server_info))
+    let fly = Router::new()
         .route(
             "/v1/apps/{app}/machines",
             post(machines::create).get(machines::list),
@@ -118,7 +124,9 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .route(&format!("{machine}/stop"), post(machines::stop))
         .route(&format!("{machine}/start"), post(machines::start))
         .route(&format!("{machine}/restart"), post(machines::restart))
-        .route(&format!("{machine}/exec"), post(exec::buffered))
+        .route(&format!("{machine}/exec"), post(exec::buffered));
+    let extended = Router::new()
+        .route("/v1/sandcell/capabilities", get(machines::server_info))
         .route(&format!("{machine}/sandcell/exec"), post(exec::streamed))
         .route(
             &format!("{machine}/sandcell/processes/{{process}}/stdin"),
@@ -143,7 +151,9 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .route(
             &format!("{machine}/filesystem.Filesystem/{{call}}"),
             post(files::filesystem),
-        )
+        );
+    let routes = if extensions { fly.merge(extended) } else { fly };
+    routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(axum::middleware::from_fn_with_state(

@@ -33,19 +33,18 @@ impl Drop for TestServer {
 
 /// Serves a fresh local backend on `127.0.0.1:<any>`.
 pub(crate) async fn serve_local() -> TestServer {
+    serve_local_with(ServerConfig::new(TOKEN)).await
+}
+
+/// Serves a fresh local backend on `127.0.0.1:<any>` with `config`.
+pub(crate) async fn serve_local_with(config: ServerConfig) -> TestServer {
     let root = tempfile::tempdir().unwrap();
     let local = LocalBackend::builder().root(root.path()).build().unwrap();
     let backend: Arc<dyn SandboxBackend> = Arc::new(local.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move {
-        let _ = serve(
-            listener,
-            backend,
-            ServerConfig::new(TOKEN),
-            std::future::pending(),
-        )
-        .await;
+        let _ = serve(listener, backend, config, std::future::pending()).await;
     });
     TestServer {
         url,

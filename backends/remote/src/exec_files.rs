@@ -1,0 +1,924 @@
+//! Files over a plain Fly Machines endpoint: shell scripts run through the buffered
+//! `exec` call, data moved base64-encoded in bounded chunks.
+//!
+//! The Fly API's exec carries stdin and stdout as JSON strings, so every byte crosses
+//! as base64 and no call carries more than [`CHUNK_BYTES`] of file data: large files,
+//! exports and imports take several calls through a temporary file on the machine,
+//! which the last call (or a clean-up after a failure) removes.
+//!
+//! The machine needs a POSIX `sh` with `base64`, `dd`, `stat -c`, `readlink -f`,
+//! `xargs -0`, `find` and `tar` on its `PATH`: GNU coreutils or busybox. Paths are
+//! confined like every backend's: a symlink that leads out of the workspace is refused
+//! before anything is read or written through it. Archives are checked in full on this
+//! side (with [`sandcell::archive`]) before any byte reaches the machine.
+
+use std::io::{Read, Seek, Write};
+use std::sync::Arc;
+
+use base64::Engine as _;
+use bytes::Bytes;
+use futures::StreamExt;
+use sandcell::archive::{read_entries_with, EntryChecker, ImportMode, ImportOptions};
+use sandcell::{
+    ByteStream, DirEntry, Error, ErrorKind, FileInfo, FileKind, Result, SandboxId, SandboxPath,
+};
+
+use crate::fly::ControlPlane;
+use crate::protocol::ExecBody;
+
+/// File data carried by one exec call (before base64), a multiple of [`BLOCK`].
+pub(crate) const CHUNK_BYTES: usize = 512 * 1024;
+/// The `dd` block size chunks are counted in.
+const BLOCK: usize = 64 * 1024;
+/// How long one file call may run on the machine.
+const CALL_SECONDS: u64 = 120;
+/// The exit code a script ends with after printing a typed error.
+const TYPED_FAILURE: i32 = 90;
+
+/// What every script starts with: the workspace (`$1`, empty for the directory commands
+/// start in) resolved to `$R`, a typed `fail`, and path confinement.
+const PRELUDE: &str = r#"set -f
+fail() { printf 'sandcell:%s:%s\n' "$1" "$2" >&2; exit 90; }
+R=$(cd -- "${1:-.}" 2>/dev/null && pwd -P) || fail 'not found' "the workspace directory ${1:-.} is missing"
+[ "$R" = / ] && R=
+shift
+# confine REL: every existing prefix of REL that is a symlink must resolve inside $R.
+confine() {
+  acc=
+  saved_ifs=$IFS
+  IFS=/
+  for part in $1; do
+    acc=${acc:+$acc/}$part
+    if [ -L "$R/$acc" ]; then
+      target=$(readlink -f -- "$R/$acc") || target=
+      case $target/ in
+        "$R"/*) ;;
+        *) IFS=$saved_ifs; fail 'permission denied' "$acc is a symlink that leads outside the workspace" ;;
+      esac
+    elif [ ! -e "$R/$acc" ]; then
+      break
+    fi
+  done
+  IFS=$saved_ifs
+}
+# confine_parent REL: as confine for REL's directory; REL itself may be a symlink.
+confine_parent() {
+  case $1 in */*) confine "${1%/*}" ;; esac
+}
+exists() { [ -e "$1" ] || [ -L "$1" ]; }
+"#;
+
+/// `READ rel skip count`: the size (following links), then `count` blocks from `skip`.
+const READ: &str = r#"confine "$1"
+p=$R/$1
+exists "$p" || fail 'not found' "$1 does not exist"
+[ -d "$p" ] && fail 'invalid input' "$1 is a directory"
+[ -r "$p" ] || fail 'permission denied' "$1 is not readable"
+stat -L -c %s -- "$p" || exit 1
+dd if="$p" bs=65536 skip="$2" count="$3" 2>/dev/null | base64
+"#;
+
+/// `CHUNK abs skip count [remove]`: blocks of a temporary file; `remove` deletes it after.
+const CHUNK: &str = r#"[ -f "$1" ] || fail 'not found' "the temporary file $1 is gone"
+dd if="$1" bs=65536 skip="$2" count="$3" 2>/dev/null | base64
+[ "$4" = remove ] && rm -f -- "$1"
+exit 0
+"#;
+
+/// `WRITE rel tmp first|append last|more`: stdin (base64) into `tmp` beside `rel`;
+/// on the last chunk `tmp` replaces `rel`.
+const WRITE: &str = r#"confine "$1"
+p=$R/$1
+if [ -L "$p" ]; then p=$(readlink -f -- "$p") || fail 'permission denied' "$1 cannot be resolved"; fi
+[ -d "$p" ] && fail 'invalid input' "$1 is a directory"
+d=${p%/*}
+[ -n "$d" ] || d=/
+t=$d/$2
+if [ "$3" = first ]; then
+  err=$(mkdir -p -- "$d" 2>&1) || fail 'invalid input' "a parent of $1 is not a directory: $err"
+  (set -C; : > "$t") 2>/dev/null || fail 'backend error' "cannot create a temporary file beside $1"
+else
+  [ -f "$t" ] || fail 'not found' "the upload of $1 is gone"
+fi
+base64 -d >> "$t" || { rm -f -- "$t"; fail 'backend error' "writing $1 failed"; }
+if [ "$4" = last ]; then
+  err=$(mv -f -- "$t" "$p" 2>&1) || { rm -f -- "$t"; fail 'backend error' "replacing $1: $err"; }
+fi
+exit 0
+"#;
+
+/// `ABORT abs`: removes a temporary file (a write's, an export's or an import's).
+const ABORT: &str = r#"rm -rf -- "$1"
+"#;
+
+/// `STAT rel`: `hexmode size mtime`, then a symlink's target in base64.
+const STAT: &str = r#"confine_parent "$1"
+p=$R/$1
+exists "$p" || fail 'not found' "$1 does not exist"
+stat -c '%f %s %Y' -- "$p" || exit 1
+if [ -L "$p" ]; then readlink -- "$p" | base64; fi
+exit 0
+"#;
+
+/// `LIST rel`: the names (NUL-separated, in base64), a `.` line, then `hexmode size`
+/// per name in the same order.
+const LIST: &str = r#"confine "$1"
+p=$R/$1
+exists "$p" || fail 'not found' "$1 does not exist"
+[ -d "$p" ] || fail 'invalid input' "$1 is not a directory"
+set +f
+set --
+for f in "$p"/* "$p"/.*; do
+  case ${f##*/} in .|..) continue ;; esac
+  exists "$f" || continue
+  set -- "$@" "$f"
+done
+set -f
+[ $# -eq 0 ] && exit 0
+for f; do printf '%s\0' "${f##*/}"; done | base64
+echo .
+for f; do printf '%s\0' "$f"; done | xargs -0 stat -c '%f %s' --
+"#;
+
+/// `REMOVE rel recursive|single`.
+const REMOVE: &str = r#"confine_parent "$1"
+p=$R/$1
+exists "$p" || fail 'not found' "$1 does not exist"
+if [ -d "$p" ] && [ ! -L "$p" ]; then
+  if [ "$2" = recursive ]; then
+    err=$(rm -rf -- "$p" 2>&1) || fail 'permission denied' "$err"
+  else
+    rmdir -- "$p" 2>/dev/null || fail 'invalid input' "$1 is a directory that is not empty"
+  fi
+else
+  err=$(rm -f -- "$p" 2>&1) || fail 'permission denied' "$err"
+fi
+exit 0
+"#;
+
+/// `MKDIR rel`.
+const MKDIR: &str = r#"confine "$1"
+p=$R/$1
+[ -d "$p" ] && exit 0
+exists "$p" && fail 'already exists' "$1 exists and is not a directory"
+err=$(mkdir -p -- "$p" 2>&1) || fail 'already exists' "a file is in the way of $1: $err"
+exit 0
+"#;
+
+/// `RENAME from to`, with rename(2)'s rules for what is at `to`.
+const RENAME: &str = r#"confine_parent "$1"
+confine_parent "$2"
+f=$R/$1
+t=$R/$2
+exists "$f" || fail 'not found' "$1 does not exist"
+d=${t%/*}
+err=$(mkdir -p -- "${d:-/}" 2>&1) || fail 'invalid input' "a parent of $2 is not a directory: $err"
+if [ -L "$t" ]; then
+  rm -f -- "$t"
+elif [ -d "$t" ]; then
+  if [ -d "$f" ] && [ ! -L "$f" ]; then
+    rmdir -- "$t" 2>/dev/null || fail 'already exists' "$2 is a directory that is not empty"
+  else
+    fail 'invalid input' "$2 is a directory"
+  fi
+fi
+err=$(mv -f -- "$f" "$t" 2>&1) || fail 'invalid input' "$err"
+exit 0
+"#;
+
+/// `EXPORT rel tmpname skip count`: tars `rel` into a temporary file and prints its path,
+/// its size, then its first chunk; a tar that fits in that chunk is removed at once.
+const EXPORT: &str = r#"confine "$1"
+p=$R/$1
+exists "$p" || fail 'not found' "$1 does not exist"
+[ -d "$p" ] || fail 'invalid input' "$1 is not a directory"
+t=${TMPDIR:-/tmp}/$2
+(set -C; : > "$t") 2>/dev/null || fail 'backend error' "cannot create $t"
+err=$(tar -cf "$t" -C "$p" . 2>&1) || { rm -f -- "$t"; fail 'backend error' "tar: $err"; }
+size=$(stat -c %s -- "$t") || { rm -f -- "$t"; exit 1; }
+printf '%s\n%s\n' "$t" "$size"
+dd if="$t" bs=65536 skip="$3" count="$4" 2>/dev/null | base64
+[ "$size" -le $(($4 * 65536)) ] && rm -f -- "$t"
+exit 0
+"#;
+
+/// `SYMLINKS rel`: the symlinks under `rel` (NUL-separated relative paths, in base64).
+const SYMLINKS: &str = r#"confine "$1"
+p=$R/$1
+[ -d "$p" ] || exit 0
+cd -- "$p" && find . -type l -print0 | base64
+"#;
+
+/// `UPLOAD name first` creates a temporary file named `name` and prints its path;
+/// `UPLOAD path append` appends. Either way stdin (base64) is what is written.
+const UPLOAD: &str = r#"if [ "$2" = first ]; then
+  t=${TMPDIR:-/tmp}/$1
+  (set -C; : > "$t") 2>/dev/null || fail 'backend error' "cannot create $t"
+  printf '%s\n' "$t"
+else
+  t=$1
+  [ -f "$t" ] || fail 'not found' "the upload $t is gone"
+fi
+base64 -d >> "$t" || { rm -f -- "$t"; fail 'backend error' "writing $t failed"; }
+"#;
+
+/// `EXTRACT rel tar merge|replace stagename`: unpacks the uploaded (checked) tar and
+/// removes it. Replace unpacks beside `rel` first and swaps, so a failed unpack leaves
+/// `rel` as it was.
+const EXTRACT: &str = r#"trap 'rm -f -- "$2"' EXIT
+confine "$1"
+p=$R/$1
+if exists "$p"; then
+  [ -d "$p" ] || fail 'invalid input' "$1 is not a directory"
+  if [ -L "$p" ]; then p=$(readlink -f -- "$p") || fail 'permission denied' "$1 cannot be resolved"; fi
+fi
+if [ "$3" = merge ]; then
+  err=$(mkdir -p -- "$p" 2>&1) || fail 'invalid input' "$err"
+  err=$(tar -x -o -f "$2" -C "$p" 2>&1) || fail 'backend error' "unpacking: $err"
+  exit 0
+fi
+if [ -z "$1" ]; then
+  s=$R/$4
+  mkdir -- "$s" || fail 'backend error' "cannot create $s"
+  err=$(tar -x -o -f "$2" -C "$s" 2>&1) || { rm -rf -- "$s"; fail 'backend error' "unpacking: $err"; }
+  set +f
+  for f in "$R"/* "$R"/.*; do
+    case ${f##*/} in .|..|"$4") continue ;; esac
+    exists "$f" || continue
+    rm -rf -- "$f" || fail 'backend error' "cannot remove $f"
+  done
+  for f in "$s"/* "$s"/.*; do
+    case ${f##*/} in .|..) continue ;; esac
+    exists "$f" || continue
+    mv -- "$f" "$R/" || fail 'backend error' "cannot move $f"
+  done
+  rmdir -- "$s"
+  exit 0
+fi
+d=${p%/*}
+err=$(mkdir -p -- "${d:-/}" 2>&1) || fail 'invalid input' "$err"
+s=$d/$4
+mkdir -- "$s" || fail 'backend error' "cannot create $s"
+err=$(tar -x -o -f "$2" -C "$s" 2>&1) || { rm -rf -- "$s"; fail 'backend error' "unpacking: $err"; }
+if [ -d "$p" ]; then
+  mv -- "$p" "$s.old" || { rm -rf -- "$s"; fail 'backend error' "cannot move $1 aside"; }
+  mv -- "$s" "$p" || { mv -- "$s.old" "$p"; rm -rf -- "$s"; fail 'backend error' "cannot move the import into $1"; }
+  rm -rf -- "$s.old"
+else
+  mv -- "$s" "$p" || { rm -rf -- "$s"; fail 'backend error' "cannot move the import into $1"; }
+fi
+exit 0
+"#;
+
+/// What a command runs inside on a plain endpoint, whose exec has no cwd, env or
+/// "program not found": `$1` is the marker typed failures carry, `$2` the directory,
+/// `$3` how many `NAME=value` words follow, then the command.
+const COMMAND: &str = r#"marker=$1; dir=$2; n=$3; shift 3
+fail() { printf '%s:%s:%s\n' "$marker" "$1" "$2" >&2; exit 90; }
+if [ -n "$dir" ]; then cd -- "$dir" 2>/dev/null || fail 'not found' "the working directory $dir does not exist"; fi
+while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n - 1)); done
+command -v -- "$1" >/dev/null 2>&1 || fail 'not found' "$1 is not on the sandbox's PATH"
+exec "$@"
+"#;
+
+/// The argv a plain endpoint runs for `request`, and the marker its typed failures
+/// carry (random, so no command's own output is mistaken for one). `workspace` is the
+/// directory relative paths start from (empty: where commands start).
+pub(crate) fn wrap_command(
+    request: &sandcell::ExecRequest,
+    workspace: &str,
+) -> (Vec<String>, String) {
+    let marker = format!("sandcell-{}", uuid::Uuid::new_v4().simple());
+    let dir = match (&request.cwd, workspace) {
+        (None, "") => String::new(),
+        (None, root) => root.to_owned(),
+        (Some(cwd), "") => format!("./{}", cwd.as_str()),
+        (Some(cwd), root) => format!("{root}/{}", cwd.as_str()),
+    };
+    let mut argv = vec![
+        "sh".to_owned(),
+        "-c".to_owned(),
+        COMMAND.to_owned(),
+        "sandcell".to_owned(),
+        marker.clone(),
+        dir,
+        request.env.len().to_string(),
+    ];
+    argv.extend(request.env.iter().map(|(k, v)| format!("{k}={v}")));
+    argv.extend(request.argv.iter().cloned());
+    (argv, marker)
+}
+
+/// The typed error a script printed (`MARKER:kind:message` on stderr, exit 90).
+pub(crate) fn typed_failure(
+    exit_code: Option<i32>,
+    stderr: &str,
+    marker: &str,
+    what: &str,
+) -> Option<Error> {
+    if exit_code != Some(TYPED_FAILURE) {
+        return None;
+    }
+    let (kind, message) = stderr
+        .lines()
+        .rev()
+        .find_map(|line| line.strip_prefix(marker)?.strip_prefix(':'))?
+        .split_once(':')?;
+    Some(Error::new(
+        ErrorKind::from_name(kind)?,
+        format!("{what}: {message}"),
+    ))
+}
+
+/// Runs file operations on one endpoint's machines through `exec`.
+#[derive(Debug, Clone)]
+pub(crate) struct ExecFiles {
+    control: Arc<dyn ControlPlane>,
+    /// The workspace directory on the machine; empty for where commands start.
+    root: String,
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// Decodes base64 that `base64` printed (wrapped in lines).
+fn decode(text: &str, what: &str) -> Result<Vec<u8>> {
+    let packed: Vec<u8> = text.bytes().filter(|b| !b.is_ascii_whitespace()).collect();
+    b64().decode(packed).map_err(|e| {
+        Error::with_source(
+            ErrorKind::Backend,
+            format!("{what}: the machine answered data that is not base64"),
+            e,
+        )
+    })
+}
+
+fn malformed(what: &str, stdout: &str) -> Error {
+    let shown: String = stdout.chars().take(200).collect();
+    Error::new(
+        ErrorKind::Backend,
+        format!("{what}: the machine answered something unexpected: {shown:?}"),
+    )
+}
+
+/// A unique name for a temporary file on the machine.
+fn temp_name(what: &str) -> String {
+    format!(".sandcell-{what}-{}", uuid::Uuid::new_v4().simple())
+}
+
+fn blocks(bytes: usize) -> usize {
+    bytes / BLOCK
+}
+
+/// `hexmode` from `stat -c %f` as a kind and permission bits.
+fn kind_of(hex_mode: &str) -> Option<(FileKind, u32)> {
+    let mode = u32::from_str_radix(hex_mode, 16).ok()?;
+    let kind = match mode & 0o170000 {
+        0o100000 => FileKind::File,
+        0o040000 => FileKind::Dir,
+        0o120000 => FileKind::Symlink,
+        _ => FileKind::Other,
+    };
+    Some((kind, mode & 0o777))
+}
+
+impl ExecFiles {
+    pub(crate) fn new(control: Arc<dyn ControlPlane>, root: String) -> Self {
+        ExecFiles { control, root }
+    }
+
+    /// Runs `script` with `args`, answering its stdout; a typed failure becomes that error.
+    async fn run(
+        &self,
+        id: &SandboxId,
+        what: &str,
+        script: &str,
+        args: &[&str],
+        stdin: Option<String>,
+    ) -> Result<String> {
+        let mut command = vec![
+            "sh".to_owned(),
+            "-c".to_owned(),
+            format!("{PRELUDE}{script}"),
+            "sandcell".to_owned(),
+            self.root.clone(),
+        ];
+        command.extend(args.iter().map(|a| (*a).to_owned()));
+        let body = ExecBody {
+            command,
+            stdin,
+            timeout: Some(CALL_SECONDS),
+        };
+        let answer = self
+            .control
+            .exec(id.as_str(), &body)
+            .await
+            .map_err(|e| e.context(what))?;
+        if let Some(e) = typed_failure(answer.exit_code, &answer.stderr, "sandcell", what) {
+            return Err(e);
+        }
+        match (answer.exit_code, answer.exit_signal.filter(|s| *s > 0)) {
+            (Some(0), None) => Ok(answer.stdout),
+            (code, signal) => Err(Error::new(
+                ErrorKind::Backend,
+                format!(
+                    "{what} failed on the machine (exit {code:?}, signal {signal:?}); files over exec need sh, base64, dd, stat, readlink, xargs, find and tar: {}",
+                    answer.stderr.trim()
+                ),
+            )),
+        }
+    }
+
+    /// Best-effort removal of a temporary file, after a failure.
+    async fn discard(&self, id: &SandboxId, path: &str) {
+        if let Err(e) = self
+            .run(id, "removing a temporary file", ABORT, &[path], None)
+            .await
+        {
+            tracing::warn!(sandbox = %id, path, error = %e, "a temporary file may be left on the machine");
+        }
+    }
+
+    pub(crate) async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        let what = format!("reading {path}");
+        let count = blocks(CHUNK_BYTES).to_string();
+        let mut data = Vec::new();
+        let mut size = None;
+        loop {
+            let skip = blocks(data.len()).to_string();
+            let out = self
+                .run(id, &what, READ, &[path.as_str(), &skip, &count], None)
+                .await?;
+            let (head, body) = out.split_once('\n').ok_or_else(|| malformed(&what, &out))?;
+            let total: usize = head.trim().parse().map_err(|_| malformed(&what, &out))?;
+            let chunk = decode(body, &what)?;
+            let expected = *size.get_or_insert(total);
+            let done = chunk.len() < CHUNK_BYTES;
+            data.extend_from_slice(&chunk);
+            if done || data.len() >= expected {
+                return Ok(Bytes::from(data));
+            }
+        }
+    }
+
+    pub(crate) async fn write(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        data: Bytes,
+    ) -> Result<()> {
+        if path.is_root() {
+            return Err(Error::invalid_input("cannot write the workspace root"));
+        }
+        let what = format!("writing {path}");
+        let temp = temp_name("write");
+        let chunks: Vec<&[u8]> = if data.is_empty() {
+            vec![&[]]
+        } else {
+            data.chunks(CHUNK_BYTES).collect()
+        };
+        let last_index = chunks.len() - 1;
+        for (i, chunk) in chunks.into_iter().enumerate() {
+            let first = if i == 0 { "first" } else { "append" };
+            let last = if i == last_index { "last" } else { "more" };
+            let sent = self
+                .run(
+                    id,
+                    &what,
+                    WRITE,
+                    &[path.as_str(), &temp, first, last],
+                    Some(b64().encode(chunk)),
+                )
+                .await;
+            if let Err(e) = sent {
+                // The script removes its file on the failures it reports; a lost call
+                // or a later chunk's may leave it.
+                let lost = matches!(
+                    e.kind(),
+                    ErrorKind::Unavailable | ErrorKind::Timeout | ErrorKind::Backend
+                );
+                if i > 0 || lost {
+                    let dir = path.parent().unwrap_or_else(SandboxPath::root);
+                    let leftover = format!("{}/{}", self.absolute(&dir), temp);
+                    self.discard(id, &leftover).await;
+                }
+                return Err(e);
+            }
+        }
+        Ok(())
+    }
+
+    /// Where `path` is on the machine, for removing temporary files beside it.
+    fn absolute(&self, path: &SandboxPath) -> String {
+        let root = if self.root.is_empty() {
+            "."
+        } else {
+            &self.root
+        };
+        if path.is_root() {
+            root.to_owned()
+        } else {
+            format!("{root}/{}", path.as_str())
+        }
+    }
+
+    pub(crate) async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
+        let what = format!("stat {path}");
+        let out = self.run(id, &what, STAT, &[path.as_str()], None).await?;
+        let (head, rest) = out.split_once('\n').unwrap_or((&out, ""));
+        let fields: Vec<&str> = head.split_whitespace().collect();
+        let [mode, size, mtime] = fields[..] else {
+            return Err(malformed(&what, &out));
+        };
+        let (kind, mode) = kind_of(mode).ok_or_else(|| malformed(&what, &out))?;
+        let size: u64 = size.parse().map_err(|_| malformed(&what, &out))?;
+        let mut info = FileInfo::new(
+            path.clone(),
+            kind,
+            if kind == FileKind::Dir { 0 } else { size },
+            mode,
+        );
+        info.modified = mtime
+            .parse::<i64>()
+            .ok()
+            .and_then(|s| chrono::DateTime::from_timestamp(s, 0));
+        if kind == FileKind::Symlink {
+            let target = decode(rest, &what)?;
+            let target = String::from_utf8_lossy(&target);
+            info.symlink_target = Some(target.trim_end_matches('\n').to_owned());
+        }
+        Ok(info)
+    }
+
+    pub(crate) async fn list_dir(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+    ) -> Result<Vec<DirEntry>> {
+        let what = format!("listing {path}");
+        let out = self.run(id, &what, LIST, &[path.as_str()], None).await?;
+        if out.trim().is_empty() {
+            return Ok(Vec::new());
+        }
+        let (names, stats) = out
+            .split_once("\n.\n")
+            .ok_or_else(|| malformed(&what, &out))?;
+        let names = decode(names, &what)?;
+        let names: Vec<&[u8]> = names.split(|b| *b == 0).filter(|n| !n.is_empty()).collect();
+        let stats: Vec<&str> = stats.lines().filter(|l| !l.trim().is_empty()).collect();
+        if names.len() != stats.len() {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                format!("{what}: the directory changed while it was listed; try again"),
+            ));
+        }
+        let mut entries = Vec::with_capacity(names.len());
+        for (name, stat) in names.into_iter().zip(stats) {
+            // A name that is not UTF-8 cannot be a sandbox path; the local backend
+            // skips such names too.
+            let Ok(name) = std::str::from_utf8(name) else {
+                continue;
+            };
+            let Some((mode, size)) = stat.split_once(' ') else {
+                return Err(malformed(&what, &out));
+            };
+            let (kind, _) = kind_of(mode).ok_or_else(|| malformed(&what, &out))?;
+            let size: u64 = size.trim().parse().map_err(|_| malformed(&what, &out))?;
+            let entry_path = path.join(name)?;
+            entries.push(DirEntry::new(
+                entry_path,
+                kind,
+                if kind == FileKind::Dir { 0 } else { size },
+            ));
+        }
+        entries.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(entries)
+    }
+
+    pub(crate) async fn remove(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        recursive: bool,
+    ) -> Result<()> {
+        if path.is_root() {
+            return Err(Error::invalid_input("cannot remove the workspace root"));
+        }
+        let mode = if recursive { "recursive" } else { "single" };
+        self.run(
+            id,
+            &format!("removing {path}"),
+            REMOVE,
+            &[path.as_str(), mode],
+            None,
+        )
+        .await
+        .map(drop)
+    }
+
+    pub(crate) async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
+        self.run(
+            id,
+            &format!("creating {path}"),
+            MKDIR,
+            &[path.as_str()],
+            None,
+        )
+        .await
+        .map(drop)
+    }
+
+    pub(crate) async fn rename(
+        &self,
+        id: &SandboxId,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> Result<()> {
+        if from.is_root() || to.is_root() {
+            return Err(Error::invalid_input("cannot rename the workspace root"));
+        }
+        if to.starts_with(from) {
+            return Err(Error::invalid_input(format!(
+                "cannot move {from} into itself ({to})"
+            )));
+        }
+        let what = format!("renaming {from} to {to}");
+        self.run(id, &what, RENAME, &[from.as_str(), to.as_str()], None)
+            .await
+            .map(drop)
+    }
+
+    /// Exports `path` as a checked, normalized tar: downloaded in chunks into an
+    /// anonymous local file, re-written by [`sandcell::archive::normalize_tar`], then
+    /// streamed from there.
+    pub(crate) async fn export_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+    ) -> Result<ByteStream> {
+        let what = format!("exporting {path}");
+        let count = blocks(CHUNK_BYTES);
+        let out = self
+            .run(
+                id,
+                &what,
+                EXPORT,
+                &[path.as_str(), &temp_name("export"), "0", &count.to_string()],
+                None,
+            )
+            .await?;
+        let mut lines = out.splitn(3, '\n');
+        let (Some(remote), Some(size), body) = (lines.next(), lines.next(), lines.next()) else {
+            return Err(malformed(&what, &out));
+        };
+        let remote = remote.to_owned();
+        let size: usize = size.trim().parse().map_err(|_| malformed(&what, &out))?;
+        let download = self
+            .download(id, &what, &remote, size, decode(body.unwrap_or(""), &what)?)
+            .await;
+        if download.is_err() && size > CHUNK_BYTES {
+            self.discard(id, &remote).await;
+        }
+        let mut raw = download?;
+        let limits = sandcell::archive::ArchiveLimits::default();
+        let normalized = tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
+            raw.rewind()
+                .map_err(|e| Error::io("rewinding the downloaded archive", e))?;
+            let mut out = tempfile::tempfile()
+                .map_err(|e| Error::io("creating a local temporary file", e))?;
+            sandcell::archive::normalize_tar(std::io::BufReader::new(raw), &mut out, &limits)?;
+            out.rewind()
+                .map_err(|e| Error::io("rewinding the normalized archive", e))?;
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Backend, "normalizing the archive", e))??;
+        let file = tokio::fs::File::from_std(normalized);
+        Ok(tokio_util::io::ReaderStream::new(file)
+            .map(|chunk| chunk.map_err(|e| Error::io("reading the exported archive", e)))
+            .boxed())
+    }
+
+    /// Fetches the rest of a temporary file after its first chunk, into a local
+    /// anonymous file; the last call removes the machine's copy.
+    async fn download(
+        &self,
+        id: &SandboxId,
+        what: &str,
+        remote: &str,
+        size: usize,
+        first: Vec<u8>,
+    ) -> Result<std::fs::File> {
+        let mut local =
+            tempfile::tempfile().map_err(|e| Error::io("creating a local temporary file", e))?;
+        let mut got = first.len();
+        local
+            .write_all(&first)
+            .map_err(|e| Error::io("spooling the archive", e))?;
+        let count = blocks(CHUNK_BYTES).to_string();
+        while got < size {
+            let last = size - got <= CHUNK_BYTES;
+            let skip = blocks(got).to_string();
+            let args = [remote, &skip, &count, if last { "remove" } else { "keep" }];
+            let out = self.run(id, what, CHUNK, &args, None).await?;
+            let chunk = decode(&out, what)?;
+            if chunk.is_empty() {
+                return Err(Error::new(
+                    ErrorKind::Backend,
+                    format!("{what}: the archive on the machine ended early"),
+                ));
+            }
+            got += chunk.len();
+            local
+                .write_all(&chunk)
+                .map_err(|e| Error::io("spooling the archive", e))?;
+        }
+        Ok(local)
+    }
+
+    /// Imports: spools and checks the whole archive here (refusing it before the machine
+    /// sees a byte), uploads the normalized tar in chunks, then unpacks it in one call.
+    pub(crate) async fn import_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: ImportOptions,
+    ) -> Result<()> {
+        let what = format!("importing into {path}");
+        let limits = options.limits;
+        let mut spool = spool(tar, limits.max_stream_bytes()).await?;
+        spool
+            .rewind()
+            .map_err(|e| Error::io("rewinding the archive", e))?;
+        let mut checker = EntryChecker::new(limits);
+        if options.mode != ImportMode::Replace {
+            for link in self.symlinks(id, path, &what).await? {
+                checker.assume_existing_symlink(link);
+            }
+        }
+        let checked = tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
+            spool
+                .rewind()
+                .map_err(|e| Error::io("rewinding the archive", e))?;
+            read_entries_with(
+                checker,
+                std::io::BufReader::new(&mut spool),
+                &limits,
+                &mut |_, contents: &mut dyn Read| {
+                    std::io::copy(contents, &mut std::io::sink())
+                        .map(drop)
+                        .map_err(|e| Error::io("reading an archive entry", e))
+                },
+            )?;
+            spool
+                .rewind()
+                .map_err(|e| Error::io("rewinding the archive", e))?;
+            let mut out = tempfile::tempfile()
+                .map_err(|e| Error::io("creating a local temporary file", e))?;
+            sandcell::archive::normalize_tar(std::io::BufReader::new(spool), &mut out, &limits)?;
+            out.rewind()
+                .map_err(|e| Error::io("rewinding the archive", e))?;
+            Ok(out)
+        })
+        .await
+        .map_err(|e| Error::with_source(ErrorKind::Backend, "checking the archive", e))??;
+
+        let remote = self.upload(id, &what, checked).await?;
+        let mode = match options.mode {
+            ImportMode::Replace => "replace",
+            _ => "merge",
+        };
+        let stage = temp_name("import-stage");
+        // The script removes the upload whatever happens.
+        self.run(
+            id,
+            &what,
+            EXTRACT,
+            &[path.as_str(), &remote, mode, &stage],
+            None,
+        )
+        .await
+        .map(drop)
+    }
+
+    /// The symlinks already under `path`, relative to it.
+    async fn symlinks(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        what: &str,
+    ) -> Result<Vec<SandboxPath>> {
+        let out = self.run(id, what, SYMLINKS, &[path.as_str()], None).await?;
+        let listed = decode(&out, what)?;
+        Ok(listed
+            .split(|b| *b == 0)
+            .filter_map(|raw| std::str::from_utf8(raw).ok())
+            .filter_map(|raw| SandboxPath::new(raw).ok())
+            .filter(|p| !p.is_root())
+            .collect())
+    }
+
+    /// Sends a local file to a new temporary file on the machine in chunks, answering
+    /// its path there; after a failure nothing is left.
+    async fn upload(&self, id: &SandboxId, what: &str, mut file: std::fs::File) -> Result<String> {
+        let mut buffer = vec![0u8; CHUNK_BYTES];
+        let filled = read_full(&mut file, &mut buffer)?;
+        let out = self
+            .run(
+                id,
+                what,
+                UPLOAD,
+                &[&temp_name("import"), "first"],
+                Some(b64().encode(&buffer[..filled])),
+            )
+            .await?;
+        let remote = out.trim_end_matches('\n').to_owned();
+        let mut last = filled;
+        while last == CHUNK_BYTES {
+            let sent = match read_full(&mut file, &mut buffer) {
+                Ok(0) => break,
+                Ok(filled) => {
+                    last = filled;
+                    let chunk = Some(b64().encode(&buffer[..filled]));
+                    self.run(id, what, UPLOAD, &[&remote, "append"], chunk)
+                        .await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = sent {
+                self.discard(id, &remote).await;
+                return Err(e);
+            }
+        }
+        Ok(remote)
+    }
+}
+
+/// Reads a caller's archive stream to its end into an anonymous local file (at most
+/// `cap` bytes), so an error the stream raises, even at its very end, comes before
+/// anything reaches the machine. Answers the file, positioned at its end.
+pub(crate) async fn spool(mut tar: ByteStream, cap: u64) -> Result<std::fs::File> {
+    let mut spool =
+        tempfile::tempfile().map_err(|e| Error::io("creating a local temporary file", e))?;
+    let mut spooled: u64 = 0;
+    while let Some(chunk) = tar.next().await {
+        let chunk = chunk?;
+        spooled += chunk.len() as u64;
+        if spooled > cap {
+            return Err(Error::limit_exceeded(format!(
+                "the archive is larger than {cap} bytes"
+            )));
+        }
+        spool
+            .write_all(&chunk)
+            .map_err(|e| Error::io("spooling the archive", e))?;
+    }
+    Ok(spool)
+}
+
+/// Reads until `buffer` is full or the file ends.
+fn read_full(file: &mut std::fs::File, buffer: &mut [u8]) -> Result<usize> {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        match file.read(&mut buffer[filled..]) {
+            Ok(0) => break,
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("reading the archive", e)),
+        }
+    }
+    Ok(filled)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stat_modes_map_to_kinds() {
+        assert_eq!(kind_of("81a4"), Some((FileKind::File, 0o644)));
+        assert_eq!(kind_of("41ed"), Some((FileKind::Dir, 0o755)));
+        assert_eq!(kind_of("a1ff"), Some((FileKind::Symlink, 0o777)));
+        assert_eq!(kind_of("11a4").map(|k| k.0), Some(FileKind::Other));
+        assert_eq!(kind_of("zz"), None);
+    }
+
+    #[test]
+    fn wrapped_base64_decodes() {
+        let text = b64().encode(vec![7u8; 200]);
+        let wrapped: String = text
+            .as_bytes()
+            .chunks(76)
+            .map(|c| format!("{}\n", std::str::from_utf8(c).unwrap()))
+            .collect();
+        assert_eq!(decode(&wrapped, "t").unwrap(), vec![7u8; 200]);
+        assert_eq!(decode("!!", "t").unwrap_err().kind(), ErrorKind::Backend);
+    }
+
+    #[test]
+    fn chunks_are_whole_blocks() {
+        assert_eq!(CHUNK_BYTES % BLOCK, 0);
+    }
+}

@@ -1,0 +1,231 @@
+//! Files over exec: a sandcell-server serving only the Fly Machines subset stands in
+//! for a plain Fly endpoint, so the client moves files through `exec` alone.
+#![cfg(feature = "server")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use sandcell::testing::conformance;
+use sandcell_remote::server::ServerConfig;
+use sandcell_remote::{RateLimit, RateLimits, RemoteBackend, RemoteConfig};
+
+/// A server without extensions, and a client whose limiter does not slow the suite.
+async fn plain() -> (common::TestServer, RemoteBackend) {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.extensions = false;
+    let server = common::serve_local_with(config).await;
+    let mut limits = RateLimits::default();
+    limits.mutations = RateLimit::new(1000.0, 1000);
+    limits.reads = RateLimit::new(1000.0, 1000);
+    let backend = RemoteBackend::connect(
+        RemoteConfig::new(&server.url, common::TOKEN)
+            .retry(common::fast_retries())
+            .rate_limits(limits),
+    )
+    .await
+    .unwrap();
+    assert!(!backend.has_extensions());
+    (server, backend)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_endpoint_passes_the_conformance_suite() {
+    let (_server, backend) = plain().await;
+    conformance::run_all(&backend).await;
+    conformance::manager_sessions(std::sync::Arc::new(backend)).await;
+}
+
+use bytes::Bytes;
+use futures::StreamExt;
+use sandcell::archive::ImportOptions;
+use sandcell::testing::RawTar;
+use sandcell::{
+    ErrorKind, ReleaseMode, SandboxBackend, SandboxManager, SandboxPath, SandboxSpec, SandboxStatus,
+};
+
+fn p(path: &str) -> SandboxPath {
+    SandboxPath::new(path).unwrap()
+}
+
+/// Exec calls the proxy saw.
+fn execs(proxy: &common::proxy::FaultProxy) -> usize {
+    proxy
+        .requests()
+        .iter()
+        .filter(|r| r.method == "POST" && r.path.ends_with("/exec"))
+        .count()
+}
+
+/// Names in `dir` (recursively) that a file call's temporary files would have.
+fn leftovers(dir: &std::path::Path) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        if name.starts_with(".sandcell-") {
+            found.push(name);
+        } else if entry.file_type().unwrap().is_dir() {
+            found.extend(leftovers(&entry.path()));
+        }
+    }
+    found
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_files_and_archives_cross_in_bounded_chunks_and_leave_nothing() {
+    let (server, _) = plain().await;
+    let proxy = common::proxy::FaultProxy::start(&server.url).await;
+    let mut limits = RateLimits::default();
+    limits.mutations = RateLimit::new(1000.0, 1000);
+    let backend =
+        RemoteBackend::connect(RemoteConfig::new(proxy.url(), common::TOKEN).rate_limits(limits))
+            .await
+            .unwrap();
+    // The machine's temporary files go to a directory this test watches.
+    let machine_tmp = tempfile::tempdir().unwrap();
+    let spec = SandboxSpec::new("default").with_env("TMPDIR", machine_tmp.path().to_str().unwrap());
+    let sandbox = backend.create(&spec).await.unwrap();
+    let local = server.local.inspect(&sandbox.id).await.unwrap();
+    let workspace = std::path::PathBuf::from(&local.details["host_path"]);
+
+    // 1.5 MiB that is not text: three or more chunks each way.
+    let data: Vec<u8> = (0..1_572_864u32).map(|i| (i * 7 % 251) as u8).collect();
+    let before = execs(&proxy);
+    backend
+        .write(&sandbox.id, &p("big/blob.bin"), Bytes::from(data.clone()))
+        .await
+        .unwrap();
+    assert!(execs(&proxy) - before >= 3, "written in chunks");
+    let largest = proxy
+        .requests()
+        .iter()
+        .filter(|r| r.path.ends_with("/exec"))
+        .map(|r| r.body.len())
+        .max()
+        .unwrap();
+    assert!(
+        largest < 1 << 20,
+        "every exec body stays under the server's 1 MiB JSON limit: {largest}"
+    );
+    let before = execs(&proxy);
+    let back = backend.read(&sandbox.id, &p("big/blob.bin")).await.unwrap();
+    assert!(execs(&proxy) - before >= 3, "read in chunks");
+    assert!(back[..] == data[..], "read gives back what was written");
+    assert_eq!(std::fs::read(workspace.join("big/blob.bin")).unwrap(), data);
+
+    // Export (over several chunks), then import into another directory.
+    let tar: Vec<u8> = backend
+        .export_tar(&sandbox.id, &p("big"))
+        .await
+        .unwrap()
+        .map(|c| c.unwrap().to_vec())
+        .concat()
+        .await;
+    assert!(tar.len() > 1_572_864);
+    backend
+        .import_tar(
+            &sandbox.id,
+            &p("copy"),
+            futures::stream::iter([Ok(Bytes::from(tar))]).boxed(),
+            ImportOptions::replace(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        std::fs::read(workspace.join("copy/blob.bin")).unwrap(),
+        data
+    );
+
+    assert_eq!(leftovers(&workspace), Vec::<String>::new(), "workspace");
+    assert_eq!(
+        leftovers(machine_tmp.path()),
+        Vec::<String>::new(),
+        "TMPDIR"
+    );
+    assert_eq!(std::fs::read_dir(machine_tmp.path()).unwrap().count(), 0);
+    backend.destroy(&sandbox.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_archive_is_refused_before_the_machine_sees_it() {
+    let (server, _) = plain().await;
+    let proxy = common::proxy::FaultProxy::start(&server.url).await;
+    let backend = common::client(&proxy.url()).await;
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    backend
+        .write(&sandbox.id, &p("keep/a"), Bytes::from_static(b"a"))
+        .await
+        .unwrap();
+    let hostile = RawTar::new()
+        .file("fine", b"ok")
+        .symlink("out", "/etc")
+        .file("out/passwd", b"owned")
+        .finish();
+    let before = execs(&proxy);
+    let err = backend
+        .import_tar(
+            &sandbox.id,
+            &p("keep"),
+            futures::stream::iter([Ok(hostile)]).boxed(),
+            ImportOptions::replace(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert_eq!(execs(&proxy), before, "nothing was sent to the machine");
+    let names: Vec<String> = backend
+        .list_dir(&sandbox.id, &p("keep"))
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|e| e.name)
+        .collect();
+    assert_eq!(names, ["a"], "the directory is as it was");
+    backend.destroy(&sandbox.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_session_is_thawed_for_its_snapshot_and_paused_again() {
+    let (_server, backend) = plain().await;
+    assert!(!backend.capabilities().files_while_paused);
+    let backend: std::sync::Arc<dyn SandboxBackend> = std::sync::Arc::new(backend);
+    let manager = SandboxManager::builder(std::sync::Arc::clone(&backend))
+        .state_store(sandcell::store::InMemoryStateStore::new())
+        .snapshot_store(sandcell::store::InMemorySnapshotStore::new())
+        .suspend_strategy(sandcell::manager::SuspendStrategy::Pause)
+        .build()
+        .await
+        .unwrap();
+    let key = sandcell::store::SessionKey::new("t", "s").unwrap();
+    let handle = manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    let id = handle.id().clone();
+    handle
+        .write(&p("notes.txt"), Bytes::from_static(b"kept"))
+        .await
+        .unwrap();
+    manager.release(&key, ReleaseMode::Suspend).await.unwrap();
+    assert_eq!(
+        backend.inspect(&id).await.unwrap().status,
+        SandboxStatus::Paused
+    );
+    let err = backend.read(&id, &p("notes.txt")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidState, "{err}");
+
+    let manifest = manager.snapshot(&key).await.unwrap();
+    assert_eq!(
+        backend.inspect(&id).await.unwrap().status,
+        SandboxStatus::Paused,
+        "paused again after the snapshot"
+    );
+    let restored = manager.restore(&key, &manifest.id).await.unwrap();
+    assert_eq!(
+        &restored.read(&p("notes.txt")).await.unwrap()[..],
+        b"kept",
+        "the snapshot holds the workspace"
+    );
+    manager.release(&key, ReleaseMode::Purge).await.unwrap();
+    manager.shutdown().await;
+}
