@@ -28,9 +28,9 @@ fn free_port() -> u16 {
         .port()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_binary_serves_the_local_backend_on_loopback() {
-    let root = tempfile::tempdir().unwrap();
+/// Starts the binary over the local backend with `extra` flags; answers it and its URL
+/// once it listens.
+async fn start(root: &std::path::Path, extra: &[&str]) -> (Server, String) {
     let port = free_port();
     let server = Server(
         Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
@@ -40,24 +40,32 @@ async fn the_binary_serves_the_local_backend_on_loopback() {
                 "--listen",
                 &format!("127.0.0.1:{port}"),
             ])
+            .args(extra)
             .arg("--root")
-            .arg(root.path())
+            .arg(root)
             .env("SANDCELL_SERVER_TOKEN", common::TOKEN)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let url = format!("http://127.0.0.1:{port}");
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "the server never listened");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    (server, format!("http://127.0.0.1:{port}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_the_local_backend_on_loopback() {
+    let root = tempfile::tempdir().unwrap();
+    let (server, url) = start(root.path(), &[]).await;
     let backend = RemoteBackend::connect(RemoteConfig::new(&url, common::TOKEN))
         .await
         .unwrap();
     assert_eq!(backend.name(), "remote");
+    assert!(backend.has_extensions());
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
     let out = backend
         .run(&sandbox.id, ExecRequest::new(["echo", "served"]))
@@ -76,4 +84,31 @@ fn an_empty_token_is_refused() {
         .status()
         .unwrap();
     assert_eq!(status.code(), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fly_only_serves_a_plain_endpoint_whose_files_move_over_exec() {
+    let root = tempfile::tempdir().unwrap();
+    let (server, url) = start(root.path(), &["--fly-only"]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, common::TOKEN))
+        .await
+        .unwrap();
+    assert!(!backend.has_extensions(), "no sandcell routes");
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let path = sandcell::SandboxPath::new("over/exec.txt").unwrap();
+    backend
+        .write(&sandbox.id, &path, bytes::Bytes::from_static(b"plain"))
+        .await
+        .unwrap();
+    let out = backend
+        .run_shell(&sandbox.id, "cat over/exec.txt")
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "plain");
+    assert_eq!(
+        &backend.read(&sandbox.id, &path).await.unwrap()[..],
+        b"plain"
+    );
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
 }
