@@ -290,7 +290,8 @@ impl RemoteBackend {
     }
 
     /// The spec's output cap for sandbox `id` (plain endpoints, where the process
-    /// cannot carry it): read once from the machine's metadata, then remembered.
+    /// cannot carry it): remembered from the create, or read once from the machine's
+    /// metadata for a machine this client did not create.
     async fn output_limit(&self, id: &SandboxId) -> Result<Option<usize>> {
         if let Some(limit) = crate::lock(&self.inner.output_limits).get(id) {
             return Ok(*limit);
@@ -431,6 +432,8 @@ impl SandboxBackend for RemoteBackend {
                 return Err(e.context(format_args!("starting machine {}", machine.id)));
             }
         }
+        // Known now; exec on a plain endpoint need not ask the machine for it later.
+        crate::lock(&self.inner.output_limits).insert(info.id.clone(), spec.limits.output_bytes);
         self.inspect(&info.id).await
     }
 
@@ -648,7 +651,7 @@ impl SandboxBackend for RemoteBackend {
         let mut spooled = crate::exec_files::spool(tar, limits.max_stream_bytes()).await?;
         std::io::Seek::rewind(&mut spooled)
             .map_err(|e| Error::io("rewinding the spooled archive", e))?;
-        let body = tokio_util::io::ReaderStream::new(tokio::fs::File::from_std(spooled));
+        let body = sandcell::stream::reader_to_stream(spooled);
         // The body is read once, so this call is never retried.
         let response = self
             .inner

@@ -681,23 +681,13 @@ impl ExecFiles {
             self.discard(id, &remote).await;
         }
         let mut raw = download?;
+        raw.rewind()
+            .map_err(|e| Error::io("rewinding the downloaded archive", e))?;
+        // Normalized as it streams out: a hostile entry ends the stream with its error.
         let limits = sandcell::archive::ArchiveLimits::default();
-        let normalized = tokio::task::spawn_blocking(move || -> Result<std::fs::File> {
-            raw.rewind()
-                .map_err(|e| Error::io("rewinding the downloaded archive", e))?;
-            let mut out = tempfile::tempfile()
-                .map_err(|e| Error::io("creating a local temporary file", e))?;
-            sandcell::archive::normalize_tar(std::io::BufReader::new(raw), &mut out, &limits)?;
-            out.rewind()
-                .map_err(|e| Error::io("rewinding the normalized archive", e))?;
-            Ok(out)
-        })
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Backend, "normalizing the archive", e))??;
-        let file = tokio::fs::File::from_std(normalized);
-        Ok(tokio_util::io::ReaderStream::new(file)
-            .map(|chunk| chunk.map_err(|e| Error::io("reading the exported archive", e)))
-            .boxed())
+        Ok(sandcell::stream::writer_to_stream(move |out| {
+            sandcell::archive::normalize_tar(std::io::BufReader::new(raw), out, &limits).map(drop)
+        }))
     }
 
     /// Fetches the rest of a temporary file after its first chunk, into a local
@@ -710,8 +700,7 @@ impl ExecFiles {
         size: usize,
         first: Vec<u8>,
     ) -> Result<std::fs::File> {
-        let mut local =
-            tempfile::tempfile().map_err(|e| Error::io("creating a local temporary file", e))?;
+        let mut local = local_temp()?;
         let mut got = first.len();
         local
             .write_all(&first)
@@ -775,8 +764,7 @@ impl ExecFiles {
             spool
                 .rewind()
                 .map_err(|e| Error::io("rewinding the archive", e))?;
-            let mut out = tempfile::tempfile()
-                .map_err(|e| Error::io("creating a local temporary file", e))?;
+            let mut out = local_temp()?;
             sandcell::archive::normalize_tar(std::io::BufReader::new(spool), &mut out, &limits)?;
             out.rewind()
                 .map_err(|e| Error::io("rewinding the archive", e))?;
@@ -860,8 +848,7 @@ impl ExecFiles {
 /// `cap` bytes), so an error the stream raises, even at its very end, comes before
 /// anything reaches the machine. Answers the file, positioned at its end.
 pub(crate) async fn spool(mut tar: ByteStream, cap: u64) -> Result<std::fs::File> {
-    let mut spool =
-        tempfile::tempfile().map_err(|e| Error::io("creating a local temporary file", e))?;
+    let mut spool = local_temp()?;
     let mut spooled: u64 = 0;
     while let Some(chunk) = tar.next().await {
         let chunk = chunk?;
@@ -876,6 +863,11 @@ pub(crate) async fn spool(mut tar: ByteStream, cap: u64) -> Result<std::fs::File
             .map_err(|e| Error::io("spooling the archive", e))?;
     }
     Ok(spool)
+}
+
+/// An anonymous local file (gone when dropped, whatever happens).
+fn local_temp() -> Result<std::fs::File> {
+    tempfile::tempfile().map_err(|e| Error::io("creating a local temporary file", e))
 }
 
 /// Reads until `buffer` is full or the file ends.
