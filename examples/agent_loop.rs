@@ -8,7 +8,10 @@
 
 use std::time::Duration;
 
-use sandcell::{ExecRequest, ReleaseMode, SandboxManager, SandboxSpec, SessionKey};
+use sandcell::{
+    ExecRequest, ReleaseMode, SandboxBackend, SandboxBackendExt, SandboxManager, SandboxSpec,
+    SessionKey,
+};
 use sandcell_local::LocalBackend;
 
 /// The first draft the agent writes: a FizzBuzz with an off-by-one (it stops at 14).
@@ -40,15 +43,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("session {key} → sandbox {}", sandbox.id());
 
     let program = "fizzbuzz.sh".parse()?;
-    sandbox.write(&program, DRAFT.into()).await?;
+    // Every backend operation goes through the handle's `call`, which records activity
+    // for the session and names the operation, sandbox and session on an error.
+    sandbox
+        .call("write", |b, id| b.write(id, &program, DRAFT.into()))
+        .await?;
     println!("wrote {program} ({} bytes)", DRAFT.len());
 
     let mut solved = false;
     for attempt in 1..=3 {
         // Act: run the program with a timeout, so a hung draft cannot stall the agent.
-        let out = sandbox
-            .run(ExecRequest::new(["sh", "fizzbuzz.sh"]).timeout(Duration::from_secs(10)))
-            .await?;
+        let request = ExecRequest::new(["sh", "fizzbuzz.sh"]).timeout(Duration::from_secs(10));
+        let out = sandbox.call("run", |b, id| b.run(id, request)).await?;
         let last = out.stdout_str().lines().last().unwrap_or("").to_owned();
         println!(
             "attempt {attempt}: exit {:?}, {} lines, last line {last:?}",
@@ -63,13 +69,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             break;
         }
         // Read the code back, as an agent would before editing it.
-        let source = sandbox.read_to_string(&program).await?;
+        let source = sandbox
+            .call("read", |b, id| b.read_to_string(id, &program))
+            .await?;
         let Some((old, new)) = propose_fix(&source) else {
             return Err("no fix to propose; a real agent would ask the model again".into());
         };
         println!("attempt {attempt}: editing {old:?} → {new:?}");
+        let fixed = source.replacen(old, new, 1);
         sandbox
-            .write(&program, source.replacen(old, new, 1).into())
+            .call("write", |b, id| b.write(id, &program, fixed.into()))
             .await?;
     }
 

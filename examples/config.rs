@@ -6,7 +6,9 @@
 
 use std::path::PathBuf;
 
-use sandcell::{BackendRegistry, ExecRequest, ReleaseMode, SandboxConfig, SandboxSpec, SessionKey};
+use sandcell::{
+    BackendRegistry, ReleaseMode, SandboxBackendExt, SandboxConfig, SandboxSpec, SessionKey,
+};
 use sandcell_local::LocalBackend;
 
 #[tokio::main]
@@ -46,7 +48,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let key = SessionKey::new("demo", "from-config")?;
     let sandbox = manager.acquire(&key, &SandboxSpec::new("default")).await?;
     let out = sandbox
-        .run(ExecRequest::shell("echo hello from $(uname -s)"))
+        .call("run_shell", |b, id| {
+            b.run_shell(id, "echo hello from $(uname -s)")
+        })
         .await?;
     println!("{}", out.stdout_str().trim_end());
     manager.release(&key, ReleaseMode::Purge).await?;

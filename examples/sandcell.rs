@@ -578,7 +578,7 @@ async fn run_session_command(
                 request = request.stdin(bytes::Bytes::new());
             }
             let handle = open_session(manager, &key).await?;
-            let process = handle.exec(request).await?;
+            let process = handle.call("exec", |b, id| b.exec(id, request)).await?;
             let status = stream_process(process).await?;
             Ok(exit_code_of(&status))
         }
@@ -588,14 +588,16 @@ async fn run_session_command(
             let mut data = Vec::new();
             std::io::stdin().lock().read_to_end(&mut data)?;
             let handle = open_session(manager, &key).await?;
-            handle.write(&path, data.into()).await?;
+            handle
+                .call("write", |b, id| b.write(id, &path, data.into()))
+                .await?;
             Ok(ExitCode::SUCCESS)
         }
         SessionCommand::Read { session, path } => {
             let key = session.key()?;
             let path = parse_path(&path)?;
             let handle = open_session(manager, &key).await?;
-            let data = handle.read(&path).await?;
+            let data = handle.call("read", |b, id| b.read(id, &path)).await?;
             write_stdout(&data)?;
             Ok(ExitCode::SUCCESS)
         }
@@ -606,7 +608,10 @@ async fn run_session_command(
                 None => SandboxPath::root(),
             };
             let handle = open_session(manager, &key).await?;
-            for entry in handle.list_dir(&path).await? {
+            for entry in handle
+                .call("list_dir", |b, id| b.list_dir(id, &path))
+                .await?
+            {
                 print_json(&json!(entry))?;
             }
             Ok(ExitCode::SUCCESS)

@@ -270,8 +270,12 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ) -> Result<()>;
 }
 
+/// Forwards every method of the trait to `**self`. `missing_trait_methods` is denied so
+/// a method added to the trait cannot fall back to its default here and answer
+/// `Unsupported` for a backend that supports it.
 macro_rules! forward_backend {
     ($ty:ty) => {
+        #[deny(clippy::missing_trait_methods)]
         #[async_trait]
         impl<T: SandboxBackend + ?Sized> SandboxBackend for $ty {
             fn name(&self) -> &str {

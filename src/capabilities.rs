@@ -1,11 +1,22 @@
-//! `Capabilities`: what a backend can do, as plain data the manager and callers check.
+//! `Capabilities`: what a backend can do, as plain data the core checks in one place.
 
 use serde::{Deserialize, Serialize};
 
 /// What a backend supports. Plain data: check a field, do not probe by calling.
 ///
-/// Methods that need a capability say so in their docs and return
-/// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) when it is missing.
+/// Fields come in two groups, and each is enforced in one place:
+///
+/// | group | fields | enforced by |
+/// |---|---|---|
+/// | gate **calls** | `pause`, `reset`, `port_exposure`, `incremental_snapshot`, `interactive_exec`, `files_while_paused`, `shell`, `python`, `symlinks` | the method itself answers [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (or `InvalidState` for `files_while_paused`) when the field is false, and the conformance case `claimed_capabilities_work` checks every field that is true has a working method |
+/// | gate **spec fields** | `network_isolation`, `network_full`, `network_allowlist`, `host_mounts`, `cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`, `choose_user` | [`SandboxSpec::check_supported`](crate::SandboxSpec::check_supported), called by every backend's `create` and by the manager before it: a spec asking for what the backend cannot honour is `Unsupported`, naming the field, and nothing is created |
+/// | inform | `read_only_mounts_enforced` | nothing: it says how strong a read-only mount is |
+///
+/// Spec fields every backend honours need no capability: `template`, `env`, `labels`,
+/// `workdir`, `command_timeout`, `limits.output_bytes`, and
+/// [`Network::Default`](crate::Network::Default), which is the strictest policy the
+/// backend enforces (see [`Capabilities::default_network`]).
+///
 /// New fields may be added in minor releases, so a backend starts from
 /// [`Capabilities::none`] and sets the fields it supports:
 ///
@@ -26,15 +37,32 @@ pub struct Capabilities {
     pub pause: bool,
     /// `reset` recreates the runtime while keeping the workspace.
     pub reset: bool,
-    /// Host directories from the spec can be mounted.
+    /// Host directories from the spec's `mounts` can be mounted (read-only ones
+    /// read-only).
     pub host_mounts: bool,
-    /// Read-only host mounts are enforced against the sandbox's own processes.
+    /// Read-only host mounts hold even against a sandbox process that tries to remount
+    /// them or reach the host path another way. Informative: it gates nothing.
     pub read_only_mounts_enforced: bool,
-    /// `Network::None` actually cuts the sandbox off the network.
+    /// [`Network::None`](crate::Network::None) is enforced: the sandbox is cut off the
+    /// network (loopback only).
     pub network_isolation: bool,
-    /// `Limits` (cpu, memory, pids) are enforced.
-    pub resource_limits: bool,
-    /// Ports inside the sandbox can be exposed to the caller.
+    /// [`Network::Full`](crate::Network::Full) can be granted.
+    pub network_full: bool,
+    /// [`Network::Allowlist`](crate::Network::Allowlist) is enforced.
+    pub network_allowlist: bool,
+    /// `Limits::cpu_millis` is enforced.
+    pub cpu_limit: bool,
+    /// `Limits::memory_bytes` is enforced.
+    pub memory_limit: bool,
+    /// `Limits::pids` is enforced.
+    pub pids_limit: bool,
+    /// `Limits::disk_bytes` is enforced.
+    pub disk_limit: bool,
+    /// `SandboxSpec::user` is honoured: commands run as that user.
+    pub choose_user: bool,
+    /// Ports inside the sandbox can be exposed to the caller, for a sandbox that has a
+    /// network (`publish_port` on one created with `Network::None` may be
+    /// `Unsupported`).
     pub port_exposure: bool,
     /// The backend can export only what changed since its template.
     pub incremental_snapshot: bool,
@@ -63,12 +91,38 @@ impl Capabilities {
             host_mounts: false,
             read_only_mounts_enforced: false,
             network_isolation: false,
-            resource_limits: false,
+            network_full: false,
+            network_allowlist: false,
+            cpu_limit: false,
+            memory_limit: false,
+            pids_limit: false,
+            disk_limit: false,
+            choose_user: false,
             port_exposure: false,
             incremental_snapshot: false,
             symlinks: false,
             files_while_paused: false,
             interactive_exec: false,
+        }
+    }
+
+    /// What [`Network::Default`](crate::Network::Default) means on this backend: the
+    /// strictest policy it enforces. `None` where the backend cuts a sandbox off the
+    /// network, otherwise `Full`, since that is what such a sandbox gets; the sandbox's
+    /// [`SandboxInfo::network`](crate::SandboxInfo::network) reports the outcome.
+    ///
+    /// ```
+    /// use sandcell::{Capabilities, Network};
+    /// let mut caps = Capabilities::none();
+    /// assert_eq!(caps.default_network(), Network::Full);
+    /// caps.network_isolation = true;
+    /// assert_eq!(caps.default_network(), Network::None);
+    /// ```
+    pub fn default_network(&self) -> crate::Network {
+        if self.network_isolation {
+            crate::Network::None
+        } else {
+            crate::Network::Full
         }
     }
 }

@@ -7,6 +7,9 @@
 
 use std::fmt;
 
+use crate::sandbox::SandboxId;
+use crate::store::SessionKey;
+
 /// A `Result` whose error is sandcell's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -42,7 +45,8 @@ pub enum ErrorKind {
 }
 
 impl ErrorKind {
-    /// A short lower-case name, stable across releases, for logs and metrics.
+    /// A short readable name for messages (`"not found"`); protocols and metrics use
+    /// [`name`](Self::name).
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorKind::NotFound => "not found",
@@ -61,6 +65,24 @@ impl ErrorKind {
 }
 
 impl ErrorKind {
+    /// The kind's name on the wire and in scripts: snake_case, stable across releases
+    /// (`"not_found"`, `"invalid_input"` ...).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::AlreadyExists => "already_exists",
+            ErrorKind::Unsupported => "unsupported",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::LimitExceeded => "limit_exceeded",
+            ErrorKind::Timeout => "timeout",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Corrupt => "corrupt",
+            ErrorKind::InvalidState => "invalid_state",
+            ErrorKind::Backend => "backend",
+        }
+    }
+
     /// Every kind, for protocols that carry kinds by name.
     pub const ALL: [ErrorKind; 11] = [
         ErrorKind::NotFound,
@@ -76,9 +98,12 @@ impl ErrorKind {
         ErrorKind::Backend,
     ];
 
-    /// The kind whose [`as_str`](Self::as_str) is `name`.
+    /// The kind whose [`name`](Self::name) is `name`. The readable form of
+    /// [`as_str`](Self::as_str) is accepted too, from peers that predate snake_case.
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|k| k.as_str() == name)
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name || k.as_str() == name)
     }
 }
 
@@ -88,44 +113,94 @@ impl fmt::Display for ErrorKind {
     }
 }
 
+/// Where an error happened, as data: filled in by the layers that know it (the
+/// manager's [`SandboxHandle`](crate::SandboxHandle) sets all three), so callers and
+/// logs need not parse messages.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+struct ErrorContext {
+    operation: Option<String>,
+    sandbox: Option<SandboxId>,
+    session: Option<SessionKey>,
+}
+
 /// The error every sandcell API returns.
 ///
-/// Use [`Error::kind`] to decide what to do, and `Display` to tell a person.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum Error {
-    /// A failure with a kind and a message that says what was being done.
-    #[error("{message}")]
-    Message {
-        /// What went wrong, as a kind.
-        kind: ErrorKind,
-        /// What was being done and why it failed.
-        message: String,
-        /// Whether retrying the same call may succeed.
-        temporary: bool,
-    },
-    /// A failure with an underlying cause, kept as the error's `source()`.
-    #[error("{message}")]
-    Source {
-        /// What went wrong, as a kind.
-        kind: ErrorKind,
-        /// What was being done.
-        message: String,
-        /// Whether retrying the same call may succeed.
-        temporary: bool,
-        /// The underlying error.
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync + 'static>,
-    },
+/// Opaque on purpose: use [`Error::kind`] to decide what to do, `Display` to tell a
+/// person (the alternate form, `{:#}`, adds the context), and the accessors for the
+/// structured context (operation, sandbox, session) that the manager fills in.
+///
+/// ```
+/// use sandcell::{Error, ErrorKind};
+/// let e = Error::not_found("a.txt does not exist").with_operation("read");
+/// assert_eq!(e.kind(), ErrorKind::NotFound);
+/// assert_eq!(e.operation(), Some("read"));
+/// assert_eq!(e.to_string(), "a.txt does not exist");
+/// assert_eq!(format!("{e:#}"), "a.txt does not exist (operation read)");
+/// ```
+pub struct Error {
+    kind: ErrorKind,
+    message: String,
+    temporary: bool,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+    context: Option<Box<ErrorContext>>,
+}
+
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("Error");
+        d.field("kind", &self.kind)
+            .field("message", &self.message)
+            .field("temporary", &self.temporary);
+        if let Some(source) = &self.source {
+            d.field("source", source);
+        }
+        if let Some(context) = &self.context {
+            d.field("operation", &context.operation)
+                .field("sandbox", &context.sandbox)
+                .field("session", &context.session);
+        }
+        d.finish()
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)?;
+        let Some(context) = self.context.as_deref().filter(|_| f.alternate()) else {
+            return Ok(());
+        };
+        let parts: Vec<String> = [
+            context.operation.as_ref().map(|o| format!("operation {o}")),
+            context.sandbox.as_ref().map(|s| format!("sandbox {s}")),
+            context.session.as_ref().map(|s| format!("session {s}")),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !parts.is_empty() {
+            write!(f, " ({})", parts.join(", "))?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source
+            .as_deref()
+            .map(|s| s as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl Error {
     /// A new error of `kind` with a message that says what was being done.
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Error::Message {
+        Error {
             kind,
             message: message.into(),
             temporary: matches!(kind, ErrorKind::Timeout | ErrorKind::Unavailable),
+            source: None,
+            context: None,
         }
     }
 
@@ -135,11 +210,9 @@ impl Error {
         message: impl Into<String>,
         source: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
     ) -> Self {
-        Error::Source {
-            kind,
-            message: message.into(),
-            temporary: matches!(kind, ErrorKind::Timeout | ErrorKind::Unavailable),
-            source: source.into(),
+        Error {
+            source: Some(source.into()),
+            ..Error::new(kind, message)
         }
     }
 
@@ -202,34 +275,75 @@ impl Error {
 
     /// What went wrong, as a matchable kind.
     pub fn kind(&self) -> ErrorKind {
-        match self {
-            Error::Message { kind, .. } | Error::Source { kind, .. } => *kind,
-        }
+        self.kind
+    }
+
+    /// What was being done and why it failed, without the structured context.
+    pub fn message(&self) -> &str {
+        &self.message
     }
 
     /// Whether retrying the same call may succeed (timeouts, unreachable services).
     pub fn is_temporary(&self) -> bool {
-        match self {
-            Error::Message { temporary, .. } | Error::Source { temporary, .. } => *temporary,
-        }
+        self.temporary
     }
 
     /// Marks whether a retry may succeed, overriding the default derived from the kind.
     pub fn set_temporary(mut self, value: bool) -> Self {
-        match &mut self {
-            Error::Message { temporary, .. } | Error::Source { temporary, .. } => {
-                *temporary = value
-            }
+        self.temporary = value;
+        self
+    }
+
+    /// Prefixes the message with what was being done, keeping kind, source and context.
+    pub fn context(mut self, context: impl fmt::Display) -> Self {
+        self.message = format!("{context}: {}", self.message);
+        self
+    }
+
+    /// The operation that failed (`"read"`, `"exec"`, `"acquire"` ...), where a layer
+    /// that knows it said so.
+    pub fn operation(&self) -> Option<&str> {
+        self.context.as_ref()?.operation.as_deref()
+    }
+
+    /// The sandbox the failed operation was on, where known.
+    pub fn sandbox(&self) -> Option<&SandboxId> {
+        self.context.as_ref()?.sandbox.as_ref()
+    }
+
+    /// The session the failed operation was for, where known.
+    pub fn session(&self) -> Option<&SessionKey> {
+        self.context.as_ref()?.session.as_ref()
+    }
+
+    fn context_mut(&mut self) -> &mut ErrorContext {
+        self.context.get_or_insert_with(Default::default)
+    }
+
+    /// Records the operation, unless an inner layer already did (the innermost is the
+    /// most precise).
+    pub fn with_operation(mut self, operation: impl Into<String>) -> Self {
+        let context = self.context_mut();
+        if context.operation.is_none() {
+            context.operation = Some(operation.into());
         }
         self
     }
 
-    /// Prefixes the message with what was being done, keeping kind and source.
-    pub fn context(mut self, context: impl fmt::Display) -> Self {
-        match &mut self {
-            Error::Message { message, .. } | Error::Source { message, .. } => {
-                *message = format!("{context}: {message}");
-            }
+    /// Records the sandbox, unless an inner layer already did.
+    pub fn with_sandbox(mut self, sandbox: &SandboxId) -> Self {
+        let context = self.context_mut();
+        if context.sandbox.is_none() {
+            context.sandbox = Some(sandbox.clone());
+        }
+        self
+    }
+
+    /// Records the session, unless an inner layer already did.
+    pub fn with_session(mut self, session: &SessionKey) -> Self {
+        let context = self.context_mut();
+        if context.session.is_none() {
+            context.session = Some(session.clone());
         }
         self
     }
@@ -265,6 +379,43 @@ mod tests {
         assert_eq!(e.kind(), ErrorKind::NotFound);
         assert!(e.to_string().starts_with("reading a.txt: "));
         assert!(std::error::Error::source(&e).is_some());
+    }
+
+    #[test]
+    fn kinds_have_snake_case_names_both_forms_parse() {
+        for kind in ErrorKind::ALL {
+            assert!(kind
+                .name()
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b == b'_'));
+            assert_eq!(ErrorKind::from_name(kind.name()), Some(kind));
+            assert_eq!(ErrorKind::from_name(kind.as_str()), Some(kind));
+        }
+        assert_eq!(ErrorKind::from_name("nope"), None);
+    }
+
+    #[test]
+    fn context_is_data_and_the_innermost_wins() {
+        let id = SandboxId::new("sb-1").unwrap();
+        let key = SessionKey::new("acme", "s1").unwrap();
+        let e = Error::not_found("gone")
+            .with_operation("stat")
+            .with_operation("read")
+            .with_sandbox(&id)
+            .with_session(&key)
+            .context("reading a.txt");
+        assert_eq!(e.operation(), Some("stat"));
+        assert_eq!(e.sandbox(), Some(&id));
+        assert_eq!(e.session(), Some(&key));
+        assert_eq!(e.kind(), ErrorKind::NotFound);
+        assert_eq!(e.to_string(), "reading a.txt: gone");
+        assert_eq!(
+            format!("{e:#}"),
+            "reading a.txt: gone (operation stat, sandbox sb-1, session acme/s1)"
+        );
+        // The context crosses an io::Error and back.
+        let back = Error::io("copying", e.into_io());
+        assert_eq!(back.session(), Some(&key));
     }
 
     #[test]

@@ -145,6 +145,11 @@ pub struct SandboxInfo {
     pub labels: BTreeMap<String, String>,
     /// When it was created.
     pub created_at: DateTime<Utc>,
+    /// The network policy the sandbox has: never [`Network::Default`](crate::Network::Default),
+    /// which the backend resolves at create. A peer that predates the field reports
+    /// `Default`, meaning "not said".
+    #[serde(default)]
+    pub network: crate::Network,
     /// Backend-specific facts worth showing (e.g. `"workspace": "overlay"`, a container id).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub details: BTreeMap<String, String>,
@@ -165,6 +170,7 @@ impl SandboxInfo {
             status,
             labels: spec.labels.clone(),
             created_at: Utc::now(),
+            network: spec.network.clone(),
             details: BTreeMap::new(),
         }
     }

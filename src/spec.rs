@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
+use crate::capabilities::Capabilities;
 use crate::error::{Error, Result};
 use crate::path::SandboxPath;
 
@@ -82,7 +83,8 @@ impl Default for SandboxSpec {
 }
 
 impl SandboxSpec {
-    /// A spec for `template` with no env, labels, mounts or limits and no network.
+    /// A spec for `template` with no env, labels, mounts or limits, and the backend's
+    /// strictest network policy ([`Network::Default`]).
     pub fn new(template: impl Into<String>) -> Self {
         SandboxSpec {
             template: template.into(),
@@ -190,6 +192,93 @@ impl SandboxSpec {
         }
         Ok(())
     }
+
+    /// Refuses a spec that asks for what a backend with `caps` cannot honour:
+    /// [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) naming the field, so
+    /// nothing is silently weakened. This is the one place spec fields meet
+    /// capabilities; the table on [`Capabilities`] lists which field needs which.
+    ///
+    /// ```
+    /// use sandcell::{Capabilities, ErrorKind, Limits, SandboxSpec};
+    /// let caps = Capabilities::none();
+    /// assert!(SandboxSpec::new("t").check_supported(&caps).is_ok());
+    /// let err = SandboxSpec::new("t")
+    ///     .with_limits(Limits::new().pids(64))
+    ///     .check_supported(&caps)
+    ///     .unwrap_err();
+    /// assert_eq!(err.kind(), ErrorKind::Unsupported);
+    /// assert!(err.to_string().contains("limits.pids"));
+    /// ```
+    pub fn check_supported(&self, caps: &Capabilities) -> Result<()> {
+        let refuse = |field: &str, capability: &str| {
+            Err(Error::unsupported(format!(
+                "the spec's {field} cannot be honoured: the backend lacks Capabilities::{capability}"
+            )))
+        };
+        match &self.network {
+            Network::Default => {}
+            Network::None if !caps.network_isolation => {
+                return refuse("network (none)", "network_isolation")
+            }
+            Network::Full if !caps.network_full => return refuse("network (full)", "network_full"),
+            Network::Allowlist(_) if !caps.network_allowlist => {
+                return refuse("network (allowlist)", "network_allowlist")
+            }
+            _ => {}
+        }
+        if !self.mounts.is_empty() && !caps.host_mounts {
+            return refuse("mounts", "host_mounts");
+        }
+        let limits = [
+            (
+                "limits.cpu_millis",
+                self.limits.cpu_millis.is_some(),
+                caps.cpu_limit,
+                "cpu_limit",
+            ),
+            (
+                "limits.memory_bytes",
+                self.limits.memory_bytes.is_some(),
+                caps.memory_limit,
+                "memory_limit",
+            ),
+            (
+                "limits.pids",
+                self.limits.pids.is_some(),
+                caps.pids_limit,
+                "pids_limit",
+            ),
+            (
+                "limits.disk_bytes",
+                self.limits.disk_bytes.is_some(),
+                caps.disk_limit,
+                "disk_limit",
+            ),
+        ];
+        for (field, asked, supported, capability) in limits {
+            if asked && !supported {
+                return refuse(field, capability);
+            }
+        }
+        if self.user.is_some() && !caps.choose_user {
+            return refuse("user", "choose_user");
+        }
+        Ok(())
+    }
+
+    /// The spec a backend with `caps` creates from: [`validate`](Self::validate)d,
+    /// [`check_supported`](Self::check_supported), and with [`Network::Default`]
+    /// resolved to the policy the sandbox will have. Backends call this at the top of
+    /// `create` and keep the result, so what they report is what they enforce.
+    pub fn prepare(&self, caps: &Capabilities) -> Result<SandboxSpec> {
+        self.validate()?;
+        self.check_supported(caps)?;
+        let mut spec = self.clone();
+        if spec.network == Network::Default {
+            spec.network = caps.default_network();
+        }
+        Ok(spec)
+    }
 }
 
 /// Resource limits; `None` means "backend default".
@@ -246,18 +335,43 @@ impl Limits {
     }
 }
 
-/// Network policy for a sandbox. The default is no network.
+/// Network policy for a sandbox.
+///
+/// The default, [`Network::Default`], is the strictest policy the backend enforces
+/// ([`Capabilities::default_network`](crate::Capabilities::default_network)), so the
+/// default spec works on every backend and promises nothing it does not get: the
+/// created sandbox's [`SandboxInfo::network`](crate::SandboxInfo::network) says which
+/// policy it has. Asking for a policy by name is a demand: a backend that cannot
+/// enforce it refuses the spec with `Unsupported`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "mode", content = "hosts")]
 #[non_exhaustive]
 pub enum Network {
-    /// No network at all (loopback only where the backend can isolate).
+    /// The strictest policy the backend enforces: `None` where it can cut a sandbox
+    /// off the network, `Full` where it cannot.
     #[default]
+    Default,
+    /// No network at all (loopback only). Needs
+    /// [`Capabilities::network_isolation`](crate::Capabilities::network_isolation).
     None,
-    /// Unrestricted network.
+    /// Unrestricted network. Needs
+    /// [`Capabilities::network_full`](crate::Capabilities::network_full).
     Full,
-    /// Only these hosts (names or addresses, optionally `host:port`).
+    /// Only these hosts (names or addresses, optionally `host:port`). Needs
+    /// [`Capabilities::network_allowlist`](crate::Capabilities::network_allowlist).
     Allowlist(Vec<String>),
+}
+
+impl Network {
+    /// The policy's name as it appears in config files (`"default"`, `"none"`, ...).
+    pub fn mode(&self) -> &'static str {
+        match self {
+            Network::Default => "default",
+            Network::None => "none",
+            Network::Full => "full",
+            Network::Allowlist(_) => "allowlist",
+        }
+    }
 }
 
 /// A host directory made visible inside the sandbox.
@@ -327,10 +441,82 @@ mod tests {
     use crate::ErrorKind;
 
     #[test]
+    fn each_unsupported_field_is_named() {
+        let caps = Capabilities::none();
+        let cases = [
+            (
+                SandboxSpec::new("t").with_network(Network::None),
+                "network (none)",
+            ),
+            (
+                SandboxSpec::new("t").with_network(Network::Full),
+                "network (full)",
+            ),
+            (
+                SandboxSpec::new("t").with_network(Network::Allowlist(vec!["a".into()])),
+                "network (allowlist)",
+            ),
+            (
+                SandboxSpec::new("t")
+                    .with_mount(Mount::read_only("/data", SandboxPath::new("d").unwrap())),
+                "mounts",
+            ),
+            (
+                SandboxSpec::new("t").with_limits(Limits::new().cpu_millis(500)),
+                "limits.cpu_millis",
+            ),
+            (
+                SandboxSpec::new("t").with_limits(Limits::new().memory_bytes(1 << 20)),
+                "limits.memory_bytes",
+            ),
+            (
+                SandboxSpec::new("t").with_limits(Limits::new().pids(8)),
+                "limits.pids",
+            ),
+            (
+                SandboxSpec::new("t").with_limits(Limits::new().disk_bytes(1 << 20)),
+                "limits.disk_bytes",
+            ),
+            (SandboxSpec::new("t").with_user("nobody"), "user"),
+        ];
+        for (spec, field) in cases {
+            let err = spec.check_supported(&caps).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::Unsupported, "{field}");
+            assert!(err.to_string().contains(field), "{field}: {err}");
+        }
+        // Output caps, env, workdir and timeouts need nothing.
+        SandboxSpec::new("t")
+            .with_limits(Limits::new().output_bytes(10))
+            .with_env("A", "b")
+            .with_command_timeout(Duration::from_secs(1))
+            .check_supported(&caps)
+            .unwrap();
+    }
+
+    #[test]
+    fn prepare_resolves_the_default_network() {
+        let mut caps = Capabilities::none();
+        let spec = SandboxSpec::new("t");
+        assert_eq!(spec.prepare(&caps).unwrap().network, Network::Full);
+        caps.network_isolation = true;
+        assert_eq!(spec.prepare(&caps).unwrap().network, Network::None);
+        // A named policy is kept as asked.
+        caps.network_full = true;
+        let full = SandboxSpec::new("t").with_network(Network::Full);
+        assert_eq!(full.prepare(&caps).unwrap().network, Network::Full);
+        // Invalid specs are still InvalidInput, before any capability is looked at.
+        let bad = SandboxSpec::new("").with_user("x");
+        assert_eq!(
+            bad.prepare(&caps).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+    }
+
+    #[test]
     fn defaults_from_empty_json() {
         let spec: SandboxSpec = serde_json::from_str("{}").unwrap();
         assert_eq!(spec, SandboxSpec::default());
-        assert_eq!(spec.network, Network::None);
+        assert_eq!(spec.network, Network::Default);
     }
 
     #[test]

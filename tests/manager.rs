@@ -20,8 +20,8 @@ use sandcell::store::{
 };
 use sandcell::testing::MockBackend;
 use sandcell::{
-    ByteStream, Error, ErrorKind, EventKind, ReleaseMode, SandboxBackend, SandboxManager,
-    SandboxSpec, SandboxStatus,
+    ByteStream, Error, ErrorKind, EventKind, ReleaseMode, SandboxBackend, SandboxBackendExt,
+    SandboxManager, SandboxSpec, SandboxStatus,
 };
 
 fn key(session: &str) -> SessionKey {
@@ -129,13 +129,24 @@ async fn a_new_manager_reconnects_to_live_sandboxes_and_restores_lost_ones() {
             .await
             .unwrap();
         let kept = first.acquire(&key("kept"), &spec()).await.unwrap();
-        kept.write(&path("a.txt"), "live".into()).await.unwrap();
+        kept.call("write", |b, id| async move {
+            b.write(id, &path("a.txt"), "live".into()).await
+        })
+        .await
+        .unwrap();
         let lost = first.acquire(&key("lost"), &spec()).await.unwrap();
-        lost.write(&path("b.txt"), "saved".into()).await.unwrap();
+        lost.call("write", |b, id| async move {
+            b.write(id, &path("b.txt"), "saved".into()).await
+        })
+        .await
+        .unwrap();
         first.snapshot(&key("lost")).await.unwrap();
-        lost.write(&path("b.txt"), "after the snapshot".into())
-            .await
-            .unwrap();
+        lost.call("write", |b, id| async move {
+            b.write(id, &path("b.txt"), "after the snapshot".into())
+                .await
+        })
+        .await
+        .unwrap();
         (kept.id().clone(), lost.id().clone())
         // `first` is dropped without shutdown, as a crashed process would be.
     };
@@ -161,11 +172,28 @@ async fn a_new_manager_reconnects_to_live_sandboxes_and_restores_lost_ones() {
 
     let kept = second.acquire(&key("kept"), &spec()).await.unwrap();
     assert_eq!(kept.id(), &kept_id);
-    assert_eq!(kept.read(&path("a.txt")).await.unwrap(), "live");
+    assert_eq!(
+        kept.call(
+            "read",
+            |b, id| async move { b.read(id, &path("a.txt")).await }
+        )
+        .await
+        .unwrap(),
+        "live"
+    );
 
     let restored = second.acquire(&key("lost"), &spec()).await.unwrap();
     assert_ne!(restored.id(), &lost_id);
-    assert_eq!(restored.read(&path("b.txt")).await.unwrap(), "saved");
+    assert_eq!(
+        restored
+            .call(
+                "read",
+                |b, id| async move { b.read(id, &path("b.txt")).await }
+            )
+            .await
+            .unwrap(),
+        "saved"
+    );
     assert_eq!(backend.live_count(), 2);
 }
 
@@ -181,13 +209,21 @@ async fn idle_reaping_snapshots_before_destroying_and_activity_defers_it() {
         .unwrap();
     let sandbox = manager.acquire(&key("idle"), &spec()).await.unwrap();
     sandbox
-        .write(&path("work.py"), "print(1)".into())
+        .call("write", |b, id| async move {
+            b.write(id, &path("work.py"), "print(1)".into()).await
+        })
         .await
         .unwrap();
     let mut events = manager.subscribe();
 
     tokio::time::advance(Duration::from_secs(300)).await;
-    sandbox.read(&path("work.py")).await.unwrap();
+    sandbox
+        .call(
+            "read",
+            |b, id| async move { b.read(id, &path("work.py")).await },
+        )
+        .await
+        .unwrap();
     tokio::time::advance(Duration::from_secs(540)).await;
     let report = manager.reap_once().await.unwrap();
     assert!(
@@ -215,7 +251,16 @@ async fn idle_reaping_snapshots_before_destroying_and_activity_defers_it() {
     assert_eq!(record.sandbox_id, None);
 
     let again = manager.acquire(&key("idle"), &spec()).await.unwrap();
-    assert_eq!(again.read(&path("work.py")).await.unwrap(), "print(1)");
+    assert_eq!(
+        again
+            .call(
+                "read",
+                |b, id| async move { b.read(id, &path("work.py")).await }
+            )
+            .await
+            .unwrap(),
+        "print(1)"
+    );
 }
 
 /// A snapshot store whose writes can be made to fail, or to "crash" (panic) after the blob.
@@ -280,7 +325,9 @@ async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
         .unwrap();
     let sandbox = manager.acquire(&key("precious"), &spec()).await.unwrap();
     sandbox
-        .write(&path("data"), "irreplaceable".into())
+        .call("write", |b, id| async move {
+            b.write(id, &path("data"), "irreplaceable".into()).await
+        })
         .await
         .unwrap();
     let mut events = manager.subscribe();
@@ -292,7 +339,16 @@ async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
     assert!(report.suspended.is_empty());
     assert_eq!(events.next().await.unwrap().kind, EventKind::SnapshotFailed);
     assert_eq!(backend.live_count(), 1);
-    assert_eq!(sandbox.read(&path("data")).await.unwrap(), "irreplaceable");
+    assert_eq!(
+        sandbox
+            .call(
+                "read",
+                |b, id| async move { b.read(id, &path("data")).await }
+            )
+            .await
+            .unwrap(),
+        "irreplaceable"
+    );
     let record = manager
         .state_store()
         .get(&key("precious"))
@@ -315,7 +371,15 @@ async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
     assert_eq!(report.suspended, vec![key("precious")]);
     assert_eq!(backend.live_count(), 0);
     let back = manager.acquire(&key("precious"), &spec()).await.unwrap();
-    assert_eq!(back.read(&path("data")).await.unwrap(), "irreplaceable");
+    assert_eq!(
+        back.call(
+            "read",
+            |b, id| async move { b.read(id, &path("data")).await }
+        )
+        .await
+        .unwrap(),
+        "irreplaceable"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -383,9 +447,19 @@ async fn a_crash_between_blob_and_manifest_leaves_the_previous_snapshot_restorab
         .await
         .unwrap();
     let sandbox = manager.acquire(&key("crashy"), &spec()).await.unwrap();
-    sandbox.write(&path("state"), "v1".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("state"), "v1".into()).await
+        })
+        .await
+        .unwrap();
     let first = manager.snapshot(&key("crashy")).await.unwrap();
-    sandbox.write(&path("state"), "v2".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("state"), "v2".into()).await
+        })
+        .await
+        .unwrap();
 
     faulty.crash_before_manifest.store(true, Ordering::SeqCst);
     let crashed = tokio::spawn({
@@ -419,7 +493,15 @@ async fn a_crash_between_blob_and_manifest_leaves_the_previous_snapshot_restorab
     let listed: Vec<_> = second.snapshots(&key("crashy")).await.unwrap();
     assert_eq!(listed, vec![first]);
     let back = second.acquire(&key("crashy"), &spec()).await.unwrap();
-    assert_eq!(back.read(&path("state")).await.unwrap(), "v1");
+    assert_eq!(
+        back.call(
+            "read",
+            |b, id| async move { b.read(id, &path("state")).await }
+        )
+        .await
+        .unwrap(),
+        "v1"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -487,7 +569,12 @@ async fn release_modes_keep_suspend_destroy_and_purge() {
     let backend = MockBackend::new();
     let manager = memory_manager(&backend).await;
     let sandbox = manager.acquire(&key("s"), &spec()).await.unwrap();
-    sandbox.write(&path("f"), "1".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("f"), "1".into()).await
+        })
+        .await
+        .unwrap();
 
     manager.release(&key("s"), ReleaseMode::Keep).await.unwrap();
     let record = manager.state_store().get(&key("s")).await.unwrap().unwrap();
@@ -504,7 +591,13 @@ async fn release_modes_keep_suspend_destroy_and_purge() {
     assert_eq!(backend.live_count(), 0);
     assert_eq!(manager.snapshots(&key("s")).await.unwrap().len(), 1);
     let restored = manager.acquire(&key("s"), &spec()).await.unwrap();
-    assert_eq!(restored.read(&path("f")).await.unwrap(), "1");
+    assert_eq!(
+        restored
+            .call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
+        "1"
+    );
 
     manager
         .release(&key("s"), ReleaseMode::Destroy)
@@ -534,7 +627,11 @@ async fn release_modes_keep_suspend_destroy_and_purge() {
     assert_eq!(err.kind(), ErrorKind::NotFound);
     let fresh = manager.acquire(&key("s"), &spec()).await.unwrap();
     assert_eq!(
-        fresh.read(&path("f")).await.unwrap_err().kind(),
+        fresh
+            .call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap_err()
+            .kind(),
         ErrorKind::NotFound
     );
 }
@@ -544,17 +641,37 @@ async fn restore_swaps_in_an_older_snapshot_and_destroys_the_old_sandbox() {
     let backend = MockBackend::new();
     let manager = memory_manager(&backend).await;
     let sandbox = manager.acquire(&key("r"), &spec()).await.unwrap();
-    sandbox.write(&path("f"), "v1".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("f"), "v1".into()).await
+        })
+        .await
+        .unwrap();
     let v1 = manager.snapshot(&key("r")).await.unwrap();
-    sandbox.write(&path("f"), "v2".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("f"), "v2".into()).await
+        })
+        .await
+        .unwrap();
     manager.snapshot(&key("r")).await.unwrap();
 
     let restored = manager.restore(&key("r"), &v1.id).await.unwrap();
     assert_ne!(restored.id(), sandbox.id());
-    assert_eq!(restored.read(&path("f")).await.unwrap(), "v1");
+    assert_eq!(
+        restored
+            .call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
+        "v1"
+    );
     assert_eq!(backend.live_count(), 1);
     assert_eq!(
-        sandbox.read(&path("f")).await.unwrap_err().kind(),
+        sandbox
+            .call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap_err()
+            .kind(),
         ErrorKind::NotFound
     );
 
@@ -564,7 +681,10 @@ async fn restore_swaps_in_an_older_snapshot_and_destroys_the_old_sandbox() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound);
     assert_eq!(
-        restored.read(&path("f")).await.unwrap(),
+        restored
+            .call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
         "v1",
         "a failed restore changes nothing"
     );
@@ -621,10 +741,18 @@ async fn sandboxes_past_their_lifetime_are_snapshotted_and_destroyed() {
         .await
         .unwrap();
     let sandbox = manager.acquire(&key("old"), &spec()).await.unwrap();
-    sandbox.write(&path("f"), "kept".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("f"), "kept".into()).await
+        })
+        .await
+        .unwrap();
     for _ in 0..8 {
         tokio::time::advance(Duration::from_secs(500)).await;
-        sandbox.read(&path("f")).await.unwrap();
+        sandbox
+            .call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap();
     }
     let report = manager.reap_once().await.unwrap();
     assert_eq!(
@@ -634,7 +762,12 @@ async fn sandboxes_past_their_lifetime_are_snapshotted_and_destroyed() {
     );
     assert_eq!(backend.live_count(), 0);
     let back = manager.acquire(&key("old"), &spec()).await.unwrap();
-    assert_eq!(back.read(&path("f")).await.unwrap(), "kept");
+    assert_eq!(
+        back.call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
+        "kept"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -642,13 +775,23 @@ async fn a_vanished_sandbox_is_found_by_the_reaper_and_restored_on_acquire() {
     let backend = MockBackend::new();
     let manager = memory_manager(&backend).await;
     let sandbox = manager.acquire(&key("v"), &spec()).await.unwrap();
-    sandbox.write(&path("f"), "x".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("f"), "x".into()).await
+        })
+        .await
+        .unwrap();
     manager.snapshot(&key("v")).await.unwrap();
     backend.destroy(sandbox.id()).await.unwrap();
     let report = manager.reap_once().await.unwrap();
     assert_eq!(report.lost, vec![key("v")]);
     let back = manager.acquire(&key("v"), &spec()).await.unwrap();
-    assert_eq!(back.read(&path("f")).await.unwrap(), "x");
+    assert_eq!(
+        back.call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
+        "x"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -665,7 +808,11 @@ async fn shutdown_suspends_live_sessions_and_refuses_new_work() {
         .unwrap();
     for s in ["a", "b"] {
         let sb = manager.acquire(&key(s), &spec()).await.unwrap();
-        sb.write(&path("f"), s.to_owned().into()).await.unwrap();
+        sb.call("write", |b, id| async move {
+            b.write(id, &path("f"), s.to_owned().into()).await
+        })
+        .await
+        .unwrap();
     }
     let report = manager.shutdown().await;
     assert_eq!(report.suspended, vec![key("a"), key("b")]);
@@ -681,7 +828,12 @@ async fn shutdown_suspends_live_sessions_and_refuses_new_work() {
         .await
         .unwrap();
     let a = next.acquire(&key("a"), &spec()).await.unwrap();
-    assert_eq!(a.read(&path("f")).await.unwrap(), "a");
+    assert_eq!(
+        a.call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
+        "a"
+    );
 }
 
 #[tokio::test]
@@ -751,7 +903,9 @@ async fn the_pause_strategy_freezes_and_acquire_resumes_the_same_sandbox() {
         SandboxStatus::Paused
     );
     let err = sandbox
-        .run(sandcell::ExecRequest::new(["true"]))
+        .call("run", |b, id| {
+            b.run(id, sandcell::ExecRequest::new(["true"]))
+        })
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidState);
@@ -760,7 +914,9 @@ async fn the_pause_strategy_freezes_and_acquire_resumes_the_same_sandbox() {
     assert_eq!(again.id(), sandbox.id());
     assert_eq!(events.next().await.unwrap().kind, EventKind::Resumed);
     again
-        .run(sandcell::ExecRequest::new(["true"]))
+        .call("run", |b, id| {
+            b.run(id, sandcell::ExecRequest::new(["true"]))
+        })
         .await
         .unwrap();
     assert!(manager.snapshots(&key("p")).await.unwrap().is_empty());
@@ -771,7 +927,12 @@ async fn an_unhealthy_sandbox_marks_its_session_failed_and_acquire_restores_it()
     let backend = MockBackend::new();
     let manager = memory_manager(&backend).await;
     let sandbox = manager.acquire(&key("sick"), &spec()).await.unwrap();
-    sandbox.write(&path("f"), "saved".into()).await.unwrap();
+    sandbox
+        .call("write", |b, id| async move {
+            b.write(id, &path("f"), "saved".into()).await
+        })
+        .await
+        .unwrap();
     manager.snapshot(&key("sick")).await.unwrap();
     backend.mark_failed(sandbox.id()).unwrap();
     let mut events = manager.subscribe();
@@ -789,5 +950,10 @@ async fn an_unhealthy_sandbox_marks_its_session_failed_and_acquire_restores_it()
     assert_eq!(record.status, SandboxStatus::Failed);
 
     let back = manager.acquire(&key("sick"), &spec()).await.unwrap();
-    assert_eq!(back.read(&path("f")).await.unwrap(), "saved");
+    assert_eq!(
+        back.call("read", |b, id| async move { b.read(id, &path("f")).await })
+            .await
+            .unwrap(),
+        "saved"
+    );
 }

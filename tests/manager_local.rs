@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sandcell::{
-    BackendRegistry, ErrorKind, ExecRequest, ReleaseMode, SandboxBackend, SandboxConfig,
-    SandboxManager, SandboxSpec, SessionKey,
+    BackendRegistry, ErrorKind, ExecRequest, ReleaseMode, SandboxBackend, SandboxBackendExt,
+    SandboxConfig, SandboxManager, SandboxSpec, SessionKey,
 };
 use sandcell_local::LocalBackend;
 
@@ -32,11 +32,12 @@ async fn a_local_session_survives_suspend_and_a_new_manager() {
         .await
         .unwrap();
     sandbox
-        .run(ExecRequest::new([
-            "sh",
-            "-c",
-            "mkdir -p src && echo 'print(42)' > src/main.py",
-        ]))
+        .call("run", |b, id| {
+            b.run(
+                id,
+                ExecRequest::new(["sh", "-c", "mkdir -p src && echo 'print(42)' > src/main.py"]),
+            )
+        })
         .await
         .unwrap();
     manager.release(&key, ReleaseMode::Suspend).await.unwrap();
@@ -61,7 +62,9 @@ async fn a_local_session_survives_suspend_and_a_new_manager() {
         .await
         .unwrap();
     let out = sandbox
-        .run(ExecRequest::new(["cat", "src/main.py"]))
+        .call("run", |b, id| {
+            b.run(id, ExecRequest::new(["cat", "src/main.py"]))
+        })
         .await
         .unwrap();
     assert_eq!(out.stdout_str(), "print(42)\n");
@@ -96,7 +99,10 @@ async fn a_restore_starts_from_the_snapshots_template_not_the_callers() {
         .await
         .unwrap();
     sandbox
-        .write(&"mine.txt".parse().unwrap(), "edited\n".into())
+        .call("write", |b, id| async move {
+            b.write(id, &"mine.txt".parse().unwrap(), "edited\n".into())
+                .await
+        })
         .await
         .unwrap();
     manager.release(&key, ReleaseMode::Suspend).await.unwrap();
@@ -113,14 +119,18 @@ async fn a_restore_starts_from_the_snapshots_template_not_the_callers() {
         .unwrap();
     assert_eq!(
         sandbox
-            .read_to_string(&"base.txt".parse().unwrap())
+            .call("read_to_string", |b, id| async move {
+                b.read_to_string(id, &"base.txt".parse().unwrap()).await
+            })
             .await
             .unwrap(),
         "from the template\n"
     );
     assert_eq!(
         sandbox
-            .read_to_string(&"mine.txt".parse().unwrap())
+            .call("read_to_string", |b, id| async move {
+                b.read_to_string(id, &"mine.txt".parse().unwrap()).await
+            })
             .await
             .unwrap(),
         "edited\n"
@@ -171,7 +181,10 @@ async fn the_backend_is_chosen_from_yaml_toml_or_json() {
         .acquire(&key, &SandboxSpec::new("default"))
         .await
         .unwrap();
-    let out = sandbox.run(ExecRequest::new(["echo", "hi"])).await.unwrap();
+    let out = sandbox
+        .call("run", |b, id| b.run(id, ExecRequest::new(["echo", "hi"])))
+        .await
+        .unwrap();
     assert_eq!(out.stdout_str(), "hi\n");
     let err = manager
         .acquire(

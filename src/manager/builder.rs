@@ -182,6 +182,9 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
         for pool in &self.pools {
             crate::sandbox::validate_name("warm pool name", &pool.name)?;
             pool.spec.validate()?;
+            pool.spec
+                .check_supported(&self.backend.capabilities())
+                .map_err(|e| e.context(format_args!("warm pool {:?}", pool.name)))?;
             if !names.insert(pool.name.clone()) {
                 return Err(Error::invalid_input(format!(
                     "warm pool {:?} is configured twice",

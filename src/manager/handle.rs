@@ -1,30 +1,26 @@
 //! `SandboxHandle`: one session's sandbox, with activity recorded on every use.
 
+use std::future::Future;
 use std::sync::Arc;
 
-use bytes::Bytes;
 use tracing::Instrument;
 
-use crate::archive::ImportOptions;
-use crate::backend::{ByteStream, SandboxBackend};
+use crate::backend::SandboxBackend;
+#[cfg(doc)]
+use crate::error::Error;
 use crate::error::Result;
-use crate::exec::{ExecOutput, ExecRequest};
-use crate::ext::SandboxBackendExt;
-use crate::fs::{DirEntry, FileInfo};
+use crate::exec::ExecRequest;
 use crate::manager::Inner;
-use crate::path::SandboxPath;
-use crate::process::Process;
 use crate::sandbox::{SandboxId, SandboxInfo};
 use crate::store::SessionKey;
 
 /// A session's sandbox, from [`SandboxManager::acquire`](crate::SandboxManager::acquire).
 ///
-/// Each operation records activity for the session (so the reaper sees it in use) and
-/// then calls the backend. For the helpers of [`SandboxBackendExt`] not mirrored here,
-/// call [`touch`](Self::touch) and use [`backend`](Self::backend) with [`id`](Self::id).
-/// Activity is recorded when an operation starts (and, for `run`, when it ends): a
-/// command started with [`exec`](Self::exec) that runs past the idle timeout with no
-/// other use may be reaped.
+/// Every backend operation goes through [`call`](Self::call), which records activity for
+/// the session (so the reaper sees it in use), runs the operation in a span, and puts
+/// the operation, sandbox and session on its error. Activity is recorded when an
+/// operation starts and when its call returns: a command started with `exec` that runs
+/// past the idle timeout with no other use may be reaped.
 ///
 /// The handle does not keep the sandbox alive: after the session is released or reaped
 /// its operations fail with `NotFound`; acquire the session again.
@@ -93,13 +89,59 @@ impl<B: SandboxBackend> SandboxHandle<B> {
         self.inner.touch(&self.key).await;
     }
 
-    /// Starts a command; see [`SandboxBackend::exec`].
-    pub async fn exec(&self, request: ExecRequest) -> Result<Process> {
+    /// Calls any backend operation on this sandbox with the session's bookkeeping:
+    /// activity is recorded before and after (so the reaper sees the session in use),
+    /// the call runs in a `sandcell.op` span naming `op`, the tenant, session and
+    /// sandbox, and an error carries them as data ([`Error::operation`],
+    /// [`Error::sandbox`], [`Error::session`]). Any method of [`SandboxBackend`] or
+    /// [`SandboxBackendExt`](crate::SandboxBackendExt) goes through here, so a new
+    /// backend method needs no change to the handle.
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")]
+    /// # async fn demo() -> sandcell::Result<()> {
+    /// use sandcell::{SandboxBackend, SandboxBackendExt, SandboxManager, SandboxSpec, SessionKey};
+    /// use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore};
+    /// use sandcell::testing::MockBackend;
+    /// use std::sync::Arc;
+    ///
+    /// let manager = SandboxManager::builder(MockBackend::new())
+    ///     .state_store(Arc::new(InMemoryStateStore::new()))
+    ///     .snapshot_store(Arc::new(InMemorySnapshotStore::new()))
+    ///     .build()
+    ///     .await?;
+    /// let key = SessionKey::new("acme", "chat-1")?;
+    /// let sandbox = manager.acquire(&key, &SandboxSpec::default()).await?;
+    /// let path = "notes.md".parse()?;
+    /// sandbox.call("write", |b, id| b.write_string(id, &path, "hello")).await?;
+    /// let text = sandbox.call("read", |b, id| b.read_to_string(id, &path)).await?;
+    /// assert_eq!(text, "hello");
+    ///
+    /// let missing = "missing.md".parse()?;
+    /// let err = sandbox.call("read", |b, id| b.read(id, &missing)).await.unwrap_err();
+    /// assert_eq!(err.operation(), Some("read"));
+    /// assert_eq!(err.session(), Some(&key));
+    /// # Ok(())
+    /// # }
+    /// # #[cfg(feature = "testing")]
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn call<'a, T, F, Fut>(&'a self, op: &'static str, f: F) -> Result<T>
+    where
+        F: FnOnce(&'a B, &'a SandboxId) -> Fut,
+        Fut: Future<Output = Result<T>> + 'a,
+    {
         async move {
             self.touch().await;
-            self.inner.backend.exec(&self.info.id, request).await
+            let result = f(&self.inner.backend, &self.info.id).await;
+            self.touch().await;
+            result.map_err(|e| {
+                e.with_operation(op)
+                    .with_sandbox(&self.info.id)
+                    .with_session(&self.key)
+            })
         }
-        .instrument(self.span("exec"))
+        .instrument(self.span(op))
         .await
     }
 
@@ -107,15 +149,9 @@ impl<B: SandboxBackend> SandboxHandle<B> {
     /// this handle is dropped, until it ends or the sandbox does. Reach it through
     /// [`SandboxManager::background`](crate::SandboxManager::background).
     pub async fn spawn(&self, request: ExecRequest) -> Result<crate::background::ProcessId> {
-        async move {
-            self.touch().await;
-            self.inner
-                .background
-                .start(&self.inner.backend, &self.info.id, request)
-                .await
-        }
-        .instrument(self.span("spawn"))
-        .await
+        let background = &self.inner.background;
+        self.call("spawn", |b, id| background.start(b, id, request))
+            .await
     }
 
     /// Starts a service in this sandbox on a port from the manager's
@@ -126,16 +162,10 @@ impl<B: SandboxBackend> SandboxHandle<B> {
         &self,
         spec: crate::services::ServiceSpec,
     ) -> Result<crate::services::ServiceInfo> {
-        async move {
-            self.touch().await;
-            let backend: Arc<dyn SandboxBackend> = self.inner.backend.clone();
-            self.inner
-                .services
-                .start(backend, &self.info.id, spec)
-                .await
-        }
-        .instrument(self.span("start_service"))
-        .await
+        let backend: Arc<dyn SandboxBackend> = self.inner.backend.clone();
+        let services = &self.inner.services;
+        self.call("start_service", |_, id| services.start(backend, id, spec))
+            .await
     }
 
     /// The services of this sandbox.
@@ -146,140 +176,5 @@ impl<B: SandboxBackend> SandboxHandle<B> {
     /// The background processes of this sandbox.
     pub fn processes(&self) -> Vec<crate::background::ProcessInfo> {
         self.inner.background.list(Some(&self.info.id))
-    }
-
-    /// Runs a command to completion and collects its output; see [`SandboxBackendExt::run`].
-    pub async fn run(&self, request: ExecRequest) -> Result<ExecOutput> {
-        async move {
-            self.touch().await;
-            let out = self.inner.backend.run(&self.info.id, request).await;
-            self.touch().await;
-            out
-        }
-        .instrument(self.span("run"))
-        .await
-    }
-
-    /// Runs a shell script; see [`SandboxBackendExt::run_shell`].
-    pub async fn run_shell(&self, script: &str) -> Result<ExecOutput> {
-        async move {
-            self.touch().await;
-            let out = self.inner.backend.run_shell(&self.info.id, script).await;
-            self.touch().await;
-            out
-        }
-        .instrument(self.span("run_shell"))
-        .await
-    }
-
-    /// Reads a whole file; see [`SandboxBackend::read`].
-    pub async fn read(&self, path: &SandboxPath) -> Result<Bytes> {
-        async move {
-            self.touch().await;
-            self.inner.backend.read(&self.info.id, path).await
-        }
-        .instrument(self.span("read"))
-        .await
-    }
-
-    /// Reads a UTF-8 file; see [`SandboxBackendExt::read_to_string`].
-    pub async fn read_to_string(&self, path: &SandboxPath) -> Result<String> {
-        async move {
-            self.touch().await;
-            self.inner.backend.read_to_string(&self.info.id, path).await
-        }
-        .instrument(self.span("read_to_string"))
-        .await
-    }
-
-    /// Writes a whole file; see [`SandboxBackend::write`].
-    pub async fn write(&self, path: &SandboxPath, data: Bytes) -> Result<()> {
-        async move {
-            self.touch().await;
-            self.inner.backend.write(&self.info.id, path, data).await
-        }
-        .instrument(self.span("write"))
-        .await
-    }
-
-    /// Metadata of a path; see [`SandboxBackend::stat`].
-    pub async fn stat(&self, path: &SandboxPath) -> Result<FileInfo> {
-        async move {
-            self.touch().await;
-            self.inner.backend.stat(&self.info.id, path).await
-        }
-        .instrument(self.span("stat"))
-        .await
-    }
-
-    /// Lists a directory; see [`SandboxBackend::list_dir`].
-    pub async fn list_dir(&self, path: &SandboxPath) -> Result<Vec<DirEntry>> {
-        async move {
-            self.touch().await;
-            self.inner.backend.list_dir(&self.info.id, path).await
-        }
-        .instrument(self.span("list_dir"))
-        .await
-    }
-
-    /// Removes a path; see [`SandboxBackend::remove`].
-    pub async fn remove(&self, path: &SandboxPath, recursive: bool) -> Result<()> {
-        async move {
-            self.touch().await;
-            self.inner
-                .backend
-                .remove(&self.info.id, path, recursive)
-                .await
-        }
-        .instrument(self.span("remove"))
-        .await
-    }
-
-    /// Creates a directory; see [`SandboxBackend::mkdir`].
-    pub async fn mkdir(&self, path: &SandboxPath) -> Result<()> {
-        async move {
-            self.touch().await;
-            self.inner.backend.mkdir(&self.info.id, path).await
-        }
-        .instrument(self.span("mkdir"))
-        .await
-    }
-
-    /// Renames a path; see [`SandboxBackend::rename`].
-    pub async fn rename(&self, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
-        async move {
-            self.touch().await;
-            self.inner.backend.rename(&self.info.id, from, to).await
-        }
-        .instrument(self.span("rename"))
-        .await
-    }
-
-    /// Exports a directory as tar; see [`SandboxBackend::export_tar`].
-    pub async fn export_tar(&self, path: &SandboxPath) -> Result<ByteStream> {
-        async move {
-            self.touch().await;
-            self.inner.backend.export_tar(&self.info.id, path).await
-        }
-        .instrument(self.span("export_tar"))
-        .await
-    }
-
-    /// Imports a tar stream; see [`SandboxBackend::import_tar`].
-    pub async fn import_tar(
-        &self,
-        path: &SandboxPath,
-        tar: ByteStream,
-        options: ImportOptions,
-    ) -> Result<()> {
-        async move {
-            self.touch().await;
-            self.inner
-                .backend
-                .import_tar(&self.info.id, path, tar, options)
-                .await
-        }
-        .instrument(self.span("import_tar"))
-        .await
     }
 }

@@ -37,8 +37,42 @@ pub struct ReapReport {
     pub snapshot_failures: Vec<SessionKey>,
     /// Snapshots deleted by retention.
     pub snapshots_deleted: Vec<SnapshotKey>,
-    /// Other failures, one line each; the pass went on past them.
-    pub errors: Vec<String>,
+    /// Other failures; the pass went on past them.
+    pub errors: Vec<SessionError>,
+}
+
+/// One session's failure in a maintenance pass, kept as data: which session, the
+/// error's kind (serialized by [`ErrorKind::name`]) and its message.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct SessionError {
+    /// The session the failure was for.
+    pub session: SessionKey,
+    /// What went wrong, as a matchable kind.
+    #[serde(serialize_with = "kind_name")]
+    pub kind: ErrorKind,
+    /// The error's message, with its context.
+    pub message: String,
+}
+
+impl SessionError {
+    pub(crate) fn new(session: &SessionKey, error: &crate::Error) -> Self {
+        SessionError {
+            session: session.clone(),
+            kind: error.kind(),
+            message: format!("{error:#}"),
+        }
+    }
+}
+
+impl std::fmt::Display for SessionError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.session, self.message)
+    }
+}
+
+fn kind_name<S: serde::Serializer>(kind: &ErrorKind, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_str(kind.name())
 }
 
 /// What [`reconcile`](SandboxManager::reconcile) did.
@@ -66,7 +100,7 @@ pub struct ShutdownReport {
     /// Warm-pool sandboxes of this manager destroyed.
     pub pool_destroyed: usize,
     /// Sessions that could not be handled, with why; their sandboxes were kept.
-    pub errors: Vec<(SessionKey, String)>,
+    pub errors: Vec<SessionError>,
 }
 
 /// The snapshots `retention` deletes from one session's list (oldest first).
@@ -240,7 +274,7 @@ impl<B: SandboxBackend> Inner<B> {
             }
             if let Err(e) = self.reap_session(&mut record, &mut report).await {
                 tracing::warn!(session = %key, error = %e, "reaping a session failed");
-                report.errors.push(format!("{key}: {e}"));
+                report.errors.push(SessionError::new(key, &e));
             }
         }
         let now = self.clock.now();
@@ -248,7 +282,7 @@ impl<B: SandboxBackend> Inner<B> {
             let manifests = match self.snapshots.list(&record.key).await {
                 Ok(m) => m,
                 Err(e) => {
-                    report.errors.push(format!("{}: {e}", record.key));
+                    report.errors.push(SessionError::new(&record.key, &e));
                     continue;
                 }
             };
@@ -263,7 +297,10 @@ impl<B: SandboxBackend> Inner<B> {
                         );
                         report.snapshots_deleted.push(key);
                     }
-                    Err(e) => report.errors.push(format!("{key}: {e}")),
+                    Err(e) => report.errors.push(SessionError::new(
+                        &record.key,
+                        &e.context(format_args!("deleting snapshot {}", key.id())),
+                    )),
                 }
             }
         }
@@ -480,7 +517,7 @@ impl<B: SandboxBackend> Inner<B> {
                     .with_label(LABEL_MANAGER, &self.settings.manager_id)
                     .with_label(LABEL_POOL, &pool.name)
                     .with_label(LABEL_POOL_SLOT, &entry.slot);
-                let info = match self.backend.create(&spec).await {
+                let info = match self.create_sandbox(&spec).await {
                     Ok(info) => info,
                     Err(e) => {
                         self.state.pool_remove(&entry.slot).await?;
@@ -554,7 +591,7 @@ impl<B: SandboxBackend> Inner<B> {
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => {
                     tracing::error!(session = %key, error = %e, "could not shut down a session; its sandbox was kept");
-                    report.errors.push((key, e.to_string()));
+                    report.errors.push(SessionError::new(&key, &e));
                 }
             }
         }

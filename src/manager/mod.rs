@@ -8,9 +8,10 @@
 //! reconnects to live sandboxes or restores lost ones from their latest snapshot.
 //!
 //! ```
+//! # #[cfg(all(feature = "testing", feature = "sqlite"))]
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use sandcell::testing::MockBackend;
-//! use sandcell::{ReleaseMode, SandboxManager, SandboxSpec, SessionKey};
+//! use sandcell::{ReleaseMode, SandboxBackend, SandboxManager, SandboxSpec, SessionKey};
 //!
 //! let dir = tempfile::tempdir()?;
 //! let manager = SandboxManager::builder(MockBackend::new())
@@ -20,12 +21,15 @@
 //!     .await?;
 //! let key = SessionKey::new("acme", "chat-42")?;
 //! let sandbox = manager.acquire(&key, &SandboxSpec::new("default")).await?;
-//! sandbox.write(&"notes.md".parse()?, "hello".into()).await?;
+//! let notes = "notes.md".parse()?;
+//! // Every backend operation goes through `call`: it records the session's activity
+//! // and names the operation, sandbox and session on an error.
+//! sandbox.call("write", |b, id| b.write(id, &notes, "hello".into())).await?;
 //!
 //! // Suspend: snapshot, then destroy. The next acquire restores the workspace.
 //! manager.release(&key, ReleaseMode::Suspend).await?;
 //! let sandbox = manager.acquire(&key, &SandboxSpec::new("default")).await?;
-//! assert_eq!(sandbox.read(&"notes.md".parse()?).await?, "hello");
+//! assert_eq!(sandbox.call("read", |b, id| b.read(id, &notes)).await?, "hello");
 //! manager.release(&key, ReleaseMode::Purge).await?;
 //! # Ok(()) }
 //! # #[cfg(all(feature = "testing", feature = "sqlite"))]
@@ -51,7 +55,7 @@ use tracing::Instrument;
 pub use builder::{ManagerBuilder, WarmPool};
 pub use events::{EventKind, EventStream, ManagerEvent};
 pub use handle::SandboxHandle;
-pub use maintenance::{ReapReport, ReconcileReport, ShutdownReport};
+pub use maintenance::{ReapReport, ReconcileReport, SessionError, ShutdownReport};
 pub use settings::{ManagerSettings, ShutdownPolicy, SnapshotRetention, SuspendStrategy};
 
 use crate::archive::ImportOptions;
@@ -394,6 +398,14 @@ impl<B: SandboxBackend> Inner<B> {
     }
 
     /// The labels every sandbox of `key` carries.
+    /// Creates a sandbox: every sandbox the manager makes starts here, so a spec the
+    /// backend cannot honour is refused before the backend is called (third-party
+    /// backends that forget the check included).
+    pub(crate) async fn create_sandbox(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+        spec.check_supported(&self.backend.capabilities())?;
+        self.backend.create(spec).await
+    }
+
     fn session_spec(&self, key: &SessionKey, spec: &SandboxSpec) -> SandboxSpec {
         spec.clone()
             .with_label(LABEL_MANAGER, &self.settings.manager_id)
@@ -652,7 +664,7 @@ impl<B: SandboxBackend> Inner<B> {
         };
         let (info, kind) = match snapshot {
             Some(manifest) => {
-                let info = self.backend.create(&self.session_spec(key, spec)).await?;
+                let info = self.create_sandbox(&self.session_spec(key, spec)).await?;
                 *created = Some(info.id.clone());
                 self.restore_into(key, &info.id, manifest).await?;
                 (info, EventKind::Restored)
@@ -663,7 +675,7 @@ impl<B: SandboxBackend> Inner<B> {
                     (info, EventKind::Created)
                 }
                 None => {
-                    let info = self.backend.create(&self.session_spec(key, spec)).await?;
+                    let info = self.create_sandbox(&self.session_spec(key, spec)).await?;
                     *created = Some(info.id.clone());
                     (info, EventKind::Created)
                 }
@@ -926,8 +938,7 @@ impl<B: SandboxBackend> Inner<B> {
         }
         // Live: restore into a fresh sandbox, then swap it in.
         let fresh = self
-            .backend
-            .create(&self.session_spec(key, &record.spec))
+            .create_sandbox(&self.session_spec(key, &record.spec))
             .await?;
         tracing::Span::current().record("sandbox", fresh.id.as_str());
         if let Err(e) = self.restore_into(key, &fresh.id, &manifest).await {

@@ -159,6 +159,9 @@ impl MockBackend {
             templates: Arc::new(templates),
             handlers: Arc::new(HashMap::new()),
             capabilities: Capabilities {
+                // Mock commands are handlers: they have no network to cut or grant.
+                network_isolation: true,
+                network_full: true,
                 pause: true,
                 reset: true,
                 symlinks: true,
@@ -364,7 +367,7 @@ impl SandboxBackend for MockBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-        spec.validate()?;
+        let spec = &spec.prepare(&self.capabilities)?;
         let template = self.templates.get(&spec.template).ok_or_else(|| {
             Error::not_found(format!(
                 "template {:?} is not registered with the mock backend",

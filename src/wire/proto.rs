@@ -73,7 +73,7 @@ pub(crate) struct WireError {
 impl From<&Error> for WireError {
     fn from(e: &Error) -> Self {
         WireError {
-            kind: e.kind().as_str().to_owned(),
+            kind: e.kind().name().to_owned(),
             message: e.to_string(),
             temporary: e.is_temporary(),
         }

@@ -33,6 +33,8 @@ pub(crate) const LABEL_TEMPLATE: &str = "sandcell.docker.template";
 const LABEL_EXEC: &str = "sandcell.docker.exec";
 const LABEL_OUTPUT_BYTES: &str = "sandcell.docker.output_bytes";
 const LABEL_COMMAND_TIMEOUT_MS: &str = "sandcell.docker.command_timeout_ms";
+/// The sandbox's network policy (`Network::mode`), reported by `inspect`.
+const LABEL_NETWORK: &str = "sandcell.docker.network";
 /// The API version requested: old enough for Debian's engine (20.10), accepted by new ones.
 const API_VERSION: ClientVersion = ClientVersion {
     major_version: 1,
@@ -325,6 +327,7 @@ impl DockerBackend {
             LABEL_EXEC.to_owned(),
             if agent { "agent" } else { "engine" }.to_owned(),
         );
+        labels.insert(LABEL_NETWORK.to_owned(), spec.network.mode().to_owned());
         if let Some(n) = limits.output_bytes {
             labels.insert(LABEL_OUTPUT_BYTES.to_owned(), n.to_string());
         }
@@ -350,15 +353,11 @@ impl DockerBackend {
             // Any image with a `sleep` stays up; the init process forwards SIGTERM.
             vec!["sleep".to_owned(), "2147483647".to_owned()]
         };
+        // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
         let network_mode = match (&spec.network, task_network) {
-            (Network::Allowlist(_), _) => {
-                return Err(Error::unsupported(
-                    "backend docker does not support network allowlists",
-                ))
-            }
             (_, Some(network)) => network.to_owned(),
-            (Network::None, None) => "none".to_owned(),
-            (_, None) => config.network.clone(),
+            (Network::Full, None) => config.network.clone(),
+            (_, None) => "none".to_owned(),
         };
         let binds: Vec<String> = spec
             .mounts
@@ -461,11 +460,6 @@ impl DockerBackend {
         image: String,
         services: &[crate::config::ServiceSpec],
     ) -> Result<()> {
-        if matches!(spec.network, Network::Allowlist(_)) {
-            return Err(Error::unsupported(
-                "backend docker does not support network allowlists",
-            ));
-        }
         let docker = &self.inner.docker;
         let images = futures::future::try_join_all(
             services.iter().map(|s| self.inner.images.prepare(&s.image)),
@@ -613,6 +607,11 @@ fn info_of(
 ) -> SandboxInfo {
     let template = labels.get(LABEL_TEMPLATE).cloned().unwrap_or_default();
     let mut spec = SandboxSpec::new(template);
+    spec.network = match labels.get(LABEL_NETWORK).map(String::as_str) {
+        Some("full") => Network::Full,
+        Some("none") => Network::None,
+        _ => Network::Default,
+    };
     spec.labels = labels
         .into_iter()
         .filter(|(k, _)| !k.starts_with(INTERNAL_PREFIX))
@@ -632,14 +631,18 @@ impl SandboxBackend for DockerBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::default();
+        let mut caps = Capabilities::none();
         caps.shell = true;
         caps.pause = true;
         caps.reset = true;
         caps.host_mounts = true;
         caps.read_only_mounts_enforced = true;
         caps.network_isolation = true;
-        caps.resource_limits = true;
+        caps.network_full = true;
+        caps.cpu_limit = true;
+        caps.memory_limit = true;
+        caps.pids_limit = true;
+        caps.choose_user = true;
         caps.symlinks = true;
         caps.files_while_paused = true;
         caps.interactive_exec = true;
@@ -648,14 +651,8 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-        spec.validate()?;
-        if spec.limits.disk_bytes.is_some() {
-            return Err(Error::unsupported(
-                "backend docker does not enforce disk limits",
-            ));
-        }
+        let mut spec = spec.prepare(&self.capabilities())?;
         let image = self.image_for(&spec.template).await?;
-        let mut spec = spec.clone();
         let defaults = &self.inner.config.default_limits;
         let limits = &mut spec.limits;
         limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);

@@ -111,12 +111,22 @@ impl LocalBackend {
             Isolation::Landlock | Isolation::Namespaces
         );
         capabilities.network_isolation = config.isolation == Isolation::Namespaces;
+        // Below Namespaces processes share the host's network: that is Full, and the
+        // only policy such a sandbox can have.
+        capabilities.network_full = true;
         capabilities.incremental_snapshot = !matches!(
             config.workspace,
             WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace
         );
         let cgroups = CgroupRoots::detect();
-        capabilities.resource_limits = cgroups.enforces_limits();
+        let limits = cgroups.enforces_limits();
+        capabilities.cpu_limit = limits;
+        capabilities.memory_limit = limits;
+        capabilities.pids_limit = limits;
+        // `Limits::disk_bytes` caps the workspace as a whole, which a directory cannot;
+        // the operator's `default_limits.disk_bytes` still caps each file written
+        // (RLIMIT_FSIZE), but a spec asking for a workspace cap is refused.
+        capabilities.disk_limit = false;
         LocalBackend {
             inner: Arc::new(Inner {
                 grace: Duration::from_secs_f64(config.kill_grace_secs),
@@ -226,7 +236,8 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-        spec.validate()?;
+        // Unset limits take the backend's defaults; the stored spec shows what applies.
+        let mut spec = spec.prepare(&self.inner.capabilities)?;
         let template = self
             .inner
             .config
@@ -239,13 +250,6 @@ impl SandboxBackend for LocalBackend {
                     spec.template
                 ))
             })?;
-        if spec.user.is_some() {
-            return Err(Error::unsupported(
-                "backend local does not run commands as another user yet",
-            ));
-        }
-        // Unset limits take the backend's defaults; the stored spec shows what applies.
-        let mut spec = spec.clone();
         let defaults = &self.inner.config.default_limits;
         let limits = &mut spec.limits;
         limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);

@@ -109,9 +109,13 @@ pub(crate) fn init_command(
     match network {
         Network::None => {}
         Network::Full => args.push("--share-net".into()),
-        _ => return Err(Error::unsupported(
-            "backend local cannot enforce a network allowlist; use Network::None or Network::Full",
-        )),
+        // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
+        other => {
+            return Err(Error::unsupported(format!(
+                "backend local cannot enforce network policy {:?}",
+                other.mode()
+            )))
+        }
     }
     args.extend(system_binds());
     args.extend([

@@ -11,7 +11,7 @@ use reqwest::Method;
 use sandcell::archive::{ImportMode, ImportOptions};
 use sandcell::{
     ByteStream, Capabilities, DirEntry, Error, ErrorKind, ExecRequest, ExitStatus, FileInfo,
-    LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
+    LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
     SandboxSpec,
 };
 use serde::{Deserialize, Serialize};
@@ -179,8 +179,9 @@ struct Inner {
     server: Option<ServerInfo>,
     /// Files over `exec`, for a plain endpoint.
     files: ExecFiles,
-    /// Each sandbox's output cap, for exec on a plain endpoint.
-    output_limits: std::sync::Mutex<std::collections::HashMap<SandboxId, Option<usize>>>,
+    /// Each sandbox's spec, for exec on a plain endpoint: its workdir, command timeout
+    /// and output cap are applied by this client.
+    specs: std::sync::Mutex<std::collections::HashMap<SandboxId, Arc<SandboxSpec>>>,
 }
 
 impl RemoteBackend {
@@ -227,7 +228,7 @@ impl RemoteBackend {
                 control,
                 server,
                 files,
-                output_limits: Default::default(),
+                specs: Default::default(),
             }),
         })
     }
@@ -289,22 +290,25 @@ impl RemoteBackend {
         }
     }
 
-    /// The spec's output cap for sandbox `id` (plain endpoints, where the process
-    /// cannot carry it): remembered from the create, or read once from the machine's
-    /// metadata for a machine this client did not create.
-    async fn output_limit(&self, id: &SandboxId) -> Result<Option<usize>> {
-        if let Some(limit) = crate::lock(&self.inner.output_limits).get(id) {
-            return Ok(*limit);
+    /// The spec of sandbox `id` (plain endpoints, whose exec cannot carry a workdir,
+    /// default timeout or output cap): remembered from the create, or read once from
+    /// the machine's metadata for a machine this client did not create (one without a
+    /// sandcell spec gets the defaults).
+    async fn spec_of(&self, id: &SandboxId) -> Result<Arc<SandboxSpec>> {
+        if let Some(spec) = crate::lock(&self.inner.specs).get(id) {
+            return Ok(Arc::clone(spec));
         }
         let machine = self.inner.control.get(id.as_str()).await?;
-        let limit = machine
-            .config
-            .as_ref()
-            .and_then(|c| c.metadata.get(SPEC_METADATA))
-            .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
-            .and_then(|spec| spec.limits.output_bytes);
-        crate::lock(&self.inner.output_limits).insert(id.clone(), limit);
-        Ok(limit)
+        let spec = Arc::new(
+            machine
+                .config
+                .as_ref()
+                .and_then(|c| c.metadata.get(SPEC_METADATA))
+                .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
+                .unwrap_or_default(),
+        );
+        crate::lock(&self.inner.specs).insert(id.clone(), Arc::clone(&spec));
+        Ok(spec)
     }
 
     async fn wait_for(
@@ -349,7 +353,15 @@ fn info_of(machine: &Machine) -> Result<SandboxInfo> {
     let status = MachineState::parse(&machine.state)
         .map(MachineState::status)
         .unwrap_or(sandcell::SandboxStatus::Failed);
-    let mut info = SandboxInfo::new(id, "remote", &SandboxSpec::new(config.image), status);
+    // The spec sandcell stored at create says the network the machine has; a machine
+    // made by something else has Fly's default, the network.
+    let mut spec = SandboxSpec::new(config.image);
+    spec.network = config
+        .metadata
+        .get(SPEC_METADATA)
+        .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
+        .map_or(Network::Full, |s| s.network);
+    let mut info = SandboxInfo::new(id, "remote", &spec, status);
     info.labels = config
         .metadata
         .into_iter()
@@ -382,10 +394,14 @@ impl SandboxBackend for RemoteBackend {
         match &self.inner.server {
             Some(server) => server.capabilities,
             None => {
-                let mut caps = Capabilities::default();
+                // A plain Fly Machines endpoint: machines have the network, a guest
+                // size, and nothing else a spec can ask for.
+                let mut caps = Capabilities::none();
                 caps.pause = true;
                 caps.reset = true;
-                caps.resource_limits = true;
+                caps.cpu_limit = true;
+                caps.memory_limit = true;
+                caps.network_full = true;
                 caps.shell = true;
                 caps.symlinks = true;
                 caps
@@ -394,7 +410,7 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-        spec.validate()?;
+        let spec = &spec.prepare(&self.capabilities())?;
         let spec_json = serde_json::to_string(spec)
             .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding the spec", e))?;
         let mut metadata = spec.labels.clone();
@@ -433,7 +449,7 @@ impl SandboxBackend for RemoteBackend {
             }
         }
         // Known now; exec on a plain endpoint need not ask the machine for it later.
-        crate::lock(&self.inner.output_limits).insert(info.id.clone(), spec.limits.output_bytes);
+        crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec.clone()));
         self.inspect(&info.id).await
     }
 
@@ -457,7 +473,7 @@ impl SandboxBackend for RemoteBackend {
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
         self.inner.control.destroy(id.as_str()).await?;
-        crate::lock(&self.inner.output_limits).remove(id);
+        crate::lock(&self.inner.specs).remove(id);
         Ok(())
     }
 
@@ -487,7 +503,14 @@ impl SandboxBackend for RemoteBackend {
             .await;
         }
         // A plain endpoint runs the command to its end and answers text. Its exec has
-        // no cwd or env and cannot tell a missing program: a wrapper does those.
+        // no cwd or env and cannot tell a missing program: a wrapper does those, and
+        // this client applies the spec's workdir, default timeout and output cap.
+        let spec = self.spec_of(id).await?;
+        let mut request = request;
+        if request.cwd.is_none() && !spec.workdir.is_root() {
+            request.cwd = Some(spec.workdir.clone());
+        }
+        request.timeout = request.timeout.or(spec.command_timeout);
         let workspace = self.inner.config.workspace.as_deref().unwrap_or("");
         let (command, marker) = crate::exec_files::wrap_command(&request, workspace);
         let body = ExecBody {
@@ -501,7 +524,7 @@ impl SandboxBackend for RemoteBackend {
                 .timeout
                 .map(|t| t.as_secs() + u64::from(t.subsec_nanos() > 0)),
         };
-        let output_limit = self.output_limit(id).await?;
+        let output_limit = spec.limits.output_bytes;
         let started = Instant::now();
         let answer = self.inner.control.exec(id.as_str(), &body).await?;
         let what = format!("running {:?}", request.argv[0]);

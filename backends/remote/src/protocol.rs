@@ -171,7 +171,7 @@ impl ErrorBody {
     pub fn from_error(e: &Error) -> Self {
         ErrorBody {
             error: e.to_string(),
-            kind: Some(e.kind().as_str().to_owned()),
+            kind: Some(e.kind().name().to_owned()),
         }
     }
 }

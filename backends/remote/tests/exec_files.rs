@@ -203,7 +203,10 @@ async fn a_paused_session_is_thawed_for_its_snapshot_and_paused_again() {
         .unwrap();
     let id = handle.id().clone();
     handle
-        .write(&p("notes.txt"), Bytes::from_static(b"kept"))
+        .call("write", |b, id| async move {
+            b.write(id, &p("notes.txt"), Bytes::from_static(b"kept"))
+                .await
+        })
         .await
         .unwrap();
     manager.release(&key, ReleaseMode::Suspend).await.unwrap();
@@ -222,7 +225,13 @@ async fn a_paused_session_is_thawed_for_its_snapshot_and_paused_again() {
     );
     let restored = manager.restore(&key, &manifest.id).await.unwrap();
     assert_eq!(
-        &restored.read(&p("notes.txt")).await.unwrap()[..],
+        &restored
+            .call(
+                "read",
+                |b, id| async move { b.read(id, &p("notes.txt")).await }
+            )
+            .await
+            .unwrap()[..],
         b"kept",
         "the snapshot holds the workspace"
     );

@@ -218,7 +218,7 @@ pub(super) async fn wait(
         if Instant::now() >= deadline {
             let body = crate::protocol::ErrorBody {
                 error: format!("machine {id} did not reach {:?} in time", query.state),
-                kind: Some(ErrorKind::Timeout.as_str().to_owned()),
+                kind: Some(ErrorKind::Timeout.name().to_owned()),
             };
             return Ok((StatusCode::REQUEST_TIMEOUT, Json(body)).into_response());
         }

@@ -16,12 +16,15 @@ use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 
 use super::RawTar;
+
+mod capabilities;
 use crate::archive::{ArchiveLimits, ImportOptions};
 use crate::snapshot::{self, PackOptions, SnapshotManifest};
 use crate::{
     ByteStream, EditOutcome, ErrorKind, ExecRequest, FileKind, LabelSelector, Language,
     SandboxBackend, SandboxBackendExt, SandboxId, SandboxPath, SandboxSpec, SandboxStatus,
 };
+pub use capabilities::{claimed_capabilities_work, create_refuses_what_it_cannot_honour};
 
 /// The label every conformance sandbox carries.
 pub const TEST_LABEL: (&str, &str) = ("sandcell.test", "conformance");
@@ -31,11 +34,11 @@ pub fn spec() -> SandboxSpec {
     SandboxSpec::new("default").with_label(TEST_LABEL.0, TEST_LABEL.1)
 }
 
-fn p(s: &str) -> SandboxPath {
+pub(crate) fn p(s: &str) -> SandboxPath {
     SandboxPath::new(s).unwrap()
 }
 
-fn stream(data: Bytes) -> ByteStream {
+pub(crate) fn stream(data: Bytes) -> ByteStream {
     futures::stream::once(async move { Ok(data) }).boxed()
 }
 
@@ -82,7 +85,11 @@ pub async fn fingerprint(b: &dyn SandboxBackend, id: &SandboxId) -> Fingerprint 
     out
 }
 
-fn assert_kind<T: std::fmt::Debug>(result: crate::Result<T>, kind: ErrorKind, what: &str) {
+pub(crate) fn assert_kind<T: std::fmt::Debug>(
+    result: crate::Result<T>,
+    kind: ErrorKind,
+    what: &str,
+) {
     match result {
         Ok(v) => panic!("{what}: expected a {kind} error, got Ok({v:?})"),
         Err(e) => assert_eq!(e.kind(), kind, "{what}: wrong error kind for {e}"),
@@ -1597,12 +1604,18 @@ pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
     let first = build().await.expect("a manager over the backend");
     let handle = first.acquire(&key, &spec()).await.expect("acquire");
     let first_id = handle.id().clone();
+    let notes = p("notes/a.txt");
     handle
-        .write(&p("notes/a.txt"), Bytes::from_static(b"kept"))
+        .call("write", |b, id| {
+            b.write(id, &notes, Bytes::from_static(b"kept"))
+        })
         .await
         .unwrap();
     if backend.capabilities().shell {
-        let out = handle.run_shell("cat notes/a.txt").await.unwrap();
+        let out = handle
+            .call("run_shell", |b, id| b.run_shell(id, "cat notes/a.txt"))
+            .await
+            .unwrap();
         assert_eq!(out.stdout_str(), "kept");
     }
     first
@@ -1621,7 +1634,8 @@ pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
     let second = build().await.expect("a second manager");
     let handle = second.acquire(&key, &spec()).await.expect("acquire again");
     assert_ne!(handle.id(), &first_id, "restored into a new sandbox");
-    assert_eq!(&handle.read(&p("notes/a.txt")).await.unwrap()[..], b"kept");
+    let read = handle.call("read", |b, id| b.read(id, &notes)).await;
+    assert_eq!(&read.unwrap()[..], b"kept");
 
     let orphan = backend
         .create(&spec().with_label(LABEL_MANAGER, &manager_id))
@@ -1667,6 +1681,8 @@ pub async fn run_all(b: &dyn SandboxBackend) {
     }
     case!(lifecycle);
     case!(create_rejects_bad_specs);
+    case!(create_refuses_what_it_cannot_honour);
+    case!(claimed_capabilities_work);
     case!(unknown_sandbox_is_not_found);
     case!(pause_resume);
     case!(reset_keeps_workspace);
