@@ -1,6 +1,6 @@
 //! Services with ports and readiness on the local backend (python3's http.server), and
 //! their health folded into the manager's reaper.
-#![cfg(feature = "sqlite")]
+#![cfg(all(feature = "sqlite", feature = "testing"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};

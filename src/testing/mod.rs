@@ -21,11 +21,13 @@
 pub mod conformance;
 mod hostile;
 mod mock;
+mod require;
 pub mod stores;
 mod tar_builder;
 mod wire_loop;
 
 pub use hostile::{hostile_archives, HostileArchive};
 pub use mock::{MockBackend, MockCall, MockReply};
+pub use require::require_or_skip;
 pub use tar_builder::RawTar;
 pub use wire_loop::WireLoop;

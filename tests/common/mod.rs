@@ -10,13 +10,9 @@ pub(crate) fn python_available() -> bool {
         .arg("-V")
         .output()
         .is_ok_and(|o| o.status.success());
-    if !ok {
-        if std::env::var("SANDCELL_REQUIRE_PYTHON").as_deref() == Ok("1") {
-            panic!("python3 is required (SANDCELL_REQUIRE_PYTHON=1) but does not run");
-        }
-        eprintln!(
-            "SKIPPED: python3 is not installed; set SANDCELL_REQUIRE_PYTHON=1 to fail instead"
-        );
-    }
-    ok
+    sandcell::testing::require_or_skip(
+        "PYTHON",
+        "python3",
+        ok.then_some(()).ok_or_else(|| "it does not run".to_owned()),
+    )
 }

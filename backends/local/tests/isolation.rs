@@ -20,11 +20,7 @@ fn landlock_backend(root: &std::path::Path) -> Option<LocalBackend> {
         Ok(b) => Some(b),
         Err(e) => {
             assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-            assert!(
-                std::env::var("SANDCELL_REQUIRE_LANDLOCK").as_deref() != Ok("1"),
-                "Landlock is required here: {e}"
-            );
-            eprintln!("SKIPPED: {e}; set SANDCELL_REQUIRE_LANDLOCK=1 to fail instead");
+            sandcell::testing::require_or_skip("LANDLOCK", "Landlock", Err(e.to_string()));
             None
         }
     }
@@ -102,11 +98,11 @@ fn namespaces_backend(root: &std::path::Path) -> Option<LocalBackend> {
         Ok(b) => Some(b),
         Err(e) => {
             assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-            assert!(
-                std::env::var("SANDCELL_REQUIRE_NAMESPACES").as_deref() != Ok("1"),
-                "namespace isolation is required here: {e}"
+            sandcell::testing::require_or_skip(
+                "NAMESPACES",
+                "namespace isolation",
+                Err(e.to_string()),
             );
-            eprintln!("SKIPPED: {e}; set SANDCELL_REQUIRE_NAMESPACES=1 to fail instead");
             None
         }
     }

@@ -210,15 +210,11 @@ async fn pause_freezes_and_resume_thaws() {
 
 /// Whether sandboxes get cgroups here; skips loudly unless `SANDCELL_REQUIRE_CGROUPS=1`.
 fn has_cgroup(info: &sandcell::SandboxInfo) -> bool {
-    if info.details.contains_key("cgroup") {
-        return true;
-    }
-    assert!(
-        std::env::var("SANDCELL_REQUIRE_CGROUPS").as_deref() != Ok("1"),
-        "cgroups are required (SANDCELL_REQUIRE_CGROUPS=1) but the sandbox has none"
-    );
-    eprintln!("SKIPPED: no writable cgroup v2 hierarchy here (run as root); set SANDCELL_REQUIRE_CGROUPS=1 to fail instead");
-    false
+    let probe = match info.details.contains_key("cgroup") {
+        true => Ok(()),
+        false => Err("no writable cgroup v2 hierarchy here (run as root)".to_owned()),
+    };
+    sandcell::testing::require_or_skip("CGROUPS", "cgroups", probe)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -265,11 +261,7 @@ async fn a_fork_bomb_is_contained_and_destroy_leaves_nothing() {
     let info = match backend.create(&spec).await {
         Ok(info) => info,
         Err(e) if e.kind() == sandcell::ErrorKind::Unsupported => {
-            assert!(
-                std::env::var("SANDCELL_REQUIRE_CGROUPS").as_deref() != Ok("1"),
-                "pids limits are required here: {e}"
-            );
-            eprintln!("SKIPPED: pids limits unavailable: {e}");
+            sandcell::testing::require_or_skip("CGROUPS", "pids limits", Err(e.to_string()));
             return;
         }
         Err(e) => panic!("{e}"),
@@ -353,11 +345,7 @@ async fn default_and_disk_limits_apply() {
     let info = match backend.create(&SandboxSpec::default()).await {
         Ok(info) => info,
         Err(e) if e.kind() == sandcell::ErrorKind::Unsupported => {
-            assert!(
-                std::env::var("SANDCELL_REQUIRE_CGROUPS").as_deref() != Ok("1"),
-                "{e}"
-            );
-            eprintln!("SKIPPED: {e}");
+            sandcell::testing::require_or_skip("CGROUPS", "cgroup limits", Err(e.to_string()));
             return;
         }
         Err(e) => panic!("{e}"),

@@ -22,18 +22,8 @@ pub(crate) async fn engine_available() -> bool {
     let probe = DockerBackend::builder()
         .build()
         .expect("a default builder builds");
-    match probe.ping().await {
-        Ok(()) => true,
-        Err(e) if std::env::var("SANDCELL_REQUIRE_DOCKER").as_deref() == Ok("1") => {
-            panic!("a Docker engine is required (SANDCELL_REQUIRE_DOCKER=1) but unreachable: {e}")
-        }
-        Err(e) => {
-            eprintln!(
-                "SKIPPED: no Docker engine ({e}); set SANDCELL_REQUIRE_DOCKER=1 to fail instead"
-            );
-            false
-        }
-    }
+    let ping = probe.ping().await.map_err(|e| e.to_string());
+    sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping)
 }
 
 /// Imports the busybox image and builds the user image from it, once per test binary.

@@ -29,18 +29,7 @@ pub(crate) fn overlay_available() -> bool {
             .unwrap()
             .block_on(probe_create(&backend)),
     };
-    match result {
-        Ok(()) => true,
-        Err(why) if std::env::var("SANDCELL_REQUIRE_OVERLAY").as_deref() == Ok("1") => {
-            panic!(
-                "overlay mounts are required (SANDCELL_REQUIRE_OVERLAY=1) but unavailable: {why}"
-            )
-        }
-        Err(why) => {
-            eprintln!("SKIPPED: overlay mounts are unavailable here ({why}); set SANDCELL_REQUIRE_OVERLAY=1 to fail instead");
-            false
-        }
-    }
+    sandcell::testing::require_or_skip("OVERLAY", "overlay mounts", result)
 }
 
 async fn probe_create(backend: &sandcell_local::LocalBackend) -> Result<(), String> {

@@ -99,17 +99,11 @@ pub(crate) fn load_fly_spec() -> Option<OpenApi> {
     let text = match std::fs::read_to_string(&path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            if std::env::var("SANDCELL_REQUIRE_SPEC").as_deref() == Ok("1") {
-                panic!(
-                    "the Fly Machines spec is required (SANDCELL_REQUIRE_SPEC=1) but {} is absent; \
-                     set SANDCELL_FLY_SPEC to its path",
-                    path.display()
-                );
-            }
-            eprintln!(
-                "SKIPPED: {} is absent; set SANDCELL_REQUIRE_SPEC=1 to fail instead",
+            let absent = format!(
+                "{} is absent; set SANDCELL_FLY_SPEC to its path",
                 path.display()
             );
+            sandcell::testing::require_or_skip("SPEC", "the Fly Machines spec", Err(absent));
             return None;
         }
         Err(e) => panic!("cannot read the Fly Machines spec {}: {e}", path.display()),
