@@ -1,14 +1,14 @@
 //! The `sandcell-server` binary, started as the README says, answers a RemoteBackend.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-
-mod common;
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_remote::{RemoteBackend, RemoteConfig};
+
+/// The token the server is started with.
+const TOKEN: &str = "test-token";
 
 /// Kills the server when the test ends, however it ends.
 struct Server(Child);
@@ -43,7 +43,7 @@ async fn start(root: &std::path::Path, extra: &[&str]) -> (Server, String) {
             .args(extra)
             .arg("--root")
             .arg(root)
-            .env("SANDCELL_SERVER_TOKEN", common::TOKEN)
+            .env("SANDCELL_SERVER_TOKEN", TOKEN)
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
@@ -61,7 +61,7 @@ async fn start(root: &std::path::Path, extra: &[&str]) -> (Server, String) {
 async fn the_binary_serves_the_local_backend_on_loopback() {
     let root = tempfile::tempdir().unwrap();
     let (server, url) = start(root.path(), &[]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, common::TOKEN))
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
         .await
         .unwrap();
     assert_eq!(backend.name(), "remote");
@@ -90,7 +90,7 @@ fn an_empty_token_is_refused() {
 async fn fly_only_serves_a_plain_endpoint_whose_files_move_over_exec() {
     let root = tempfile::tempdir().unwrap();
     let (server, url) = start(root.path(), &["--fly-only"]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, common::TOKEN))
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
         .await
         .unwrap();
     assert!(!backend.has_extensions(), "no sandcell routes");

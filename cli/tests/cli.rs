@@ -1,6 +1,5 @@
-//! Drives the built `sandcell` CLI (`examples/sandcell.rs`) as a user would: every call a
+//! Drives the built `sandcell` binary as a user would: every call a
 //! new process over one data directory.
-#![cfg(feature = "sqlite")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::Write;
@@ -10,40 +9,13 @@ use std::time::{Duration, Instant};
 
 use sandcell::{LabelSelector, SandboxBackend, SandboxSpec};
 
-#[path = "../backends/docker/tests/common/mod.rs"]
+#[path = "../../backends/docker/tests/common/mod.rs"]
 mod docker_common;
 use serde_json::Value;
 
-/// The example binary, built (or found up to date) by cargo once per test run: a filtered
-/// run (`cargo test --test cli`) does not build examples, and a stale binary would test
-/// old code. The features match `.ci/run`'s `cargo test --workspace --all-features`, so
-/// there this is a no-op.
+/// The built `sandcell` binary: cargo builds it before it runs this test.
 fn cli_binary() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| {
-            let exe = std::env::current_exe().unwrap();
-            let profile_dir = exe.parent().unwrap().parent().unwrap();
-            let mut build = Command::new(env!("CARGO"));
-            build
-                .args([
-                    "build",
-                    "--workspace",
-                    "--all-features",
-                    "--example",
-                    "sandcell",
-                ])
-                .current_dir(env!("CARGO_MANIFEST_DIR"));
-            if profile_dir.ends_with("release") {
-                build.arg("--release");
-            }
-            let status = build.status().unwrap();
-            assert!(status.success(), "building the sandcell example failed");
-            let binary = profile_dir.join("examples").join("sandcell");
-            assert!(binary.exists(), "{} missing", binary.display());
-            binary
-        })
-        .clone()
+    PathBuf::from(env!("CARGO_BIN_EXE_sandcell"))
 }
 
 /// One CLI invocation against a data directory.

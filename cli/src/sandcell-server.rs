@@ -2,8 +2,7 @@
 //! API (plus file, archive and streaming-exec endpoints) for `RemoteBackend` clients.
 //!
 //! ```text
-//! SANDCELL_SERVER_TOKEN=secret cargo run -p sandcell-remote --features server \
-//!     --bin sandcell-server -- --backend local --root /tmp/sandcell-server
+//! SANDCELL_SERVER_TOKEN=secret sandcell-server --backend local --root /tmp/sandcell-server
 //! ```
 //!
 //! It listens on `127.0.0.1:7711` unless `--listen` says otherwise; every request needs

@@ -1,0 +1,260 @@
+//! One function per command: what it does and what it prints.
+
+use std::io::Read;
+use std::path::Path;
+use std::process::ExitCode;
+
+use futures::{FutureExt, StreamExt};
+use sandcell::{
+    EventKind, ExecRequest, ReleaseMode, SandboxBackend, SandboxPath, SandboxSpec, SessionKey,
+};
+use serde_json::json;
+
+use crate::args::{parse_path, BackendKind, Cli, Command, SessionCommand, TemplateCommand};
+use crate::error::CliError;
+use crate::exec::{exit_code_of, stream_process};
+use crate::output::{print_json, session_json, write_stdout, Progress};
+use crate::session::{
+    known_session, open_manager, open_session, remote_config, same_backend, Manager,
+};
+use crate::templates::Templates;
+
+pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
+    let data_dir = &cli.data_dir;
+    if cli.backend != BackendKind::Remote && cli.remote_url.is_some() {
+        return Err(CliError::bad_input(
+            "--remote-url applies to --backend remote only",
+            "drop it, or add --backend remote",
+        ));
+    }
+    let backend = cli.backend;
+    let remote = match backend {
+        BackendKind::Remote => Some(remote_config(&cli)?),
+        _ => None,
+    };
+    match cli.command {
+        Command::Template(TemplateCommand::Add { .. }) if backend == BackendKind::Remote => {
+            Err(CliError::bad_input(
+                "a remote backend's templates live on its server",
+                "pass the server's template name to `acquire --template`",
+            ))
+        }
+        Command::Template(TemplateCommand::Add { name, dir }) => {
+            let source = Templates::add(data_dir, backend, &name, &dir)?;
+            print_json(&json!({ "template": name, "backend": backend.name(), "source": source }))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Template(TemplateCommand::List) => {
+            for (name, source) in Templates::load(data_dir)?.of(backend) {
+                print_json(
+                    &json!({ "template": name, "backend": backend.name(), "source": source }),
+                )?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Session(command) => {
+            let manager = open_manager(data_dir, backend, remote, &command).await?;
+            run_session_command(&manager, data_dir, backend, command).await
+        }
+    }
+}
+
+pub(crate) async fn run_session_command(
+    manager: &Manager,
+    data_dir: &Path,
+    backend: BackendKind,
+    command: SessionCommand,
+) -> Result<ExitCode, CliError> {
+    match command {
+        SessionCommand::Acquire {
+            session,
+            template,
+            env,
+        } => {
+            let key = session.key()?;
+            if let Some(template) = &template {
+                if !Templates::load(data_dir)?.contains(backend, template) {
+                    return Err(CliError::bad_input(
+                        format_args!("unknown template {template:?}"),
+                        format_args!(
+                            "register it with `sandcell{} template add {template} {}`",
+                            backend.flag(),
+                            if backend == BackendKind::Docker {
+                                "DIR|IMAGE"
+                            } else {
+                                "DIR"
+                            }
+                        ),
+                    ));
+                }
+            }
+            // A known session keeps its spec (template, env); flags add to it.
+            let mut spec = match manager.session(&key).await? {
+                Some(record) => {
+                    same_backend(manager, &record)?;
+                    record.spec
+                }
+                None => {
+                    let template = template.as_deref().unwrap_or("default");
+                    if !Templates::load(data_dir)?.contains(backend, template) {
+                        return Err(CliError::bad_input(
+                            format_args!("the {} backend has no template {template:?}", backend.name()),
+                            format_args!(
+                                "register one with `sandcell{} template add {template} IMAGE`, or pass --template",
+                                backend.flag()
+                            ),
+                        ));
+                    }
+                    SandboxSpec::new(template)
+                }
+            };
+            spec.env.extend(env);
+            let mut events = manager.subscribe();
+            let progress = Progress::start(format_args!("acquiring session {key}"));
+            let handle = manager.acquire(&key, &spec).await?;
+            progress.finish();
+            let mut outcome = "reused";
+            while let Some(Some(event)) = events.next().now_or_never() {
+                if event.session.as_ref() == Some(&key) {
+                    outcome = match event.kind {
+                        EventKind::Created => "created",
+                        EventKind::Restored => "restored",
+                        EventKind::Resumed => "resumed",
+                        _ => continue,
+                    };
+                }
+            }
+            let record = manager.session(&key).await?.ok_or_else(|| {
+                CliError::failure(
+                    format_args!("session {key} vanished right after it was acquired"),
+                    "another process released it; acquire again",
+                )
+            })?;
+            let mut out = session_json(&record);
+            out["outcome"] = json!(outcome);
+            out["workspace"] = json!(handle.info().details.get("workspace"));
+            print_json(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Exec {
+            session,
+            timeout,
+            cwd,
+            env,
+            interactive,
+            argv,
+        } => {
+            let key = session.key()?;
+            let mut request = ExecRequest::new(argv);
+            if let Some(cwd) = cwd {
+                request = request.cwd(parse_path(&cwd)?);
+            }
+            request.env.extend(env);
+            if let Some(timeout) = timeout {
+                request = request.timeout(timeout);
+            }
+            if !interactive {
+                request = request.stdin(bytes::Bytes::new());
+            }
+            let handle = open_session(manager, &key).await?;
+            let process = handle.call("exec", |b, id| b.exec(id, request)).await?;
+            let status = stream_process(process).await?;
+            Ok(exit_code_of(&status))
+        }
+        SessionCommand::Write { session, path } => {
+            let key = session.key()?;
+            let path = parse_path(&path)?;
+            let mut data = Vec::new();
+            std::io::stdin().lock().read_to_end(&mut data)?;
+            let handle = open_session(manager, &key).await?;
+            handle
+                .call("write", |b, id| b.write(id, &path, data.into()))
+                .await?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Read { session, path } => {
+            let key = session.key()?;
+            let path = parse_path(&path)?;
+            let handle = open_session(manager, &key).await?;
+            let data = handle.call("read", |b, id| b.read(id, &path)).await?;
+            write_stdout(&data)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Ls { session, path } => {
+            let key = session.key()?;
+            let path = match path {
+                Some(path) => parse_path(&path)?,
+                None => SandboxPath::root(),
+            };
+            let handle = open_session(manager, &key).await?;
+            for entry in handle
+                .call("list_dir", |b, id| b.list_dir(id, &path))
+                .await?
+            {
+                print_json(&json!(entry))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Snapshot { session } => {
+            let key = session.key()?;
+            open_session(manager, &key).await?;
+            let progress = Progress::start(format_args!("snapshotting {key}"));
+            let manifest = manager.snapshot(&key).await?;
+            progress.finish();
+            print_json(&json!(manifest))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Suspend { session } => {
+            let key = session.key()?;
+            known_session(manager, &key).await?;
+            let progress = Progress::start(format_args!("suspending {key}"));
+            manager.release(&key, ReleaseMode::Suspend).await?;
+            progress.finish();
+            let record = known_session(manager, &key).await?;
+            let mut out = session_json(&record);
+            out["snapshot"] = json!(manager.snapshots(&key).await?.last().map(|m| &m.id));
+            print_json(&out)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Release { session, how } => {
+            let key = session.key()?;
+            known_session(manager, &key).await?;
+            let mode = if how.purge {
+                ReleaseMode::Purge
+            } else {
+                ReleaseMode::Destroy
+            };
+            manager.release(&key, mode).await?;
+            let status = match manager.session(&key).await? {
+                Some(record) => session_json(&record),
+                None => json!({
+                    "tenant": key.tenant(),
+                    "session": key.session(),
+                    "sandbox_id": null,
+                    "status": "purged",
+                    "backend": manager.backend().name(),
+                }),
+            };
+            print_json(&status)?;
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::List { tenant } => {
+            if let Some(tenant) = &tenant {
+                // The rule a key applies, so a typo is an error rather than an empty list.
+                SessionKey::new(tenant, "x")?;
+            }
+            for record in manager.list(tenant.as_deref()).await? {
+                print_json(&session_json(&record))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Gc { .. } => {
+            let progress = Progress::start("reconciling and reaping");
+            let reconcile = manager.reconcile().await?;
+            let reap = manager.reap_once().await?;
+            progress.finish();
+            print_json(&json!({ "reconcile": reconcile, "reap": reap }))?;
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,148 @@
+//! The manager over the data directory, and the sessions a command names.
+
+use std::path::Path;
+
+use sandcell::manager::{ShutdownPolicy, SnapshotRetention};
+use sandcell::store::SessionRecord;
+use sandcell::{SandboxBackend, SandboxManager, SessionKey};
+use sandcell_local::LocalBackend;
+
+use crate::args::{BackendKind, Cli, SessionCommand};
+use crate::error::CliError;
+use crate::output::Progress;
+use crate::templates::Templates;
+
+/// The manager the CLI drives: any backend, boxed.
+pub(crate) type Manager = SandboxManager<Box<dyn SandboxBackend>>;
+
+/// The remote backend's settings from the flags (or their environment variables).
+pub(crate) fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
+    let url = cli.remote_url.clone().ok_or_else(|| {
+        CliError::bad_input(
+            "--backend remote needs the server's URL",
+            "pass --remote-url URL (e.g. http://127.0.0.1:7711 for a local sandcell-server)",
+        )
+    })?;
+    let token = cli.remote_token.clone().ok_or_else(|| {
+        CliError::bad_input(
+            "--backend remote needs an API token",
+            "pass --remote-token TOKEN or set SANDCELL_REMOTE_TOKEN",
+        )
+    })?;
+    Ok(sandcell_remote::RemoteConfig::new(url, token))
+}
+
+/// Opens the manager over the data directory. Sessions outlive the process: shutdown keeps
+/// their sandboxes, and reconcile runs only in `gc`, where the user asked for it.
+pub(crate) async fn open_manager(
+    data_dir: &Path,
+    kind: BackendKind,
+    remote: Option<sandcell_remote::RemoteConfig>,
+    command: &SessionCommand,
+) -> Result<Manager, CliError> {
+    let templates = Templates::load(data_dir)?;
+    let backend: Box<dyn SandboxBackend> = match (kind, remote) {
+        (BackendKind::Remote, Some(config)) => {
+            Box::new(sandcell_remote::RemoteBackend::connect(config).await?)
+        }
+        (BackendKind::Docker, _) => {
+            let mut docker = sandcell_docker::DockerBackend::builder()
+                .from_env()
+                .on_progress(|p| Progress::note(&format!("{} {}", p.image, p.message)));
+            for (name, source) in templates.of(kind) {
+                docker = docker.template(name.clone(), docker_image(&name, &source));
+            }
+            Box::new(docker.build()?)
+        }
+        _ => {
+            let mut local = LocalBackend::builder().root(data_dir.join("local"));
+            for (name, dir) in templates.of(kind) {
+                local = local.template(name, dir);
+            }
+            Box::new(local.build()?)
+        }
+    };
+    let mut builder = SandboxManager::builder(backend)
+        .data_dir(data_dir)
+        .shutdown_policy(ShutdownPolicy::Keep)
+        .reconcile_on_start(false);
+    if let SessionCommand::Gc {
+        idle_timeout,
+        keep_last,
+    } = command
+    {
+        if let Some(idle) = idle_timeout {
+            builder = builder.idle_timeout(*idle);
+        }
+        if let Some(n) = keep_last {
+            builder = builder.retention(SnapshotRetention::keep_all().keep_last(*n));
+        }
+    }
+    Ok(builder.build().await?)
+}
+
+/// A Docker template's image: a directory is a build context, anything else a reference.
+pub(crate) fn docker_image(name: &str, source: &str) -> sandcell_docker::ImageSpec {
+    if Path::new(source).is_dir() {
+        sandcell_docker::ImageSpec::build(source, format!("sandcell-cli/{name}:latest"))
+    } else {
+        sandcell_docker::ImageSpec::pull(source)
+    }
+}
+
+/// A session created on another backend cannot be driven through this one.
+pub(crate) fn same_backend(manager: &Manager, record: &SessionRecord) -> Result<(), CliError> {
+    let here = manager.backend().name();
+    if record.backend == here {
+        return Ok(());
+    }
+    Err(CliError::bad_input(
+        format_args!(
+            "session {:?} lives on the {} backend, not {here}",
+            record.key.session(),
+            record.backend
+        ),
+        format_args!("pass --backend {}", record.backend),
+    ))
+}
+
+/// The session's record; an unknown session is bad input.
+pub(crate) async fn known_session(
+    manager: &Manager,
+    key: &SessionKey,
+) -> Result<SessionRecord, CliError> {
+    let record = manager.session(key).await?.ok_or_else(|| {
+        let tenant = if key.tenant() == "default" {
+            String::new()
+        } else {
+            format!(" --tenant {}", key.tenant())
+        };
+        CliError::bad_input(
+            format_args!(
+                "unknown session {:?} of tenant {:?}",
+                key.session(),
+                key.tenant()
+            ),
+            format_args!(
+                "start it with `sandcell acquire {}{tenant}`, or see `sandcell list`",
+                key.session()
+            ),
+        )
+    })?;
+    same_backend(manager, &record)?;
+    Ok(record)
+}
+
+/// The session's sandbox, restored or resumed if it was suspended.
+pub(crate) async fn open_session(
+    manager: &Manager,
+    key: &SessionKey,
+) -> Result<sandcell::SandboxHandle<Box<dyn SandboxBackend>>, CliError> {
+    let record = known_session(manager, key).await?;
+    let progress = (!record.is_live()).then(|| Progress::start(format_args!("restoring {key}")));
+    let handle = manager.acquire(key, &record.spec).await?;
+    if let Some(progress) = progress {
+        progress.finish();
+    }
+    Ok(handle)
+}
