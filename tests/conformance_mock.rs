@@ -1,22 +1,49 @@
-//! The conformance suite against the in-memory MockBackend, directly and behind
-//! `Box<dyn SandboxBackend>` / `Arc<dyn SandboxBackend>`.
+//! The conformance suite against the in-memory MockBackend, one test per case (with and
+//! without template files), and once through behind `Box<dyn SandboxBackend>` /
+//! `Arc<dyn SandboxBackend>`.
 
 #![cfg(feature = "testing")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;
 
 use sandcell::testing::{conformance, MockBackend};
 use sandcell::SandboxBackend;
 
-#[tokio::test]
-async fn mock_backend_passes_the_conformance_suite() {
-    let backend = MockBackend::new();
-    conformance::run_all(&backend).await;
-    assert_eq!(
-        backend.live_count(),
-        0,
-        "every conformance sandbox was destroyed"
-    );
+/// A mock that must have nothing live once the case is over.
+fn fixture(mock: MockBackend) -> conformance::Fixture {
+    conformance::Fixture::new(mock.clone()).check_after(move || {
+        assert_eq!(
+            mock.live_count(),
+            0,
+            "every conformance sandbox was destroyed"
+        );
+    })
+}
+
+mod mock {
+    async fn setup() -> super::conformance::Fixture {
+        super::fixture(super::MockBackend::new())
+    }
+    sandcell::conformance_tests!(setup);
+}
+
+/// Exercises the cases that edit and delete template content (incremental snapshots).
+mod mock_with_a_template {
+    async fn setup() -> super::conformance::Fixture {
+        let mock = super::MockBackend::new()
+            .with_template(
+                "default",
+                [
+                    ("README.md", &b"# template\n"[..]),
+                    ("src/lib.rs", b"pub fn f() {}\n"),
+                    ("src/util/mod.rs", b"// util\n"),
+                ],
+            )
+            .expect("a template");
+        super::fixture(mock)
+    }
+    sandcell::conformance_tests!(setup);
 }
 
 #[tokio::test]
@@ -27,29 +54,5 @@ async fn boxed_and_shared_trait_objects_pass_too() {
     let shared: Arc<dyn SandboxBackend> = Arc::new(mock.clone());
     conformance::lifecycle(&shared).await;
     conformance::hostile_archives_are_rejected(&shared).await;
-    assert_eq!(mock.live_count(), 0);
-}
-
-#[tokio::test]
-async fn a_template_with_files_passes_too() {
-    // Exercises the cases that edit and delete template content (incremental snapshots).
-    let mock = MockBackend::new()
-        .with_template(
-            "default",
-            [
-                ("README.md", &b"# template\n"[..]),
-                ("src/lib.rs", b"pub fn f() {}\n"),
-                ("src/util/mod.rs", b"// util\n"),
-            ],
-        )
-        .unwrap();
-    conformance::run_all(&mock).await;
-    assert_eq!(mock.live_count(), 0);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_through_the_manager() {
-    let mock = MockBackend::new();
-    conformance::manager_sessions(Arc::new(mock.clone())).await;
     assert_eq!(mock.live_count(), 0);
 }

@@ -5,17 +5,18 @@
 
 use std::time::Duration;
 
-use sandcell::testing::{conformance, MockBackend, WireLoop};
 use sandcell::wire::WireClient;
 use sandcell::ErrorKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_conformance_suite_passes_through_the_wire() {
-    let mock = MockBackend::new();
-    let looped = WireLoop::new(mock.clone());
-    conformance::run_all(&looped).await;
-    assert_eq!(mock.live_count(), 0);
+/// The conformance suite through the wire protocol, one test per case.
+mod through_the_wire {
+    async fn setup() -> sandcell::testing::conformance::Fixture {
+        let mock = sandcell::testing::MockBackend::new();
+        sandcell::testing::conformance::Fixture::new(sandcell::testing::WireLoop::new(mock.clone()))
+            .check_after(move || assert_eq!(mock.live_count(), 0, "nothing left"))
+    }
+    sandcell::conformance_tests!(setup);
 }
 
 /// A fake agent that answers the first call with `reply`, then hangs up or stays

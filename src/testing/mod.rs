@@ -1,7 +1,22 @@
 //! The testing kit (feature `testing`): [`MockBackend`], the conformance suite, and a
 //! raw tar builder for hostile archives.
 //!
-//! A backend's `tests/conformance.rs` is a few lines:
+//! A backend's `tests/conformance.rs` is a few lines: a set-up answering a fresh
+//! backend, and [`conformance_tests!`](crate::conformance_tests), which makes one test
+//! per case of it:
+//!
+//! ```no_run
+//! use sandcell::testing::{conformance::Fixture, MockBackend};
+//!
+//! async fn setup() -> Fixture {
+//!     Fixture::new(MockBackend::new())
+//! }
+//! sandcell::conformance_tests!(setup);
+//! # fn main() {}
+//! ```
+//!
+//! For a quick check on one backend value, [`conformance::run_all`] runs every case in
+//! turn:
 //!
 //! ```
 //! # async fn demo() {

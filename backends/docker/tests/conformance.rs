@@ -1,25 +1,19 @@
-//! The conformance suite against a real Docker engine, through the in-container agent,
-//! then the session manager over it. One test, so the leak check at the end sees only
-//! what these cases made.
+//! The conformance suite against a real Docker engine through the in-container agent,
+//! one test per case, and the session manager over it. Each case's sandboxes carry a
+//! label of their own, so the check for leftovers after a case sees only its own.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use sandcell::testing::conformance;
-use sandcell::SandboxBackend;
+use sandcell::testing::conformance::Fixture;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn docker_sandboxes_pass_the_conformance_suite() {
+/// A backend with the agent, or `None` (loudly, or failing where CI requires Docker)
+/// without an engine.
+async fn setup() -> Option<Fixture> {
     if !common::engine_available().await {
-        return;
+        return None;
     }
-    let backend = common::backend(true).await;
-    conformance::run_all(&backend).await;
-    conformance::manager_sessions(std::sync::Arc::new(backend.clone())).await;
-    let selector =
-        sandcell::LabelSelector::new().with(conformance::TEST_LABEL.0, conformance::TEST_LABEL.1);
-    assert!(
-        backend.list(&selector).await.unwrap().is_empty(),
-        "every conformance sandbox was destroyed"
-    );
+    Some(Fixture::new(common::backend(true).await))
 }
+
+sandcell::conformance_tests!(setup);

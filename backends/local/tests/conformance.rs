@@ -1,62 +1,60 @@
-//! The conformance suite against the local backend, with each workspace strategy.
+//! The conformance suite against the local backend, one test per case: with each
+//! workspace strategy, through the wire protocol, and the session manager over it.
 
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sandcell::testing::conformance;
+mod common;
+
+use sandcell::testing::conformance::Fixture;
+use sandcell::SandboxBackend;
 use sandcell_local::{LocalBackend, WorkspaceStrategy};
 
-async fn run(strategy: WorkspaceStrategy) {
+/// A local backend in a temporary root that must hold no sandbox once a case is over.
+fn fixture(
+    strategy: WorkspaceStrategy,
+    wrap: fn(LocalBackend) -> Box<dyn SandboxBackend>,
+) -> Fixture {
     let root = tempfile::tempdir().unwrap();
     let backend = LocalBackend::builder()
         .root(root.path())
         .workspace(strategy)
         .build()
         .unwrap();
-    conformance::run_all(&backend).await;
-    let left = std::fs::read_dir(root.path().join("sandboxes"))
-        .unwrap()
-        .count();
-    assert_eq!(left, 0, "every conformance sandbox was destroyed");
+    let sandboxes = root.path().join("sandboxes");
+    Fixture::new(wrap(backend))
+        .check_after(move || {
+            let left = std::fs::read_dir(&sandboxes).map_or(0, |d| d.count());
+            assert_eq!(left, 0, "every conformance sandbox was destroyed");
+        })
+        .guard(root)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn copy_workspaces_pass_the_conformance_suite() {
-    run(WorkspaceStrategy::Copy).await;
+fn direct(backend: LocalBackend) -> Box<dyn SandboxBackend> {
+    Box::new(backend)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn overlay_workspaces_pass_the_conformance_suite() {
-    if !common::overlay_available() {
-        return;
+mod copy_workspaces {
+    async fn setup() -> super::Fixture {
+        super::fixture(super::WorkspaceStrategy::Copy, super::direct)
     }
-    run(WorkspaceStrategy::Overlay).await;
+    sandcell::conformance_tests!(setup);
 }
 
-mod common;
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_local_backend_passes_through_the_wire_protocol() {
-    let root = tempfile::tempdir().unwrap();
-    let backend = LocalBackend::builder()
-        .root(root.path())
-        .workspace(WorkspaceStrategy::Copy)
-        .build()
-        .unwrap();
-    conformance::run_all(&sandcell::testing::WireLoop::new(backend)).await;
-    let left = std::fs::read_dir(root.path().join("sandboxes"))
-        .unwrap()
-        .count();
-    assert_eq!(left, 0, "every conformance sandbox was destroyed");
+mod overlay_workspaces {
+    async fn setup() -> Option<super::Fixture> {
+        super::common::overlay_available()
+            .then(|| super::fixture(super::WorkspaceStrategy::Overlay, super::direct))
+    }
+    sandcell::conformance_tests!(setup);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sessions_through_the_manager() {
-    let root = tempfile::tempdir().unwrap();
-    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
-    conformance::manager_sessions(std::sync::Arc::new(backend)).await;
-    let left = std::fs::read_dir(root.path().join("sandboxes"))
-        .unwrap()
-        .count();
-    assert_eq!(left, 0, "nothing left");
+mod through_the_wire_protocol {
+    fn wired(backend: super::LocalBackend) -> Box<dyn super::SandboxBackend> {
+        Box::new(sandcell::testing::WireLoop::new(backend))
+    }
+    async fn setup() -> super::Fixture {
+        super::fixture(super::WorkspaceStrategy::Copy, wired)
+    }
+    sandcell::conformance_tests!(setup);
 }

@@ -26,13 +26,19 @@ fn landlock_backend(root: &std::path::Path) -> Option<LocalBackend> {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn landlock_passes_the_conformance_suite() {
+/// A fixture over a backend from `make`, in a temporary root it outlives.
+fn fixture(make: fn(&std::path::Path) -> Option<LocalBackend>) -> Option<conformance::Fixture> {
     let root = tempfile::tempdir().unwrap();
-    let Some(backend) = landlock_backend(root.path()) else {
-        return;
-    };
-    conformance::run_all(&backend).await;
+    let backend = make(root.path())?;
+    Some(conformance::Fixture::new(backend).guard(root))
+}
+
+/// The conformance suite at `Isolation::Landlock`, one test per case.
+mod landlock_conformance {
+    async fn setup() -> Option<super::conformance::Fixture> {
+        super::fixture(super::landlock_backend)
+    }
+    sandcell::conformance_tests!(setup);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -119,14 +125,14 @@ fn sleepers(info: &sandcell::SandboxInfo) -> usize {
         .count()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn namespaces_pass_the_conformance_suite() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(backend) = namespaces_backend(root.path()) else {
-        return;
-    };
-    assert!(backend.capabilities().network_isolation);
-    conformance::run_all(&backend).await;
+/// The conformance suite at `Isolation::Namespaces`, one test per case.
+mod namespaces_conformance {
+    async fn setup() -> Option<super::conformance::Fixture> {
+        let fixture = super::fixture(super::namespaces_backend)?;
+        assert!(fixture.backend().capabilities().network_isolation);
+        Some(fixture)
+    }
+    sandcell::conformance_tests!(setup);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,17 +1,17 @@
 //! The conformance suite over RemoteBackend → sandcell-server (local backend), through
-//! real HTTP on loopback.
+//! real HTTP on loopback, one test per case.
 #![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
-use sandcell::testing::conformance;
+use sandcell::testing::conformance::Fixture;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn remote_backend_passes_the_conformance_suite() {
+async fn setup() -> Fixture {
     let server = common::serve_local().await;
     let backend = common::client(&server.url).await;
     assert!(backend.has_extensions());
-    conformance::run_all(&backend).await;
-    conformance::manager_sessions(std::sync::Arc::new(backend)).await;
+    Fixture::new(backend).guard(server)
 }
+
+sandcell::conformance_tests!(setup);

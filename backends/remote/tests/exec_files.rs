@@ -28,11 +28,13 @@ async fn plain() -> (common::TestServer, RemoteBackend) {
     (server, backend)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_endpoint_passes_the_conformance_suite() {
-    let (_server, backend) = plain().await;
-    conformance::run_all(&backend).await;
-    conformance::manager_sessions(std::sync::Arc::new(backend)).await;
+/// The conformance suite on a plain endpoint, one test per case.
+mod plain_endpoint_conformance {
+    async fn setup() -> super::conformance::Fixture {
+        let (server, backend) = super::plain().await;
+        super::conformance::Fixture::new(backend).guard(server)
+    }
+    sandcell::conformance_tests!(setup);
 }
 
 use bytes::Bytes;
