@@ -20,8 +20,8 @@ use sandcell::store::{
 };
 use sandcell::testing::MockBackend;
 use sandcell::{
-    ByteStream, Error, ErrorKind, EventKind, ReleaseMode, SandboxBackend, SandboxBackendExt,
-    SandboxManager, SandboxSpec, SandboxStatus,
+    ByteStream, Error, ErrorKind, EventKind, ExecRequest, ReleaseMode, SandboxBackend,
+    SandboxBackendExt, SandboxManager, SandboxSpec, SandboxStatus,
 };
 
 fn key(session: &str) -> SessionKey {
@@ -956,4 +956,49 @@ async fn an_unhealthy_sandbox_marks_its_session_failed_and_acquire_restores_it()
             .unwrap(),
         "saved"
     );
+}
+
+/// Whatever way the manager destroys a sandbox, the records of its background processes
+/// (and its services' ports) go with it: release to destroy, purge, and the swap of a
+/// live restore all take one path.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_destroy_forgets_the_sandboxs_background_processes() {
+    let backend = MockBackend::new().on_exec("true", |_| sandcell::testing::MockReply::stdout(""));
+    let manager = memory_manager(&backend).await;
+    let records = |id: &sandcell::SandboxId| manager.background().list(Some(id)).len();
+
+    // Release to destroy.
+    let handle = manager.acquire(&key("destroyed"), &spec()).await.unwrap();
+    handle.spawn(ExecRequest::new(["true"])).await.unwrap();
+    assert_eq!(records(handle.id()), 1);
+    manager
+        .release(&key("destroyed"), ReleaseMode::Destroy)
+        .await
+        .unwrap();
+    assert_eq!(records(handle.id()), 0, "destroy forgets them");
+
+    // Purge.
+    let handle = manager.acquire(&key("purged"), &spec()).await.unwrap();
+    handle.spawn(ExecRequest::new(["true"])).await.unwrap();
+    manager
+        .release(&key("purged"), ReleaseMode::Purge)
+        .await
+        .unwrap();
+    assert_eq!(records(handle.id()), 0, "purge forgets them");
+
+    // A live restore replaces the sandbox.
+    let handle = manager.acquire(&key("restored"), &spec()).await.unwrap();
+    let snapshot = manager.snapshot(&key("restored")).await.unwrap();
+    handle.spawn(ExecRequest::new(["true"])).await.unwrap();
+    let fresh = manager
+        .restore(&key("restored"), &snapshot.id)
+        .await
+        .unwrap();
+    assert_ne!(fresh.id(), handle.id());
+    assert_eq!(
+        records(handle.id()),
+        0,
+        "the replaced sandbox's records go with it"
+    );
+    assert!(manager.background().list(None).is_empty());
 }

@@ -356,7 +356,7 @@ impl<B: SandboxBackend> Inner<B> {
             .idle_timeout
             .is_some_and(|t| record.last_active + chrono_duration(t) <= now);
         if expired && !self.settings.snapshot_on_expiry {
-            self.backend.destroy(&id).await?;
+            self.destroy_sandbox(&id).await?;
             self.detach(record, SandboxStatus::Terminated).await?;
             self.emit(
                 self.event(EventKind::ReapedExpired)
@@ -440,7 +440,7 @@ impl<B: SandboxBackend> Inner<B> {
                     continue;
                 }
             }
-            self.backend.destroy(&info.id).await?;
+            self.destroy_sandbox(&info.id).await?;
             tracing::info!(sandbox = %info.id, session = ?session, "destroyed an orphaned sandbox");
             let mut event = self.event(EventKind::OrphanDestroyed).sandbox(&info.id);
             if let Some(k) = &session {
@@ -527,7 +527,7 @@ impl<B: SandboxBackend> Inner<B> {
                 };
                 entry.sandbox_id = Some(info.id.clone());
                 if let Err(e) = self.state.pool_put(&entry).await {
-                    let _ = self.backend.destroy(&info.id).await;
+                    let _ = self.destroy_sandbox(&info.id).await;
                     return Err(e);
                 }
                 self.emit(
@@ -554,11 +554,11 @@ impl<B: SandboxBackend> Inner<B> {
             match self.backend.inspect(&id).await {
                 Ok(info) if info.status == SandboxStatus::Running => return Ok(Some(info)),
                 Ok(_) => {
-                    let _ = self.backend.destroy(&id).await;
+                    let _ = self.destroy_sandbox(&id).await;
                 }
                 Err(e) if e.kind() == ErrorKind::NotFound => {}
                 Err(e) => {
-                    let _ = self.backend.destroy(&id).await;
+                    let _ = self.destroy_sandbox(&id).await;
                     return Err(e);
                 }
             }
@@ -601,7 +601,7 @@ impl<B: SandboxBackend> Inner<B> {
                 Ok(entries) => {
                     for entry in entries.into_iter().filter(|e| slots.contains(&e.slot)) {
                         if let Some(id) = &entry.sandbox_id {
-                            if let Err(e) = self.backend.destroy(id).await {
+                            if let Err(e) = self.destroy_sandbox(id).await {
                                 tracing::warn!(sandbox = %id, error = %e, "could not destroy a warm-pool sandbox");
                                 continue;
                             }

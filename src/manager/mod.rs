@@ -521,6 +521,15 @@ impl<B: SandboxBackend> Inner<B> {
         Ok(Some(info))
     }
 
+    /// Destroys a sandbox: the one way the manager does, so the records of its
+    /// background processes and its services' ports always go with it.
+    pub(crate) async fn destroy_sandbox(&self, id: &SandboxId) -> Result<()> {
+        self.backend.destroy(id).await?;
+        self.background.forget_sandbox(id);
+        self.services.forget_sandbox(id);
+        Ok(())
+    }
+
     /// Records that the session no longer has a sandbox, with its new `status`.
     pub(crate) async fn detach(
         &self,
@@ -576,7 +585,7 @@ impl<B: SandboxBackend> Inner<B> {
     /// acquire restores the latest one).
     pub(crate) async fn fail_sandbox(&self, record: &mut SessionRecord, why: &str) -> Result<()> {
         if let Some(id) = record.sandbox_id.clone() {
-            self.backend.destroy(&id).await?;
+            self.destroy_sandbox(&id).await?;
             self.emit(
                 self.event(EventKind::Failed)
                     .session(&record.key)
@@ -617,7 +626,7 @@ impl<B: SandboxBackend> Inner<B> {
             Ok(info) => Ok(info),
             Err(e) => {
                 if let Some(id) = created {
-                    if let Err(destroy) = self.backend.destroy(&id).await {
+                    if let Err(destroy) = self.destroy_sandbox(&id).await {
                         tracing::error!(sandbox = %id, error = %destroy, "could not destroy a sandbox after a failed acquire; reconcile will");
                     }
                 }
@@ -845,7 +854,7 @@ impl<B: SandboxBackend> Inner<B> {
         manifest: &SnapshotManifest,
         kind: EventKind,
     ) -> Result<()> {
-        self.backend.destroy(id).await?;
+        self.destroy_sandbox(id).await?;
         self.detach(record, SandboxStatus::Suspended).await?;
         self.emit(
             self.event(kind)
@@ -889,14 +898,14 @@ impl<B: SandboxBackend> Inner<B> {
             ReleaseMode::Suspend => {}
             ReleaseMode::Destroy => {
                 if let Some(id) = record.sandbox_id.clone() {
-                    self.backend.destroy(&id).await?;
+                    self.destroy_sandbox(&id).await?;
                     self.emit(self.event(EventKind::Destroyed).session(key).sandbox(&id));
                 }
                 self.detach(&mut record, SandboxStatus::Terminated).await?;
             }
             ReleaseMode::Purge => {
                 if let Some(id) = record.sandbox_id.take() {
-                    self.backend.destroy(&id).await?;
+                    self.destroy_sandbox(&id).await?;
                 }
                 for manifest in self.snapshots.list(key).await? {
                     self.snapshots
@@ -942,7 +951,7 @@ impl<B: SandboxBackend> Inner<B> {
             .await?;
         tracing::Span::current().record("sandbox", fresh.id.as_str());
         if let Err(e) = self.restore_into(key, &fresh.id, &manifest).await {
-            if let Err(d) = self.backend.destroy(&fresh.id).await {
+            if let Err(d) = self.destroy_sandbox(&fresh.id).await {
                 tracing::error!(sandbox = %fresh.id, error = %d, "could not destroy a sandbox after a failed restore; reconcile will");
             }
             return Err(e);
@@ -957,7 +966,7 @@ impl<B: SandboxBackend> Inner<B> {
         record.updated_at = now;
         self.state.put(&record).await?;
         if let Some(old) = old {
-            if let Err(e) = self.backend.destroy(&old).await {
+            if let Err(e) = self.destroy_sandbox(&old).await {
                 tracing::warn!(sandbox = %old, error = %e, "could not destroy the replaced sandbox; reconcile will");
             }
         }
