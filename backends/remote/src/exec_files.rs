@@ -37,249 +37,57 @@ const TYPED_FAILURE: i32 = 90;
 
 /// What every script starts with: the workspace (`$1`, empty for the directory commands
 /// start in) resolved to `$R`, a typed `fail`, and path confinement.
-const PRELUDE: &str = r#"set -f
-fail() { printf 'sandcell:%s:%s\n' "$1" "$2" >&2; exit 90; }
-R=$(cd -- "${1:-.}" 2>/dev/null && pwd -P) || fail 'not found' "the workspace directory ${1:-.} is missing"
-[ "$R" = / ] && R=
-shift
-# confine REL: every existing prefix of REL that is a symlink must resolve inside $R.
-confine() {
-  acc=
-  saved_ifs=$IFS
-  IFS=/
-  for part in $1; do
-    acc=${acc:+$acc/}$part
-    if [ -L "$R/$acc" ]; then
-      target=$(readlink -f -- "$R/$acc") || target=
-      case $target/ in
-        "$R"/*) ;;
-        *) IFS=$saved_ifs; fail 'permission denied' "$acc is a symlink that leads outside the workspace" ;;
-      esac
-    elif [ ! -e "$R/$acc" ]; then
-      break
-    fi
-  done
-  IFS=$saved_ifs
-}
-# confine_parent REL: as confine for REL's directory; REL itself may be a symlink.
-confine_parent() {
-  case $1 in */*) confine "${1%/*}" ;; esac
-}
-exists() { [ -e "$1" ] || [ -L "$1" ]; }
-"#;
+const PRELUDE: &str = include_str!("scripts/prelude.sh");
 
 /// `READ rel skip count`: the size (following links), then `count` blocks from `skip`.
-const READ: &str = r#"confine "$1"
-p=$R/$1
-exists "$p" || fail 'not found' "$1 does not exist"
-[ -d "$p" ] && fail 'invalid input' "$1 is a directory"
-[ -r "$p" ] || fail 'permission denied' "$1 is not readable"
-stat -L -c %s -- "$p" || exit 1
-dd if="$p" bs=65536 skip="$2" count="$3" 2>/dev/null | base64
-"#;
+const READ: &str = include_str!("scripts/read.sh");
 
 /// `CHUNK abs skip count [remove]`: blocks of a temporary file; `remove` deletes it after.
-const CHUNK: &str = r#"[ -f "$1" ] || fail 'not found' "the temporary file $1 is gone"
-dd if="$1" bs=65536 skip="$2" count="$3" 2>/dev/null | base64
-[ "$4" = remove ] && rm -f -- "$1"
-exit 0
-"#;
+const CHUNK: &str = include_str!("scripts/chunk.sh");
 
 /// `WRITE rel tmp first|append last|more`: stdin (base64) into `tmp` beside `rel`;
 /// on the last chunk `tmp` replaces `rel`.
-const WRITE: &str = r#"confine "$1"
-p=$R/$1
-if [ -L "$p" ]; then p=$(readlink -f -- "$p") || fail 'permission denied' "$1 cannot be resolved"; fi
-[ -d "$p" ] && fail 'invalid input' "$1 is a directory"
-d=${p%/*}
-[ -n "$d" ] || d=/
-t=$d/$2
-if [ "$3" = first ]; then
-  err=$(mkdir -p -- "$d" 2>&1) || fail 'invalid input' "a parent of $1 is not a directory: $err"
-  (set -C; : > "$t") 2>/dev/null || fail 'backend error' "cannot create a temporary file beside $1"
-else
-  [ -f "$t" ] || fail 'not found' "the upload of $1 is gone"
-fi
-base64 -d >> "$t" || { rm -f -- "$t"; fail 'backend error' "writing $1 failed"; }
-if [ "$4" = last ]; then
-  err=$(mv -f -- "$t" "$p" 2>&1) || { rm -f -- "$t"; fail 'backend error' "replacing $1: $err"; }
-fi
-exit 0
-"#;
+const WRITE: &str = include_str!("scripts/write.sh");
 
 /// `ABORT abs`: removes a temporary file (a write's, an export's or an import's).
-const ABORT: &str = r#"rm -rf -- "$1"
-"#;
+const ABORT: &str = include_str!("scripts/abort.sh");
 
 /// `STAT rel`: `hexmode size mtime`, then a symlink's target in base64.
-const STAT: &str = r#"confine_parent "$1"
-p=$R/$1
-exists "$p" || fail 'not found' "$1 does not exist"
-stat -c '%f %s %Y' -- "$p" || exit 1
-if [ -L "$p" ]; then readlink -- "$p" | base64; fi
-exit 0
-"#;
+const STAT: &str = include_str!("scripts/stat.sh");
 
 /// `LIST rel`: the names (NUL-separated, in base64), a `.` line, then `hexmode size`
 /// per name in the same order.
-const LIST: &str = r#"confine "$1"
-p=$R/$1
-exists "$p" || fail 'not found' "$1 does not exist"
-[ -d "$p" ] || fail 'invalid input' "$1 is not a directory"
-set +f
-set --
-for f in "$p"/* "$p"/.*; do
-  case ${f##*/} in .|..) continue ;; esac
-  exists "$f" || continue
-  set -- "$@" "$f"
-done
-set -f
-[ $# -eq 0 ] && exit 0
-for f; do printf '%s\0' "${f##*/}"; done | base64
-echo .
-for f; do printf '%s\0' "$f"; done | xargs -0 stat -c '%f %s' --
-"#;
+const LIST: &str = include_str!("scripts/list.sh");
 
 /// `REMOVE rel recursive|single`.
-const REMOVE: &str = r#"confine_parent "$1"
-p=$R/$1
-exists "$p" || fail 'not found' "$1 does not exist"
-if [ -d "$p" ] && [ ! -L "$p" ]; then
-  if [ "$2" = recursive ]; then
-    err=$(rm -rf -- "$p" 2>&1) || fail 'permission denied' "$err"
-  else
-    rmdir -- "$p" 2>/dev/null || fail 'invalid input' "$1 is a directory that is not empty"
-  fi
-else
-  err=$(rm -f -- "$p" 2>&1) || fail 'permission denied' "$err"
-fi
-exit 0
-"#;
+const REMOVE: &str = include_str!("scripts/remove.sh");
 
 /// `MKDIR rel`.
-const MKDIR: &str = r#"confine "$1"
-p=$R/$1
-[ -d "$p" ] && exit 0
-exists "$p" && fail 'already exists' "$1 exists and is not a directory"
-err=$(mkdir -p -- "$p" 2>&1) || fail 'already exists' "a file is in the way of $1: $err"
-exit 0
-"#;
+const MKDIR: &str = include_str!("scripts/mkdir.sh");
 
 /// `RENAME from to`, with rename(2)'s rules for what is at `to`.
-const RENAME: &str = r#"confine_parent "$1"
-confine_parent "$2"
-f=$R/$1
-t=$R/$2
-exists "$f" || fail 'not found' "$1 does not exist"
-d=${t%/*}
-err=$(mkdir -p -- "${d:-/}" 2>&1) || fail 'invalid input' "a parent of $2 is not a directory: $err"
-if [ -L "$t" ]; then
-  rm -f -- "$t"
-elif [ -d "$t" ]; then
-  if [ -d "$f" ] && [ ! -L "$f" ]; then
-    rmdir -- "$t" 2>/dev/null || fail 'already exists' "$2 is a directory that is not empty"
-  else
-    fail 'invalid input' "$2 is a directory"
-  fi
-fi
-err=$(mv -f -- "$f" "$t" 2>&1) || fail 'invalid input' "$err"
-exit 0
-"#;
+const RENAME: &str = include_str!("scripts/rename.sh");
 
 /// `EXPORT rel tmpname skip count`: tars `rel` into a temporary file and prints its path,
 /// its size, then its first chunk; a tar that fits in that chunk is removed at once.
-const EXPORT: &str = r#"confine "$1"
-p=$R/$1
-exists "$p" || fail 'not found' "$1 does not exist"
-[ -d "$p" ] || fail 'invalid input' "$1 is not a directory"
-t=${TMPDIR:-/tmp}/$2
-(set -C; : > "$t") 2>/dev/null || fail 'backend error' "cannot create $t"
-err=$(tar -cf "$t" -C "$p" . 2>&1) || { rm -f -- "$t"; fail 'backend error' "tar: $err"; }
-size=$(stat -c %s -- "$t") || { rm -f -- "$t"; exit 1; }
-printf '%s\n%s\n' "$t" "$size"
-dd if="$t" bs=65536 skip="$3" count="$4" 2>/dev/null | base64
-[ "$size" -le $(($4 * 65536)) ] && rm -f -- "$t"
-exit 0
-"#;
+const EXPORT: &str = include_str!("scripts/export.sh");
 
 /// `SYMLINKS rel`: the symlinks under `rel` (NUL-separated relative paths, in base64).
-const SYMLINKS: &str = r#"confine "$1"
-p=$R/$1
-[ -d "$p" ] || exit 0
-cd -- "$p" && find . -type l -print0 | base64
-"#;
+const SYMLINKS: &str = include_str!("scripts/symlinks.sh");
 
 /// `UPLOAD name first` creates a temporary file named `name` and prints its path;
 /// `UPLOAD path append` appends. Either way stdin (base64) is what is written.
-const UPLOAD: &str = r#"if [ "$2" = first ]; then
-  t=${TMPDIR:-/tmp}/$1
-  (set -C; : > "$t") 2>/dev/null || fail 'backend error' "cannot create $t"
-  printf '%s\n' "$t"
-else
-  t=$1
-  [ -f "$t" ] || fail 'not found' "the upload $t is gone"
-fi
-base64 -d >> "$t" || { rm -f -- "$t"; fail 'backend error' "writing $t failed"; }
-"#;
+const UPLOAD: &str = include_str!("scripts/upload.sh");
 
 /// `EXTRACT rel tar merge|replace stagename`: unpacks the uploaded (checked) tar and
 /// removes it. Replace unpacks beside `rel` first and swaps, so a failed unpack leaves
 /// `rel` as it was.
-const EXTRACT: &str = r#"trap 'rm -f -- "$2"' EXIT
-confine "$1"
-p=$R/$1
-if exists "$p"; then
-  [ -d "$p" ] || fail 'invalid input' "$1 is not a directory"
-  if [ -L "$p" ]; then p=$(readlink -f -- "$p") || fail 'permission denied' "$1 cannot be resolved"; fi
-fi
-if [ "$3" = merge ]; then
-  err=$(mkdir -p -- "$p" 2>&1) || fail 'invalid input' "$err"
-  err=$(tar -x -o -f "$2" -C "$p" 2>&1) || fail 'backend error' "unpacking: $err"
-  exit 0
-fi
-if [ -z "$1" ]; then
-  s=$R/$4
-  mkdir -- "$s" || fail 'backend error' "cannot create $s"
-  err=$(tar -x -o -f "$2" -C "$s" 2>&1) || { rm -rf -- "$s"; fail 'backend error' "unpacking: $err"; }
-  set +f
-  for f in "$R"/* "$R"/.*; do
-    case ${f##*/} in .|..|"$4") continue ;; esac
-    exists "$f" || continue
-    rm -rf -- "$f" || fail 'backend error' "cannot remove $f"
-  done
-  for f in "$s"/* "$s"/.*; do
-    case ${f##*/} in .|..) continue ;; esac
-    exists "$f" || continue
-    mv -- "$f" "$R/" || fail 'backend error' "cannot move $f"
-  done
-  rmdir -- "$s"
-  exit 0
-fi
-d=${p%/*}
-err=$(mkdir -p -- "${d:-/}" 2>&1) || fail 'invalid input' "$err"
-s=$d/$4
-mkdir -- "$s" || fail 'backend error' "cannot create $s"
-err=$(tar -x -o -f "$2" -C "$s" 2>&1) || { rm -rf -- "$s"; fail 'backend error' "unpacking: $err"; }
-if [ -d "$p" ]; then
-  mv -- "$p" "$s.old" || { rm -rf -- "$s"; fail 'backend error' "cannot move $1 aside"; }
-  mv -- "$s" "$p" || { mv -- "$s.old" "$p"; rm -rf -- "$s"; fail 'backend error' "cannot move the import into $1"; }
-  rm -rf -- "$s.old"
-else
-  mv -- "$s" "$p" || { rm -rf -- "$s"; fail 'backend error' "cannot move the import into $1"; }
-fi
-exit 0
-"#;
+const EXTRACT: &str = include_str!("scripts/extract.sh");
 
 /// What a command runs inside on a plain endpoint, whose exec has no cwd, env or
 /// "program not found": `$1` is the marker typed failures carry, `$2` the directory,
 /// `$3` how many `NAME=value` words follow, then the command.
-const COMMAND: &str = r#"marker=$1; dir=$2; n=$3; shift 3
-fail() { printf '%s:%s:%s\n' "$marker" "$1" "$2" >&2; exit 90; }
-if [ -n "$dir" ]; then cd -- "$dir" 2>/dev/null || fail 'not found' "the working directory $dir does not exist"; fi
-while [ "$n" -gt 0 ]; do export "$1"; shift; n=$((n - 1)); done
-command -v -- "$1" >/dev/null 2>&1 || fail 'not found' "$1 is not on the sandbox's PATH"
-exec "$@"
-"#;
+const COMMAND: &str = include_str!("scripts/command.sh");
 
 /// The argv a plain endpoint runs for `request`, and the marker its typed failures
 /// carry (random, so no command's own output is mistaken for one). `workspace` is the
