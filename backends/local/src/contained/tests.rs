@@ -1,0 +1,640 @@
+//! The containment tests: hostile trees, racing processes, exports that match the packer.
+
+use super::export::exactly;
+use super::*;
+use rustix::fs::FileType;
+use std::collections::BTreeMap;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const SECRET: &[u8] = b"TOP-SECRET-bytes-that-live-outside-the-workspace";
+
+fn p(s: &str) -> SandboxPath {
+    SandboxPath::new(s).unwrap()
+}
+
+/// A workspace and, next to it, a host directory that must never be touched.
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    ws: Workspace,
+    outside: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Fixture {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("ws");
+        std::fs::create_dir(&root).unwrap();
+        let ws = Workspace::open(&root).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), SECRET).unwrap();
+        Fixture {
+            _dir: dir,
+            root,
+            ws,
+            outside,
+        }
+    }
+
+    fn host(&self, rel: &str) -> PathBuf {
+        self.root.join(rel)
+    }
+
+    fn link(&self, at: &str, target: impl AsRef<Path>) {
+        let at = self.host(at);
+        std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+        symlink(target, at).unwrap();
+    }
+
+    /// The outside directory's files and their contents.
+    fn outside_snapshot(&self) -> BTreeMap<String, Vec<u8>> {
+        snapshot(self.outside.path())
+    }
+}
+
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let ty = entry.file_type().unwrap();
+        if ty.is_dir() {
+            for (k, v) in snapshot(&entry.path()) {
+                out.insert(format!("{name}/{k}"), v);
+            }
+            out.insert(name, b"<dir>".to_vec());
+        } else if ty.is_symlink() {
+            out.insert(name, b"<link>".to_vec());
+        } else {
+            out.insert(name, std::fs::read(entry.path()).unwrap());
+        }
+    }
+    out
+}
+
+fn kind<T: fmt::Debug>(r: Result<T>) -> ErrorKind {
+    r.unwrap_err().kind()
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+type TarEntry = (String, tar::EntryType, Option<String>, Vec<u8>);
+
+fn tar_entries(data: &[u8]) -> Vec<TarEntry> {
+    let mut archive = tar::Archive::new(data);
+    archive
+        .entries()
+        .unwrap()
+        .map(|e| {
+            let mut e = e.unwrap();
+            let path = e.path().unwrap().to_string_lossy().into_owned();
+            let ty = e.header().entry_type();
+            let link = e
+                .link_name()
+                .unwrap()
+                .map(|l| l.to_string_lossy().into_owned());
+            let mut content = Vec::new();
+            e.read_to_end(&mut content).unwrap();
+            (path, ty, link, content)
+        })
+        .collect()
+}
+
+fn export(ws: &Workspace, dir: &str) -> Result<(Vec<u8>, PackStats)> {
+    let mut out = Vec::new();
+    let stats = ws.export_tar(&p(dir), &mut out)?;
+    Ok((out, stats))
+}
+
+#[test]
+fn files_round_trip() {
+    let f = Fixture::new();
+    let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
+    f.ws.write(&p("rt/deep/er/bin.dat"), &data).unwrap();
+    assert_eq!(f.ws.read(&p("rt/deep/er/bin.dat")).unwrap(), data);
+    f.ws.write(&p("rt/deep/er/bin.dat"), b"short").unwrap();
+    assert_eq!(f.ws.read(&p("rt/deep/er/bin.dat")).unwrap(), b"short");
+    f.ws.write(&p("rt/empty"), b"").unwrap();
+    assert!(f.ws.read(&p("rt/empty")).unwrap().is_empty());
+    f.ws.write(&p("rt/b.txt"), b"bb").unwrap();
+
+    let st = f.ws.stat(&p("rt/b.txt")).unwrap();
+    assert_eq!(
+        (st.kind, st.size, st.path.clone()),
+        (FileKind::File, 2, p("rt/b.txt"))
+    );
+    assert!(st.modified.is_some());
+    assert!(st.symlink_target.is_none());
+    let dir = f.ws.stat(&p("rt/deep")).unwrap();
+    assert_eq!((dir.kind, dir.size), (FileKind::Dir, 0));
+    assert_eq!(f.ws.stat(&SandboxPath::root()).unwrap().kind, FileKind::Dir);
+
+    let listed: Vec<_> =
+        f.ws.list_dir(&p("rt"))
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.name, e.path, e.kind, e.size))
+            .collect();
+    assert_eq!(
+        listed,
+        vec![
+            ("b.txt".to_owned(), p("rt/b.txt"), FileKind::File, 2),
+            ("deep".to_owned(), p("rt/deep"), FileKind::Dir, 0),
+            ("empty".to_owned(), p("rt/empty"), FileKind::File, 0),
+        ]
+    );
+    let top: Vec<_> =
+        f.ws.list_dir(&SandboxPath::root())
+            .unwrap()
+            .into_iter()
+            .map(|e| e.path)
+            .collect();
+    assert_eq!(top, vec![p("rt")]);
+    assert_eq!(std::fs::read(f.host("rt/b.txt")).unwrap(), b"bb");
+}
+
+#[test]
+fn write_keeps_an_existing_mode_and_creates_plain_files() {
+    let f = Fixture::new();
+    f.ws.write(&p("x.sh"), b"#!/bin/sh\n").unwrap();
+    let mode = f.ws.stat(&p("x.sh")).unwrap().mode;
+    // 0o644 less whatever the process umask takes away.
+    assert_eq!(mode & 0o711, 0o600, "{mode:o}");
+    std::fs::set_permissions(f.host("x.sh"), std::fs::Permissions::from_mode(0o750)).unwrap();
+    f.ws.write(&p("x.sh"), b"echo hi\n").unwrap();
+    assert_eq!(f.ws.stat(&p("x.sh")).unwrap().mode, 0o750);
+    assert_eq!(f.ws.read(&p("x.sh")).unwrap(), b"echo hi\n");
+}
+
+#[test]
+fn errors_have_the_reference_kinds() {
+    let f = Fixture::new();
+    f.ws.write(&p("d/file"), b"1").unwrap();
+    f.ws.write(&p("full/inner/x"), b"1").unwrap();
+    f.link("loop", "loop");
+    let root = SandboxPath::root();
+    use ErrorKind::*;
+
+    assert_eq!(kind(f.ws.read(&p("missing"))), NotFound);
+    assert_eq!(kind(f.ws.read(&p("d"))), InvalidInput);
+    assert_eq!(kind(f.ws.read(&root)), InvalidInput);
+    assert_eq!(kind(f.ws.read(&p("d/file/below"))), NotFound);
+    assert_eq!(kind(f.ws.read(&p("loop"))), InvalidInput);
+
+    assert_eq!(kind(f.ws.write(&root, b"x")), InvalidInput);
+    assert_eq!(kind(f.ws.write(&p("d"), b"x")), InvalidInput);
+    assert_eq!(kind(f.ws.write(&p("d/file/below"), b"x")), InvalidInput);
+    assert_eq!(kind(f.ws.write(&p("loop"), b"x")), InvalidInput);
+
+    assert_eq!(kind(f.ws.stat(&p("missing"))), NotFound);
+    assert_eq!(kind(f.ws.stat(&p("d/missing"))), NotFound);
+    assert_eq!(kind(f.ws.stat(&p("d/file/below"))), NotFound);
+
+    assert_eq!(kind(f.ws.list_dir(&p("d/file"))), InvalidInput);
+    assert_eq!(kind(f.ws.list_dir(&p("nope"))), NotFound);
+    assert_eq!(kind(f.ws.list_dir(&p("d/file/below"))), NotFound);
+
+    assert_eq!(kind(f.ws.remove(&root, true)), InvalidInput);
+    assert_eq!(kind(f.ws.remove(&p("nope"), false)), NotFound);
+    assert_eq!(kind(f.ws.remove(&p("full"), false)), InvalidInput);
+    assert_eq!(
+        f.ws.read(&p("full/inner/x")).unwrap(),
+        b"1",
+        "a refused remove removes nothing"
+    );
+
+    assert_eq!(kind(f.ws.mkdir(&p("d/file"))), AlreadyExists);
+    assert_eq!(kind(f.ws.mkdir(&p("d/file/below"))), AlreadyExists);
+
+    assert_eq!(kind(f.ws.rename(&root, &p("x"))), InvalidInput);
+    assert_eq!(kind(f.ws.rename(&p("d"), &root)), InvalidInput);
+    assert_eq!(kind(f.ws.rename(&p("nope"), &p("x"))), NotFound);
+    assert_eq!(kind(f.ws.rename(&p("d"), &p("d/new/inside"))), InvalidInput);
+    assert!(
+        !f.host("d/new").exists(),
+        "a refused move creates no parents"
+    );
+    assert_eq!(kind(f.ws.rename(&p("d/file"), &p("full"))), AlreadyExists);
+
+    assert_eq!(kind(f.ws.open_dir(&p("d/file"))), InvalidInput);
+    assert_eq!(kind(f.ws.open_dir(&p("nope"))), NotFound);
+    assert_eq!(kind(f.ws.resolve_dir(&p("d/file"))), InvalidInput);
+    assert_eq!(kind(f.ws.resolve_dir(&p("nope"))), NotFound);
+
+    assert_eq!(kind(export(&f.ws, "nope")), NotFound);
+    assert_eq!(kind(export(&f.ws, "d/file")), InvalidInput);
+
+    let err = f.ws.write(&p("d"), b"x").unwrap_err();
+    assert!(err.to_string().starts_with("writing d: "), "{err}");
+    assert_eq!(
+        kind(Workspace::open(&f.root.join("no-such-workspace"))),
+        NotFound
+    );
+}
+
+#[test]
+fn mkdir_creates_parents_and_is_idempotent() {
+    let f = Fixture::new();
+    f.ws.mkdir(&p("mk/a/b")).unwrap();
+    f.ws.mkdir(&p("mk/a/b")).unwrap();
+    f.ws.mkdir(&SandboxPath::root()).unwrap();
+    assert!(f.host("mk/a/b").is_dir());
+    f.link("mk/ln", "a");
+    f.ws.mkdir(&p("mk/ln"))
+        .expect("an in-workspace link to a directory is a directory");
+    f.ws.mkdir(&p("mk/ln/c/d")).unwrap();
+    assert!(f.host("mk/a/c/d").is_dir());
+    assert_eq!(f.ws.stat(&p("mk/ln")).unwrap().kind, FileKind::Symlink);
+}
+
+#[test]
+fn rename_moves_files_dirs_and_links() {
+    let f = Fixture::new();
+    f.ws.write(&p("mv/a/b/f"), b"1").unwrap();
+    f.ws.rename(&p("mv/a/b/f"), &p("mv/new/parents/g")).unwrap();
+    assert_eq!(f.ws.read(&p("mv/new/parents/g")).unwrap(), b"1");
+    assert_eq!(kind(f.ws.stat(&p("mv/a/b/f"))), ErrorKind::NotFound);
+
+    f.ws.write(&p("mv/other"), b"2").unwrap();
+    f.ws.rename(&p("mv/other"), &p("mv/new/parents/g"))
+        .expect("replaces a file");
+    assert_eq!(f.ws.read(&p("mv/new/parents/g")).unwrap(), b"2");
+
+    f.ws.rename(&p("mv/a"), &p("mv/moved")).unwrap();
+    assert_eq!(f.ws.stat(&p("mv/moved/b")).unwrap().kind, FileKind::Dir);
+
+    f.ws.write(&p("mv/plain"), b"3").unwrap();
+    f.ws.rename(&p("mv/moved"), &p("mv/plain"))
+        .expect("a directory replaces a file");
+    assert_eq!(f.ws.stat(&p("mv/plain/b")).unwrap().kind, FileKind::Dir);
+
+    f.ws.rename(&p("mv/plain"), &p("mv/plain"))
+        .expect("renaming onto itself does nothing");
+
+    f.link("mv/link", "new/parents/g");
+    f.ws.rename(&p("mv/link"), &p("mv/link2")).unwrap();
+    let st = f.ws.stat(&p("mv/link2")).unwrap();
+    assert_eq!(st.kind, FileKind::Symlink, "the link itself moved");
+    assert_eq!(st.symlink_target.as_deref(), Some("new/parents/g"));
+    assert_eq!(f.ws.read(&p("mv/new/parents/g")).unwrap(), b"2");
+
+    // Into itself through an in-workspace link: the kernel refuses it.
+    f.link("mv/via", "plain");
+    assert_eq!(
+        kind(f.ws.rename(&p("mv/plain"), &p("mv/via/b/x"))),
+        ErrorKind::InvalidInput
+    );
+}
+
+#[test]
+fn remove_files_links_and_trees() {
+    let f = Fixture::new();
+    f.ws.write(&p("rm/f"), b"1").unwrap();
+    f.ws.write(&p("rm/tree/a/b/c"), b"1").unwrap();
+    f.ws.mkdir(&p("rm/empty")).unwrap();
+    f.link("rm/link", "tree");
+    f.ws.remove(&p("rm/link"), true).unwrap();
+    assert!(
+        f.host("rm/tree/a/b/c").exists(),
+        "removing a link keeps its target"
+    );
+    f.ws.remove(&p("rm/f"), false).unwrap();
+    f.ws.remove(&p("rm/empty"), false).unwrap();
+    f.ws.remove(&p("rm/tree"), true).unwrap();
+    assert!(f.ws.list_dir(&p("rm")).unwrap().is_empty());
+    f.ws.remove(&p("rm"), false).unwrap();
+    assert!(!f.host("rm").exists());
+}
+
+#[test]
+fn inner_symlinks_are_followed() {
+    let f = Fixture::new();
+    f.ws.mkdir(&p("sl/sub")).unwrap();
+    f.link("sl/inner", "sub");
+    f.link("sl/sub/up", "..");
+    f.ws.write(&p("sl/inner/f"), b"in").unwrap();
+    assert_eq!(f.ws.read(&p("sl/sub/f")).unwrap(), b"in");
+    assert_eq!(f.ws.read(&p("sl/sub/up/inner/f")).unwrap(), b"in");
+    let st = f.ws.stat(&p("sl/inner")).unwrap();
+    assert_eq!(st.kind, FileKind::Symlink, "stat does not follow");
+    assert_eq!((st.size, st.symlink_target.as_deref()), (3, Some("sub")));
+    assert_eq!(f.ws.stat(&p("sl/inner/f")).unwrap().kind, FileKind::File);
+    let listed: Vec<_> =
+        f.ws.list_dir(&p("sl/inner"))
+            .unwrap()
+            .into_iter()
+            .map(|e| (e.path, e.kind))
+            .collect();
+    assert_eq!(
+        listed,
+        vec![
+            (p("sl/inner/f"), FileKind::File),
+            (p("sl/inner/up"), FileKind::Symlink)
+        ]
+    );
+    f.ws.open_dir(&p("sl/inner")).unwrap();
+    assert_eq!(f.ws.resolve_dir(&p("sl/inner")).unwrap(), f.host("sl/sub"));
+    assert_eq!(f.ws.resolve_dir(&SandboxPath::root()).unwrap(), f.root);
+    let (tar, _) = export(&f.ws, "sl/inner").unwrap();
+    let names: Vec<_> = tar_entries(&tar).into_iter().map(|e| e.0).collect();
+    assert_eq!(names, vec!["f", "up"]);
+
+    // A dangling link that stays inside: writing through it creates the target.
+    f.link("sl/dangling", "sub/created");
+    f.ws.write(&p("sl/dangling"), b"new").unwrap();
+    assert_eq!(std::fs::read(f.host("sl/sub/created")).unwrap(), b"new");
+    assert_eq!(
+        f.ws.stat(&p("sl/dangling")).unwrap().kind,
+        FileKind::Symlink
+    );
+}
+
+#[test]
+fn resolve_dir_is_spelled_under_the_root_path() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("real/sub")).unwrap();
+    symlink(dir.path().join("real"), dir.path().join("alias")).unwrap();
+    let ws = Workspace::open(&dir.path().join("alias")).unwrap();
+    assert_eq!(ws.root_path(), dir.path().join("alias"));
+    assert_eq!(
+        ws.resolve_dir(&p("sub")).unwrap(),
+        dir.path().join("alias/sub")
+    );
+}
+
+#[test]
+fn escapes_are_refused_and_touch_nothing_outside() {
+    let f = Fixture::new();
+    let outside = f.outside.path().to_path_buf();
+    std::fs::write(outside.join("x"), b"outside x").unwrap();
+    f.ws.mkdir(&p("sl/sub")).unwrap();
+    f.ws.write(&p("sl/keep"), b"keep").unwrap();
+    f.link("sl/abs", &outside);
+    f.link("sl/rel", "../../../../../../../../../../../../../../../..");
+    f.link("sl/sub/up", "../..");
+    f.link("sl/abs_file", outside.join("secret"));
+    let before = f.outside_snapshot();
+    let ws_before = snapshot(&f.root);
+
+    // `sl/sub/up` is the workspace root, so `sl/sub/up/sl/rel` chains two links.
+    for base in ["sl/abs", "sl/rel", "sl/sub/up/sl/abs", "sl/sub/up/sl/rel"] {
+        let base = p(base);
+        let below = |name: &str| base.join(name).unwrap();
+        let denied = |what: &str, got: ErrorKind| {
+            assert_eq!(got, ErrorKind::PermissionDenied, "{what} under {base}");
+        };
+        denied("read", kind(f.ws.read(&below("secret"))));
+        denied("read", kind(f.ws.read(&below("x"))));
+        denied("write", kind(f.ws.write(&below("owned"), b"x")));
+        denied("write", kind(f.ws.write(&below("x"), b"x")));
+        denied("write deep", kind(f.ws.write(&below("a/b/owned"), b"x")));
+        denied("mkdir", kind(f.ws.mkdir(&below("owned"))));
+        denied("mkdir deep", kind(f.ws.mkdir(&below("a/b"))));
+        denied("list_dir", kind(f.ws.list_dir(&base)));
+        denied("stat", kind(f.ws.stat(&below("x"))));
+        denied("remove", kind(f.ws.remove(&below("x"), true)));
+        denied(
+            "rename into",
+            kind(f.ws.rename(&p("sl/keep"), &below("owned"))),
+        );
+        denied(
+            "rename into deep",
+            kind(f.ws.rename(&p("sl/keep"), &below("a/owned"))),
+        );
+        denied(
+            "rename out of",
+            kind(f.ws.rename(&below("x"), &p("stolen"))),
+        );
+        denied("open_dir", kind(f.ws.open_dir(&base)));
+        denied("resolve_dir", kind(f.ws.resolve_dir(&base)));
+        denied("export", kind(export(&f.ws, base.as_str())));
+    }
+    assert_eq!(
+        kind(f.ws.read(&p("sl/abs_file"))),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        kind(f.ws.write(&p("sl/abs_file"), b"x")),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(f.outside_snapshot(), before, "nothing outside changed");
+    assert_eq!(
+        snapshot(&f.root),
+        ws_before,
+        "nothing inside changed either"
+    );
+
+    f.ws.remove(&p("sl/abs"), false)
+        .expect("removing a link removes the link");
+    assert_eq!(f.outside_snapshot(), before);
+}
+
+#[test]
+fn recursive_remove_never_follows_links() {
+    let f = Fixture::new();
+    let outside = f.outside.path().to_path_buf();
+    std::fs::create_dir(outside.join("dir")).unwrap();
+    std::fs::write(outside.join("dir/keep"), b"keep").unwrap();
+    f.ws.write(&p("tree/a/b/file"), b"1").unwrap();
+    f.link("tree/out", &outside);
+    f.link("tree/a/b/deep_out", outside.join("dir"));
+    f.link("tree/a/file_out", outside.join("secret"));
+    f.link("top_out", &outside);
+    let before = f.outside_snapshot();
+    f.ws.remove(&p("tree"), true).unwrap();
+    f.ws.remove(&p("top_out"), true).unwrap();
+    assert!(f.ws.list_dir(&SandboxPath::root()).unwrap().is_empty());
+    assert_eq!(f.outside_snapshot(), before, "outside files survive");
+}
+
+#[test]
+fn export_stores_links_and_never_their_targets() {
+    let f = Fixture::new();
+    f.ws.write(&p("src/a.txt"), b"alpha").unwrap();
+    f.ws.write(&p("src/nested/b.bin"), &[7u8; 3000]).unwrap();
+    f.ws.write(&p("src/a.dir/z"), b"z").unwrap();
+    f.ws.mkdir(&p("src/emptydir")).unwrap();
+    f.link("src/link", "a.txt");
+    let secret = f.outside.path().join("secret");
+    f.link("src/secret_link", &secret);
+    f.link("src/outdir_link", f.outside.path());
+    f.link("src/shadow", "/etc/shadow");
+    rustix::fs::mknodat(
+        rustix::fs::CWD,
+        f.host("src/fifo").as_path(),
+        FileType::Fifo,
+        Mode::from_raw_mode(0o644),
+        0,
+    )
+    .unwrap();
+    std::fs::set_permissions(f.host("src/a.txt"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+
+    let (tar, stats) = export(&f.ws, "src").unwrap();
+    assert!(!contains(&tar, SECRET), "no bytes of a link's target");
+    let entries = tar_entries(&tar);
+    let summary: Vec<_> = entries
+        .iter()
+        .map(|(path, ty, link, _)| (path.as_str(), *ty, link.as_deref()))
+        .collect();
+    use tar::EntryType as T;
+    let secret_str = secret.to_str().unwrap();
+    let outdir_str = f.outside.path().to_str().unwrap();
+    assert_eq!(
+        summary,
+        vec![
+            ("a.dir", T::Directory, None),
+            ("a.txt", T::Regular, None),
+            ("emptydir", T::Directory, None),
+            ("link", T::Symlink, Some("a.txt")),
+            ("nested", T::Directory, None),
+            ("outdir_link", T::Symlink, Some(outdir_str)),
+            ("secret_link", T::Symlink, Some(secret_str)),
+            ("shadow", T::Symlink, Some("/etc/shadow")),
+            ("a.dir/z", T::Regular, None),
+            ("nested/b.bin", T::Regular, None),
+        ]
+    );
+    assert_eq!(entries[1].3, b"alpha");
+    assert_eq!(entries[9].3, vec![7u8; 3000]);
+    assert_eq!(
+        (stats.entries, stats.skipped, stats.content_bytes),
+        (10, 1, 5 + 1 + 3000)
+    );
+
+    let mut archive = tar::Archive::new(&tar[..]);
+    for entry in archive.entries().unwrap() {
+        let entry = entry.unwrap();
+        let h = entry.header();
+        assert_eq!((h.uid().unwrap(), h.gid().unwrap()), (0, 0));
+        assert_eq!(h.mode().unwrap() & !0o777, 0, "mode masked");
+        assert!(h.mtime().unwrap() > 0);
+    }
+
+    // The same stream the host packer writes for the same tree.
+    let mut host = Vec::new();
+    sandcell::archive::pack_dir_tar(&f.host("src"), &mut host).unwrap();
+    assert!(host == tar, "export matches pack_dir_tar byte for byte");
+
+    // Through an in-workspace link to the directory, and from the root.
+    f.link("src_link", "src");
+    assert_eq!(export(&f.ws, "src_link").unwrap().0, tar);
+    let (all, _) = export(&f.ws, "").unwrap();
+    assert!(!contains(&all, SECRET));
+    assert_eq!(tar_entries(&all)[0].0, "src");
+}
+
+#[test]
+fn export_entries_match_their_headers() {
+    assert_eq!(read_all(exactly(&b"abc"[..], 5)), b"abc\0\0");
+    assert_eq!(read_all(exactly(&b"abcdef"[..], 4)), b"abcd");
+    assert_eq!(read_all(exactly(&b""[..], 0)), b"");
+}
+
+fn read_all(mut r: impl Read) -> Vec<u8> {
+    let mut out = Vec::new();
+    r.read_to_end(&mut out).unwrap();
+    out
+}
+
+#[test]
+fn symlink_ancestor_finds_the_link_closest_to_the_root() {
+    let f = Fixture::new();
+    f.ws.write(&p("a/b/file"), b"1").unwrap();
+    f.link("a/l1", "b");
+    f.link("l0", "a");
+    f.link("a/b/out", f.outside.path());
+    assert_eq!(
+        f.ws.symlink_ancestor(&p("a/l1/x/y")).unwrap(),
+        Some(p("a/l1"))
+    );
+    assert_eq!(f.ws.symlink_ancestor(&p("l0/l1/z")).unwrap(), Some(p("l0")));
+    assert_eq!(
+        f.ws.symlink_ancestor(&p("a/b/out/x")).unwrap(),
+        Some(p("a/b/out"))
+    );
+    assert_eq!(
+        f.ws.symlink_ancestor(&p("a/l1")).unwrap(),
+        None,
+        "not the path itself"
+    );
+    assert_eq!(f.ws.symlink_ancestor(&p("a/b/c/d")).unwrap(), None);
+    assert_eq!(f.ws.symlink_ancestor(&p("missing/l/x")).unwrap(), None);
+    assert_eq!(f.ws.symlink_ancestor(&p("a/b/file/x")).unwrap(), None);
+    assert_eq!(f.ws.symlink_ancestor(&SandboxPath::root()).unwrap(), None);
+}
+
+/// A thread keeps exchanging directory `d` with a symlink to an outside directory
+/// while the workspace is written, read, listed and exported through `d`.
+#[test]
+fn swapping_a_directory_for_an_outside_link_never_escapes() {
+    let f = Fixture::new();
+    std::fs::write(f.outside.path().join("f"), SECRET).unwrap();
+    f.ws.write(&p("d/f"), b"inside").unwrap();
+    f.link("swap", f.outside.path());
+    let before = f.outside_snapshot();
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let swaps = Arc::new(AtomicU64::new(0));
+    let swapper = {
+        let (stop, swaps) = (Arc::clone(&stop), Arc::clone(&swaps));
+        let (d, swap) = (f.host("d"), f.host("swap"));
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                rustix::fs::renameat_with(
+                    rustix::fs::CWD,
+                    d.as_path(),
+                    rustix::fs::CWD,
+                    swap.as_path(),
+                    rustix::fs::RenameFlags::EXCHANGE,
+                )
+                .unwrap();
+                swaps.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+
+    let start = Instant::now();
+    let mut rounds = 0u64;
+    let mut exported_while_dir = 0u64;
+    let mut writes_denied = 0u64;
+    while start.elapsed() < Duration::from_millis(300) {
+        rounds += 1;
+        match f.ws.write(&p("d/f"), b"inside") {
+            Err(e) if e.kind() == ErrorKind::PermissionDenied => writes_denied += 1,
+            _ => {}
+        }
+        let _ = f.ws.write(&p("d/new"), b"inside");
+        let _ = f.ws.mkdir(&p("d/sub/deeper"));
+        if let Ok(data) = f.ws.read(&p("d/f")) {
+            assert_ne!(data, SECRET, "read through the swapped link");
+        }
+        if let Ok(entries) = f.ws.list_dir(&p("d")) {
+            assert!(entries.iter().all(|e| e.name != "secret"), "listed outside");
+        }
+        let mut out = Vec::new();
+        let result = f.ws.export_tar(&SandboxPath::root(), &mut out);
+        assert!(!contains(&out, SECRET), "exported outside bytes");
+        if result.is_ok() && tar_entries(&out).iter().any(|e| e.0 == "d/f") {
+            exported_while_dir += 1;
+        }
+        let _ = f.ws.remove(&p("d/sub"), true);
+    }
+    stop.store(true, Ordering::Relaxed);
+    swapper.join().unwrap();
+
+    assert_eq!(
+        f.outside_snapshot(),
+        before,
+        "nothing appeared or changed outside"
+    );
+    assert!(swaps.load(Ordering::Relaxed) > 100, "the race ran");
+    assert!(
+        rounds > 10 && exported_while_dir > 0 && writes_denied > 0,
+        "{rounds} rounds, {exported_while_dir} exports saw d, {writes_denied} writes refused"
+    );
+}
