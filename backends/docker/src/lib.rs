@@ -26,6 +26,7 @@ mod backend;
 mod config;
 mod engine;
 mod error;
+mod hardening;
 mod image;
 mod ports;
 mod task;

@@ -3,10 +3,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use async_trait::async_trait;
-use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
     CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, RestartContainerOptions,
     UploadToContainerOptions,
@@ -17,24 +15,17 @@ use sandcell::archive::ImportOptions;
 use sandcell::wire::WireClient;
 use sandcell::{
     ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo,
-    LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
+    LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
     SandboxSpec, SandboxStatus,
 };
 
 use crate::config::{DockerBackendBuilder, DockerConfig};
 use crate::error::{engine, is_not_found};
-use crate::image::{Images, AGENT_PATH, AGENT_RUN_DIR};
+mod clone;
 
-/// Labels this backend puts on its containers (reported labels leave them out).
-const INTERNAL_PREFIX: &str = "sandcell.docker.";
-/// The template a container was made from; its presence marks containers of this backend.
-pub(crate) const LABEL_TEMPLATE: &str = "sandcell.docker.template";
-/// `agent` or `engine`: how commands reach the container.
-const LABEL_EXEC: &str = "sandcell.docker.exec";
-const LABEL_OUTPUT_BYTES: &str = "sandcell.docker.output_bytes";
-const LABEL_COMMAND_TIMEOUT_MS: &str = "sandcell.docker.command_timeout_ms";
-/// The sandbox's network policy (`Network::mode`), reported by `inspect`.
-const LABEL_NETWORK: &str = "sandcell.docker.network";
+use crate::hardening::{info_of, ContainerSettings, LABEL_EXEC, LABEL_TEMPLATE};
+use crate::image::Images;
+
 /// The API version requested: old enough for Debian's engine (20.10), accepted by new ones.
 const API_VERSION: ClientVersion = ClientVersion {
     major_version: 1,
@@ -83,14 +74,6 @@ struct Inner {
     paused: Mutex<HashSet<SandboxId>>,
     /// Ports published to this host's loopback.
     ports: crate::ports::Forwarders,
-}
-
-/// What a container's labels say about how to run commands in it.
-#[derive(Debug, Clone, Copy)]
-struct ContainerSettings {
-    agent: bool,
-    output_bytes: Option<usize>,
-    command_timeout: Option<Duration>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -209,19 +192,9 @@ impl DockerBackend {
             .await
             .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?;
         let labels = container.config.and_then(|c| c.labels).unwrap_or_default();
-        if !labels.contains_key(LABEL_TEMPLATE) {
-            return Err(Error::not_found(format!(
-                "container {id} is not a sandbox of this backend"
-            )));
-        }
-        let settings = ContainerSettings {
-            agent: labels.get(LABEL_EXEC).map(String::as_str) == Some("agent"),
-            output_bytes: labels.get(LABEL_OUTPUT_BYTES).and_then(|v| v.parse().ok()),
-            command_timeout: labels
-                .get(LABEL_COMMAND_TIMEOUT_MS)
-                .and_then(|v| v.parse().ok())
-                .map(Duration::from_millis),
-        };
+        let settings = ContainerSettings::from_labels(&labels).ok_or_else(|| {
+            Error::not_found(format!("container {id} is not a sandbox of this backend"))
+        })?;
         lock(&self.inner.settings).insert(id.clone(), settings);
         Ok(settings)
     }
@@ -315,94 +288,9 @@ impl DockerBackend {
         task_network: Option<&str>,
     ) -> Result<()> {
         let config = &self.inner.config;
-        let limits = &spec.limits;
-        let mut labels: HashMap<String, String> = spec
-            .labels
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        labels.insert(LABEL_TEMPLATE.to_owned(), spec.template.clone());
         let agent = config.agent.is_some();
-        labels.insert(
-            LABEL_EXEC.to_owned(),
-            if agent { "agent" } else { "engine" }.to_owned(),
-        );
-        labels.insert(LABEL_NETWORK.to_owned(), spec.network.mode().to_owned());
-        if let Some(n) = limits.output_bytes {
-            labels.insert(LABEL_OUTPUT_BYTES.to_owned(), n.to_string());
-        }
-        if let Some(t) = spec.command_timeout {
-            labels.insert(
-                LABEL_COMMAND_TIMEOUT_MS.to_owned(),
-                t.as_millis().to_string(),
-            );
-        }
-        let cmd: Vec<String> = if agent {
-            vec![
-                AGENT_PATH.to_owned(),
-                "serve".to_owned(),
-                "--workspace".to_owned(),
-                self.workspace().to_owned(),
-                "--state".to_owned(),
-                format!("{AGENT_RUN_DIR}/state"),
-                "--socket".to_owned(),
-                crate::agent::SOCKET.to_owned(),
-                "--stdio".to_owned(),
-            ]
-        } else {
-            // Any image with a `sleep` stays up; the init process forwards SIGTERM.
-            vec!["sleep".to_owned(), "2147483647".to_owned()]
-        };
-        // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
-        let network_mode = match (&spec.network, task_network) {
-            (_, Some(network)) => network.to_owned(),
-            (Network::Full, None) => config.network.clone(),
-            (_, None) => "none".to_owned(),
-        };
-        let binds: Vec<String> = spec
-            .mounts
-            .iter()
-            .map(|m| {
-                let target = format!("{}/{}", self.workspace(), m.target.as_str());
-                let mode = if m.read_only { "ro" } else { "rw" };
-                format!("{}:{target}:{mode}", m.host.display())
-            })
-            .collect();
         let user = spec.user.clone().or_else(|| config.user.clone());
-        let host_config = HostConfig {
-            cap_drop: Some(vec!["ALL".to_owned()]),
-            security_opt: Some(vec!["no-new-privileges".to_owned()]),
-            pids_limit: limits.pids.map(i64::from),
-            memory: limits.memory_bytes.map(|m| m as i64),
-            // No swap beyond the memory limit.
-            memory_swap: limits.memory_bytes.map(|m| m as i64),
-            nano_cpus: limits.cpu_millis.map(|m| i64::from(m) * 1_000_000),
-            network_mode: Some(network_mode),
-            init: Some(true),
-            runtime: config.runtime.clone(),
-            binds: (!binds.is_empty()).then_some(binds),
-            // The agent's stdout is a protocol stream (files, archives): never log it.
-            log_config: agent.then(|| bollard::models::HostConfigLogConfig {
-                typ: Some("none".to_owned()),
-                config: None,
-            }),
-            ..Default::default()
-        };
-        let body = ContainerCreateBody {
-            image: Some(image),
-            cmd: Some(cmd),
-            entrypoint: Some(Vec::new()),
-            working_dir: Some(self.workspace().to_owned()),
-            user: user.clone(),
-            env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
-            labels: Some(labels),
-            host_config: Some(host_config),
-            networking_config: task_network.map(|n| crate::task::endpoint(n, Vec::new())),
-            // The agent serves its stdin and stdout to whoever attaches first.
-            open_stdin: Some(agent),
-            stdin_once: Some(agent),
-            ..Default::default()
-        };
+        let body = crate::hardening::container_body(spec, config, image, task_network);
         self.inner
             .docker
             .create_container(
@@ -450,136 +338,6 @@ impl DockerBackend {
     }
 }
 
-impl DockerBackend {
-    /// Creates a sandbox with service containers: a private network, then the sandbox
-    /// and every service in parallel. On failure nothing is left.
-    async fn create_task(
-        &self,
-        id: &SandboxId,
-        spec: &SandboxSpec,
-        image: String,
-        services: &[crate::config::ServiceSpec],
-    ) -> Result<()> {
-        let docker = &self.inner.docker;
-        let images = futures::future::try_join_all(
-            services.iter().map(|s| self.inner.images.prepare(&s.image)),
-        )
-        .await?;
-        let internal = !matches!(spec.network, Network::Full);
-        let network = crate::task::create_network(docker, id, internal).await?;
-        let started = futures::future::try_join(
-            self.create_container(id, spec, image, Some(&network)),
-            futures::future::try_join_all(
-                services
-                    .iter()
-                    .zip(images)
-                    .map(|(s, image)| crate::task::start_service(docker, id, &network, s, image)),
-            ),
-        )
-        .await;
-        if let Err(e) = started {
-            let _ = self.remove_container(id.as_str()).await;
-            let _ = crate::task::teardown(docker, id).await;
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    /// An independent copy of a sandbox: its container (workspace and all) and its
-    /// services are committed to images and started afresh, on a network of their own.
-    /// Writes to either afterwards do not reach the other. The clone carries `labels`
-    /// instead of the source's (so a manager's session labels are not copied by
-    /// accident); destroying it removes its images too.
-    pub async fn clone_sandbox(
-        &self,
-        id: &SandboxId,
-        labels: BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
-        self.settings(id).await?;
-        self.check_not_paused(id)?;
-        let docker = &self.inner.docker;
-        let new = SandboxId::generate("docker");
-        let services = crate::task::services_of(docker, id).await?;
-        let result = async {
-            let network = if services.is_empty() {
-                None
-            } else {
-                let internal = docker
-                    .inspect_network(
-                        &crate::task::network_name(id),
-                        None::<bollard::query_parameters::InspectNetworkOptions>,
-                    )
-                    .await
-                    .map_err(|e| engine(format_args!("inspecting the network of {id}"), e))?
-                    .internal
-                    .unwrap_or(true);
-                Some(crate::task::create_network(docker, &new, internal).await?)
-            };
-            let source_labels = docker
-                .inspect_container(id.as_str(), None)
-                .await
-                .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?
-                .config
-                .and_then(|c| c.labels)
-                .unwrap_or_default();
-            let mut new_labels: HashMap<String, String> = source_labels
-                .into_iter()
-                .filter(|(k, _)| k.starts_with(INTERNAL_PREFIX))
-                .collect();
-            new_labels.extend(labels);
-            let image = crate::task::commit(docker, id.as_str(), &new, None).await?;
-            let mut body = crate::task::recreate_body(
-                docker,
-                id.as_str(),
-                image,
-                network.as_deref(),
-                new_labels,
-            )
-            .await?;
-            body.networking_config = network
-                .as_deref()
-                .map(|n| crate::task::endpoint(n, Vec::new()));
-            let network = network.as_deref();
-            let new = &new;
-            let service_clones = services
-                .iter()
-                .map(|(container, service, host)| async move {
-                    let image = crate::task::commit(docker, container, new, Some(service)).await?;
-                    let mut body = crate::task::recreate_body(
-                        docker,
-                        container,
-                        image,
-                        network,
-                        crate::task::service_labels(new, service),
-                    )
-                    .await?;
-                    body.hostname = Some(host.clone());
-                    body.networking_config = network
-                        .map(|n| crate::task::endpoint(n, vec![host.clone(), service.clone()]));
-                    crate::task::start_clone(
-                        docker,
-                        &crate::task::clone_service_container(new, service),
-                        body,
-                    )
-                    .await
-                });
-            futures::future::try_join(
-                crate::task::start_clone(docker, new.as_str(), body),
-                futures::future::try_join_all(service_clones),
-            )
-            .await
-            .map(|_| ())
-        }
-        .await;
-        if let Err(e) = result {
-            let _ = self.remove_container(new.as_str()).await;
-            let _ = crate::task::teardown(docker, &new).await;
-            return Err(e.context(format_args!("cloning sandbox {id}")));
-        }
-        self.inspect(&new).await
-    }
-}
-
 /// sha256 of a file, hex.
 fn file_sha256(path: &std::path::Path) -> Result<String> {
     use sha2::{Digest, Sha256};
@@ -595,33 +353,6 @@ fn status_of(state: Option<&str>, paused: bool) -> SandboxStatus {
         Some("running") | Some("restarting") | Some("created") => SandboxStatus::Running,
         _ => SandboxStatus::Failed,
     }
-}
-
-/// A sandbox as its container's labels describe it (internal labels left out).
-fn info_of(
-    id: SandboxId,
-    labels: HashMap<String, String>,
-    status: SandboxStatus,
-    created_at: Option<chrono::DateTime<chrono::Utc>>,
-    details: BTreeMap<String, String>,
-) -> SandboxInfo {
-    let template = labels.get(LABEL_TEMPLATE).cloned().unwrap_or_default();
-    let mut spec = SandboxSpec::new(template);
-    spec.network = match labels.get(LABEL_NETWORK).map(String::as_str) {
-        Some("full") => Network::Full,
-        Some("none") => Network::None,
-        _ => Network::Default,
-    };
-    spec.labels = labels
-        .into_iter()
-        .filter(|(k, _)| !k.starts_with(INTERNAL_PREFIX))
-        .collect();
-    let mut info = SandboxInfo::new(id, "docker", &spec, status);
-    if let Some(at) = created_at {
-        info.created_at = at;
-    }
-    info.details = details;
-    info
 }
 
 #[async_trait]
