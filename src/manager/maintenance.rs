@@ -370,7 +370,7 @@ impl<B: SandboxBackend> Inner<B> {
             } else {
                 EventKind::ReapedIdle
             };
-            match self.snapshot_sandbox(&key, &id, &record.spec).await {
+            match self.snapshot_sandbox(&key, &id).await {
                 Ok(manifest) => {
                     self.finish_suspend(record, &id, &manifest, kind).await?;
                     if expired {

@@ -292,7 +292,7 @@ impl<B: SandboxBackend> SandboxManager<B> {
             let record = inner.record(key).await?;
             let id = live_sandbox(&record)?;
             tracing::Span::current().record("sandbox", id.as_str());
-            inner.snapshot_sandbox(key, &id, &record.spec).await
+            inner.snapshot_sandbox(key, &id).await
         }
         .instrument(span)
         .await
@@ -733,29 +733,23 @@ impl<B: SandboxBackend> Inner<B> {
         &self,
         key: &SessionKey,
         id: &SandboxId,
-        spec: &SandboxSpec,
     ) -> Result<SnapshotManifest> {
         if self.backend.capabilities().files_while_paused
             || self.backend.inspect(id).await?.status != SandboxStatus::Paused
         {
-            return self.write_snapshot(key, id, spec).await;
+            return self.write_snapshot(key, id).await;
         }
         // This backend reaches files through the sandbox's own processes: thaw it for
         // the export, and leave it paused again whatever the export did.
         self.backend.resume(id).await?;
-        let snapshot = self.write_snapshot(key, id, spec).await;
+        let snapshot = self.write_snapshot(key, id).await;
         let paused_again = self.backend.pause(id).await;
         let snapshot = snapshot?;
         paused_again.map(|()| snapshot)
     }
 
     /// Exports the workspace of `id` and stores it as a new snapshot of `key`.
-    async fn write_snapshot(
-        &self,
-        key: &SessionKey,
-        id: &SandboxId,
-        spec: &SandboxSpec,
-    ) -> Result<SnapshotManifest> {
+    async fn write_snapshot(&self, key: &SessionKey, id: &SandboxId) -> Result<SnapshotManifest> {
         let now = self.clock.now();
         let snapshot_id = format!(
             "{}-{}",
@@ -763,46 +757,30 @@ impl<B: SandboxBackend> Inner<B> {
             &uuid::Uuid::new_v4().simple().to_string()[..8]
         );
         let snap_key = SnapshotKey::new(key.clone(), snapshot_id.clone())?;
-        let changes = if self.backend.capabilities().incremental_snapshot {
-            match self.backend.export_changes(id).await {
-                Ok(changes) => Some(changes),
-                Err(e) if e.kind() == ErrorKind::Unsupported => None,
-                Err(e) => return Err(e),
-            }
-        } else {
-            None
-        };
-        let incremental = changes.is_some();
-        let (tar, deleted) = match changes {
-            Some(c) => (c.tar, c.deleted),
-            None => (
-                self.backend.export_tar(id, &SandboxPath::root()).await?,
-                Vec::new(),
-            ),
-        };
         let opts = PackOptions {
             level: self.settings.snapshot_level,
             ..PackOptions::default()
         };
-        let (blob, packed) = crate::snapshot::compress_stream(tar, &opts);
-        self.snapshots.put_blob(&snap_key, blob).await?;
-        let packed = match packed.await {
-            Ok(packed) => packed,
-            Err(_) => {
+        // The one capture path tests and helpers take too.
+        let mut capture = crate::snapshot::capture_stream(
+            &*self.backend,
+            id,
+            crate::snapshot::CaptureScope::ChangesOrWorkspace,
+            &opts,
+        )
+        .await?;
+        self.snapshots
+            .put_blob(&snap_key, capture.take_blob())
+            .await?;
+        let mut manifest = match capture.finish().await {
+            Ok(manifest) => manifest,
+            Err(e) => {
                 self.discard(&snap_key).await;
-                return Err(Error::new(
-                    ErrorKind::Backend,
-                    "snapshot packing ended without a result",
-                ));
+                return Err(e);
             }
         };
-        let mut manifest =
-            SnapshotManifest::new(&packed, self.backend.name(), spec.template.clone())
-                .with_sandbox(id.clone());
         manifest.id = snapshot_id.clone();
         manifest.created_at = now;
-        manifest.incremental = incremental;
-        manifest.deleted = deleted;
         if let Err(e) = self.snapshots.put_manifest(&snap_key, &manifest).await {
             self.discard(&snap_key).await;
             return Err(e);
@@ -831,7 +809,7 @@ impl<B: SandboxBackend> Inner<B> {
         kind: EventKind,
     ) -> Result<()> {
         let id = live_sandbox(record)?;
-        let manifest = match self.snapshot_sandbox(&record.key, &id, &record.spec).await {
+        let manifest = match self.snapshot_sandbox(&record.key, &id).await {
             Ok(m) => m,
             Err(e) => {
                 self.emit(

@@ -26,6 +26,12 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
+mod capture;
+
+pub use capture::{
+    capture, capture_changes, capture_stream, compress_stream, restore, Capture, CaptureScope,
+};
+
 use std::io::{self, BufRead, Read, Write};
 use std::path::Path;
 use std::sync::mpsc;
@@ -34,8 +40,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::archive::{self, ArchiveLimits, ImportOptions, UnpackStats};
-use crate::backend::SandboxBackend;
+use crate::archive::{self, ArchiveLimits, UnpackStats};
 use crate::error::{Error, ErrorKind, Result};
 use crate::path::SandboxPath;
 use crate::sandbox::SandboxId;
@@ -551,135 +556,4 @@ pub fn unpack_to_dir<R: Read + Send + 'static>(
 ) -> Result<UnpackStats> {
     let reader = verified_tar_reader(blob, manifest, limits)?;
     archive::unpack_to_dir(reader, dest, limits)
-}
-
-/// Snapshots `path` of a sandbox: exports it from the backend, normalizes, compresses
-/// and writes the blob to `out`. Returns the manifest and the writer.
-pub async fn capture<B, W>(
-    backend: &B,
-    id: &SandboxId,
-    path: &SandboxPath,
-    out: W,
-    opts: &PackOptions,
-) -> Result<(SnapshotManifest, W)>
-where
-    B: SandboxBackend + ?Sized,
-    W: Write + Send + 'static,
-{
-    let info = backend.inspect(id).await?;
-    let stream = backend.export_tar(id, path).await?;
-    let (blob, out) = pack_stream(stream, out, opts).await?;
-    let manifest =
-        SnapshotManifest::new(&blob, backend.name(), info.template).with_sandbox(id.clone());
-    Ok((manifest, out))
-}
-
-/// Restores a blob into `path` of a sandbox through the backend's `import_tar`. The
-/// backend's import is atomic, so a blob that fails verification or the checks leaves
-/// the workspace unchanged.
-pub async fn restore<B, R>(
-    backend: &B,
-    id: &SandboxId,
-    path: &SandboxPath,
-    blob: R,
-    manifest: &SnapshotManifest,
-    opts: ImportOptions,
-) -> Result<()>
-where
-    B: SandboxBackend + ?Sized,
-    R: Read + Send + 'static,
-{
-    let reader = verified_tar_reader(blob, manifest, &opts.limits)?;
-    let mut opts = opts;
-    if manifest.incremental {
-        // The sandbox starts from the template; deletions go first (an opaque directory
-        // is deleted, then its new contents arrive), then the changes merge in.
-        for deleted in &manifest.deleted {
-            let target = path.join(deleted.as_str())?;
-            match backend.remove(id, &target, true).await {
-                Ok(()) => {}
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => return Err(e.context(format_args!("applying deletion of {deleted}"))),
-            }
-        }
-        opts.mode = crate::archive::ImportMode::Merge;
-    }
-    backend
-        .import_tar(id, path, crate::stream::reader_to_stream(reader), opts)
-        .await
-}
-
-/// Normalizes and compresses a backend's tar stream into `out` on a blocking thread.
-async fn pack_stream<W>(
-    stream: crate::ByteStream,
-    out: W,
-    opts: &PackOptions,
-) -> Result<(PackedBlob, W)>
-where
-    W: Write + Send + 'static,
-{
-    let reader = crate::stream::stream_to_reader(stream);
-    let opts = *opts;
-    tokio::task::spawn_blocking(move || {
-        let mut out = out;
-        let blob = pack_tar(reader, &mut out, &opts, &ArchiveLimits::default())?;
-        Ok::<_, Error>((blob, out))
-    })
-    .await
-    .map_err(|e| Error::with_source(ErrorKind::Backend, "snapshot task failed", e))?
-}
-
-/// Snapshots only what changed in a sandbox's workspace since its template: changed and
-/// added entries in the blob, deletions in the manifest. Needs
-/// [`Capabilities::incremental_snapshot`](crate::Capabilities::incremental_snapshot).
-/// [`restore`] applies it to a fresh sandbox of the same template on any backend.
-pub async fn capture_changes<B, W>(
-    backend: &B,
-    id: &SandboxId,
-    out: W,
-    opts: &PackOptions,
-) -> Result<(SnapshotManifest, W)>
-where
-    B: SandboxBackend + ?Sized,
-    W: Write + Send + 'static,
-{
-    if !backend.capabilities().incremental_snapshot {
-        return Err(Error::unsupported(format!(
-            "backend {} does not support incremental snapshots",
-            backend.name()
-        )));
-    }
-    let info = backend.inspect(id).await?;
-    let changes = backend.export_changes(id).await?;
-    let (blob, out) = pack_stream(changes.tar, out, opts).await?;
-    let mut manifest =
-        SnapshotManifest::new(&blob, backend.name(), info.template).with_sandbox(id.clone());
-    manifest.incremental = true;
-    manifest.deleted = changes.deleted;
-    Ok((manifest, out))
-}
-
-/// Normalizes and compresses an uncompressed tar stream as a stream of blob bytes.
-///
-/// The blob streams out while it is packed (on a blocking thread), so a store can write it
-/// without holding it in memory. The receiver yields the [`PackedBlob`] (sizes and hash)
-/// once the stream has been consumed to its end; if packing fails, the stream's last item
-/// is the error and the receiver is closed. Must be called inside a tokio runtime.
-pub fn compress_stream(
-    tar: crate::ByteStream,
-    opts: &PackOptions,
-) -> (
-    crate::ByteStream,
-    tokio::sync::oneshot::Receiver<PackedBlob>,
-) {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    let opts = *opts;
-    let reader = crate::stream::stream_to_reader(tar);
-    let blob = crate::stream::writer_to_stream(move |out| {
-        let mut reader = reader;
-        let packed = pack_tar(&mut reader, out, &opts, &ArchiveLimits::default())?;
-        let _ = tx.send(packed);
-        Ok(())
-    });
-    (blob, rx)
 }
