@@ -58,6 +58,7 @@ mod backend;
 mod cgroup;
 mod config;
 mod contained;
+mod import;
 mod landlock;
 mod layout;
 mod materialize;

@@ -512,7 +512,7 @@ impl SandboxBackend for RemoteBackend {
         }
         request.timeout = request.timeout.or(spec.command_timeout);
         let workspace = self.inner.config.workspace.as_deref().unwrap_or("");
-        let (command, marker) = crate::exec_files::wrap_command(&request, workspace);
+        let (command, marker) = crate::plain_exec::wrap_command(&request, workspace);
         let body = ExecBody {
             command,
             stdin: request
@@ -529,7 +529,7 @@ impl SandboxBackend for RemoteBackend {
         let answer = self.inner.control.exec(id.as_str(), &body).await?;
         let what = format!("running {:?}", request.argv[0]);
         if let Some(e) =
-            crate::exec_files::typed_failure(answer.exit_code, &answer.stderr, &marker, &what)
+            crate::plain_exec::typed_failure(answer.exit_code, &answer.stderr, &marker, &what)
         {
             return Err(e);
         }

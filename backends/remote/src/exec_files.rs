@@ -24,6 +24,7 @@ use sandcell::{
 };
 
 use crate::fly::ControlPlane;
+use crate::plain_exec::typed_failure;
 use crate::protocol::ExecBody;
 
 /// File data carried by one exec call (before base64), a multiple of [`BLOCK`].
@@ -32,8 +33,6 @@ pub(crate) const CHUNK_BYTES: usize = 512 * 1024;
 const BLOCK: usize = 64 * 1024;
 /// How long one file call may run on the machine.
 const CALL_SECONDS: u64 = 120;
-/// The exit code a script ends with after printing a typed error.
-const TYPED_FAILURE: i32 = 90;
 
 /// What every script starts with: the workspace (`$1`, empty for the directory commands
 /// start in) resolved to `$R`, a typed `fail`, and path confinement.
@@ -83,60 +82,6 @@ const UPLOAD: &str = include_str!("scripts/upload.sh");
 /// removes it. Replace unpacks beside `rel` first and swaps, so a failed unpack leaves
 /// `rel` as it was.
 const EXTRACT: &str = include_str!("scripts/extract.sh");
-
-/// What a command runs inside on a plain endpoint, whose exec has no cwd, env or
-/// "program not found": `$1` is the marker typed failures carry, `$2` the directory,
-/// `$3` how many `NAME=value` words follow, then the command.
-const COMMAND: &str = include_str!("scripts/command.sh");
-
-/// The argv a plain endpoint runs for `request`, and the marker its typed failures
-/// carry (random, so no command's own output is mistaken for one). `workspace` is the
-/// directory relative paths start from (empty: where commands start).
-pub(crate) fn wrap_command(
-    request: &sandcell::ExecRequest,
-    workspace: &str,
-) -> (Vec<String>, String) {
-    let marker = format!("sandcell-{}", uuid::Uuid::new_v4().simple());
-    let dir = match (&request.cwd, workspace) {
-        (None, "") => String::new(),
-        (None, root) => root.to_owned(),
-        (Some(cwd), "") => format!("./{}", cwd.as_str()),
-        (Some(cwd), root) => format!("{root}/{}", cwd.as_str()),
-    };
-    let mut argv = vec![
-        "sh".to_owned(),
-        "-c".to_owned(),
-        COMMAND.to_owned(),
-        "sandcell".to_owned(),
-        marker.clone(),
-        dir,
-        request.env.len().to_string(),
-    ];
-    argv.extend(request.env.iter().map(|(k, v)| format!("{k}={v}")));
-    argv.extend(request.argv.iter().cloned());
-    (argv, marker)
-}
-
-/// The typed error a script printed (`MARKER:kind:message` on stderr, exit 90).
-pub(crate) fn typed_failure(
-    exit_code: Option<i32>,
-    stderr: &str,
-    marker: &str,
-    what: &str,
-) -> Option<Error> {
-    if exit_code != Some(TYPED_FAILURE) {
-        return None;
-    }
-    let (kind, message) = stderr
-        .lines()
-        .rev()
-        .find_map(|line| line.strip_prefix(marker)?.strip_prefix(':'))?
-        .split_once(':')?;
-    Some(Error::new(
-        ErrorKind::from_name(kind)?,
-        format!("{what}: {message}"),
-    ))
-}
 
 /// Runs file operations on one endpoint's machines through `exec`.
 #[derive(Debug, Clone)]

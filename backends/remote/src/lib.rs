@@ -17,6 +17,7 @@ mod backend;
 mod exec_files;
 mod fly;
 mod http;
+mod plain_exec;
 mod process;
 pub mod protocol;
 #[cfg(feature = "server")]
