@@ -142,13 +142,22 @@ impl Lines {
 
 impl JsonLinesSession {
     /// Starts `request` in `sandbox` as a JSON-lines process. Its stdin must stay open:
-    /// a request that supplies stdin bytes is `InvalidInput`.
+    /// a request that supplies stdin bytes is `InvalidInput`. Needs
+    /// [`Capabilities::interactive_exec`](crate::Capabilities::interactive_exec): without
+    /// it the call is `Unsupported` before anything runs (such a backend answers only
+    /// once the command has ended, so no conversation is possible).
     pub async fn start(
         backend: Arc<dyn SandboxBackend>,
         sandbox: &SandboxId,
         request: ExecRequest,
         options: JsonLinesOptions,
     ) -> Result<Self> {
+        if !backend.capabilities().interactive_exec {
+            return Err(Error::unsupported(format!(
+                "a JSON-lines session needs interactive exec; the {} backend runs a command to its end before answering",
+                backend.name()
+            )));
+        }
         if request.stdin.is_some() {
             return Err(Error::invalid_input(
                 "a JSON-lines session writes its own stdin; the request must not supply it",

@@ -123,3 +123,33 @@ async fn a_request_with_its_own_stdin_is_refused() {
     .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput);
 }
+
+#[cfg(feature = "testing")]
+#[tokio::test]
+async fn a_backend_without_interactive_exec_is_refused_before_anything_runs() {
+    let ran = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let seen = Arc::clone(&ran);
+    let mock = sandcell::testing::MockBackend::new().on_exec("agent", move |_| {
+        seen.store(true, std::sync::atomic::Ordering::SeqCst);
+        sandcell::testing::MockReply::stdout("")
+    });
+    let mut caps = mock.capabilities();
+    caps.interactive_exec = false;
+    let mock = mock.with_capabilities(caps);
+    let backend: Arc<dyn SandboxBackend> = Arc::new(mock.clone());
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let err = JsonLinesSession::start(
+        Arc::clone(&backend),
+        &sandbox.id,
+        ExecRequest::new(["agent"]),
+        JsonLinesOptions::default(),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(
+        !ran.load(std::sync::atomic::Ordering::SeqCst),
+        "nothing ran"
+    );
+    backend.destroy(&sandbox.id).await.unwrap();
+}
