@@ -88,7 +88,8 @@ impl Capture {
         self.pending.incremental
     }
 
-    /// The manifest of the blob, once [`blob`](Self::blob) has been read to its end.
+    /// The manifest of the blob, once the [taken blob](Self::take_blob) has been read to
+    /// its end.
     pub async fn finish(self) -> Result<SnapshotManifest> {
         self.pending.finish().await
     }
