@@ -289,8 +289,9 @@ impl DockerBackend {
     ) -> Result<()> {
         let config = &self.inner.config;
         let agent = config.agent.is_some();
-        let user = spec.user.clone().or_else(|| config.user.clone());
         let body = crate::hardening::container_body(spec, config, image, task_network);
+        // The user the container runs as, as the hardening chose it.
+        let user = body.user.clone();
         self.inner
             .docker
             .create_container(
