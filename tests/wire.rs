@@ -99,3 +99,72 @@ async fn a_connection_lost_mid_call_fails_that_call_and_every_later_one() {
         assert_eq!(err.kind(), ErrorKind::Unavailable, "{what}: {err}");
     }
 }
+
+/// A server facing untrusted clients bounds what they send: a file over its cap and an
+/// import asking for more than its archive caps are refused, and the connection lives on.
+#[tokio::test]
+async fn a_server_bounds_files_and_archives_whatever_the_client_asks() {
+    use std::sync::Arc;
+
+    use sandcell::archive::{ArchiveLimits, ImportOptions};
+    use sandcell::wire::{serve_with, ServeOptions};
+    use sandcell::{SandboxBackend, SandboxSpec};
+
+    let backend = Arc::new(sandcell::testing::MockBackend::new());
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let (agent, caller) = tokio::io::duplex(64 * 1024);
+    let (agent_read, agent_write) = tokio::io::split(agent);
+    let options = ServeOptions::default()
+        .max_file_bytes(3 << 20)
+        .archive_limits(ArchiveLimits::default().max_entries(2));
+    tokio::spawn(serve_with(
+        options,
+        backend.clone(),
+        sandbox.id.clone(),
+        agent_read,
+        agent_write,
+    ));
+    let (read, write) = tokio::io::split(caller);
+    let client = WireClient::new(read, write);
+
+    let path = "big.bin".parse().unwrap();
+    let err = client
+        .write(&path, vec![7u8; 4 << 20].into())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert_eq!(
+        client.stat(&path).await.unwrap_err().kind(),
+        ErrorKind::NotFound,
+        "nothing written"
+    );
+    client
+        .write(&path, vec![7u8; 3 << 20].into())
+        .await
+        .unwrap();
+
+    // Three entries against a cap of two, though the client allows a million.
+    let mut tar = tar::Builder::new(Vec::new());
+    for name in ["a", "b", "c"] {
+        let mut header = tar::Header::new_gnu();
+        header.set_size(1);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(&mut header, name, &b"x"[..]).unwrap();
+    }
+    let tar = bytes::Bytes::from(tar.into_inner().unwrap());
+    let stream = futures::stream::once(async move { Ok(tar) });
+    let err = client
+        .import_tar(
+            &"dir".parse().unwrap(),
+            Box::pin(stream),
+            ImportOptions::merge(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert!(
+        client.closed().is_none(),
+        "the connection outlives a refusal"
+    );
+}

@@ -82,6 +82,17 @@ impl ArchiveLimits {
         self
     }
 
+    /// Each cap the smaller of these and `cap`'s: how a server bounds the limits a
+    /// client asks for.
+    pub fn at_most(&self, cap: &ArchiveLimits) -> ArchiveLimits {
+        ArchiveLimits {
+            max_bytes: self.max_bytes.min(cap.max_bytes),
+            max_entries: self.max_entries.min(cap.max_entries),
+            max_depth: self.max_depth.min(cap.max_depth),
+            max_name_len: self.max_name_len.min(cap.max_name_len),
+        }
+    }
+
     /// The most raw tar bytes an archive within these caps can take: contents plus
     /// headers, long-name records and padding. Readers stop at this many bytes, so a
     /// decompression bomb (or garbage after the end marker) cannot run on forever.

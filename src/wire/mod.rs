@@ -42,4 +42,4 @@ mod proto;
 mod server;
 
 pub use client::WireClient;
-pub use server::serve;
+pub use server::{serve, serve_with, ServeOptions};

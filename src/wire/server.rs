@@ -10,18 +10,70 @@ use tokio::sync::mpsc;
 use super::frame::{Frame, Kind, ERR, MAIN};
 use super::mux::Mux;
 use super::proto::{self, Call, Reply, WireError};
+use crate::archive::ArchiveLimits;
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::process::OutputStream;
 use crate::sandbox::SandboxId;
 
+/// What a serving side accepts from its client: the bounds a server facing untrusted
+/// callers sets (an agent inside its own sandbox can keep the defaults).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ServeOptions {
+    /// The largest file a `write` may carry; more is [`ErrorKind::LimitExceeded`]
+    /// (default 1 GiB: a written file is held in memory before it is stored).
+    pub max_file_bytes: u64,
+    /// Caps on every archive import: the client's own limits apply, each at most this
+    /// (default [`ArchiveLimits::default`]).
+    pub archive_limits: ArchiveLimits,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        ServeOptions {
+            max_file_bytes: 1 << 30,
+            archive_limits: ArchiveLimits::default(),
+        }
+    }
+}
+
+impl ServeOptions {
+    /// Sets the largest file a `write` may carry.
+    pub fn max_file_bytes(mut self, bytes: u64) -> Self {
+        self.max_file_bytes = bytes;
+        self
+    }
+
+    /// Sets the caps on archive imports.
+    pub fn archive_limits(mut self, limits: ArchiveLimits) -> Self {
+        self.archive_limits = limits;
+        self
+    }
+}
+
 /// Serves sandbox `sandbox` of `backend` to one [`WireClient`](super::WireClient) over a
-/// connection, until the client closes it.
+/// connection, until the client closes it, with the default [`ServeOptions`].
 ///
 /// Returns once the connection has ended and every request it started has finished.
 /// A command still running when the connection ends is killed: nobody is left to read
 /// its result.
 pub async fn serve<R, W>(
+    backend: Arc<dyn SandboxBackend>,
+    sandbox: SandboxId,
+    reader: R,
+    writer: W,
+) -> Result<()>
+where
+    R: AsyncRead + Send + Unpin + 'static,
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    serve_with(ServeOptions::default(), backend, sandbox, reader, writer).await
+}
+
+/// [`serve`] with the bounds of `options`.
+pub async fn serve_with<R, W>(
+    options: ServeOptions,
     backend: Arc<dyn SandboxBackend>,
     sandbox: SandboxId,
     reader: R,
@@ -37,7 +89,7 @@ where
         let (backend, sandbox, alive) = (Arc::clone(&backend), sandbox.clone(), alive.clone());
         tokio::spawn(async move {
             let id = frame.id;
-            handle(&*backend, &sandbox, &mux, frame, rx).await;
+            handle(&options, &*backend, &sandbox, &mux, frame, rx).await;
             mux.close(id);
             drop(alive);
         });
@@ -50,6 +102,7 @@ where
 }
 
 async fn handle(
+    options: &ServeOptions,
     backend: &dyn SandboxBackend,
     sandbox: &SandboxId,
     mux: &Arc<Mux>,
@@ -91,6 +144,16 @@ async fn handle(
             let mut result = Ok(());
             while let Some(chunk) = body.next().await {
                 match chunk {
+                    Ok(chunk) if (data.len() + chunk.len()) as u64 > options.max_file_bytes => {
+                        result = Err(Error::new(
+                            ErrorKind::LimitExceeded,
+                            format!(
+                                "writing {path}: the file is larger than the {} bytes this server accepts",
+                                options.max_file_bytes
+                            ),
+                        ));
+                        break;
+                    }
                     Ok(chunk) => data.extend_from_slice(&chunk),
                     Err(e) => {
                         result = Err(e);
@@ -119,9 +182,13 @@ async fn handle(
             }
             Err(e) => reply(Err(e)),
         },
-        Call::ImportTar { path, options } => {
+        Call::ImportTar {
+            path,
+            options: mut import,
+        } => {
+            import.limits = import.limits.at_most(&options.archive_limits);
             let tar = incoming(Arc::clone(mux), id, rx);
-            let result = backend.import_tar(sandbox, &path, tar, options).await;
+            let result = backend.import_tar(sandbox, &path, tar, import).await;
             reply(value(result));
         }
         Call::ExportChanges => match backend.export_changes(sandbox).await {
