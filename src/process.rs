@@ -91,6 +91,14 @@ impl Process {
         }
     }
 
+    /// A command that already ran, its whole output in hand (a buffered exec API); for
+    /// backend implementors. Waiting answers `status`; kill and signals do nothing.
+    pub fn finished(stdout: Bytes, stderr: Bytes, status: ExitStatus) -> Self {
+        let once =
+            |data: Bytes| futures::stream::iter((!data.is_empty()).then_some(Ok(data))).boxed();
+        Process::new(Box::new(Finished(status)), None, once(stdout), once(stderr))
+    }
+
     /// Sets the output cap the sandbox's spec asks for (`Limits::output_bytes`), used by
     /// collectors when the request sets none; for backend implementors.
     pub fn with_output_limit(mut self, limit: Option<usize>) -> Self {
@@ -194,21 +202,27 @@ async fn drain(stream: Option<OutputStream>, limit: usize) -> Result<(Bytes, boo
     Ok((buf.freeze(), truncated))
 }
 
+/// The control of [`Process::finished`]: the status is known, nothing runs.
+struct Finished(ExitStatus);
+
+#[async_trait]
+impl ProcessControl for Finished {
+    async fn wait(&mut self) -> Result<ExitStatus> {
+        Ok(self.0)
+    }
+
+    async fn kill(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    async fn signal(&mut self, _signal: i32) -> Result<()> {
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    struct Fixed(ExitStatus);
-
-    #[async_trait]
-    impl ProcessControl for Fixed {
-        async fn wait(&mut self) -> Result<ExitStatus> {
-            Ok(self.0)
-        }
-        async fn kill(&mut self) -> Result<()> {
-            Ok(())
-        }
-    }
 
     fn chunks(parts: &[&'static [u8]]) -> OutputStream {
         let items: Vec<Result<Bytes>> = parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
@@ -218,7 +232,7 @@ mod tests {
     #[tokio::test]
     async fn collect_caps_each_stream_and_keeps_draining() {
         let p = Process::new(
-            Box::new(Fixed(ExitStatus::exited(0))),
+            Box::new(Finished(ExitStatus::exited(0))),
             None,
             chunks(&[b"hello ", b"world", b"!!!"]),
             chunks(&[b"e"]),
@@ -234,7 +248,7 @@ mod tests {
     #[tokio::test]
     async fn events_end_with_exit() {
         let p = Process::new(
-            Box::new(Fixed(ExitStatus::exited(7))),
+            Box::new(Finished(ExitStatus::exited(7))),
             None,
             chunks(&[b"a"]),
             chunks(&[b"b"]),

@@ -6,24 +6,24 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
 use reqwest::Method;
-use sandcell::archive::{ImportMode, ImportOptions};
+use sandcell::archive::ImportOptions;
+use sandcell::wire::WireClient;
 use sandcell::{
-    ByteStream, Capabilities, DirEntry, Error, ErrorKind, ExecRequest, ExitStatus, FileInfo,
-    LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
-    SandboxSpec,
+    ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, ExitStatus,
+    FileInfo, LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo,
+    SandboxPath, SandboxSpec,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::exec_files::ExecFiles;
 use crate::fly::{ControlPlane, FlyMachines};
-use crate::http::{api_error, transport_error, Body, Call, Http, RateLimits, RetryPolicy};
+use crate::http::{Body, Call, Http, RateLimits, RetryPolicy};
 use crate::protocol::{
-    CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig, PathBody, ServerInfo,
-    SPEC_METADATA,
+    CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig, ServerInfo, SPEC_METADATA,
 };
 use crate::state::MachineState;
+use crate::wires::Wires;
 
 /// Where the API is and how to talk to it.
 #[derive(Clone, Serialize, Deserialize)]
@@ -173,10 +173,11 @@ pub struct RemoteBackend {
 #[derive(Debug)]
 struct Inner {
     config: RemoteConfig,
-    http: Arc<Http>,
     control: Arc<dyn ControlPlane>,
     /// The sandcell server's description; `None` on a plain Fly Machines endpoint.
     server: Option<ServerInfo>,
+    /// Each machine's wire connection, on a sandcell server.
+    wires: Wires,
     /// Files over `exec`, for a plain endpoint.
     files: ExecFiles,
     /// Each sandbox's spec, for exec on a plain endpoint: its workdir, command timeout
@@ -221,12 +222,13 @@ impl RemoteBackend {
             Arc::clone(&control),
             config.workspace.clone().unwrap_or_default(),
         );
+        let wires = Wires::new(Arc::clone(&http), config.app.clone(), config.call_timeout);
         Ok(RemoteBackend {
             inner: Arc::new(Inner {
                 config,
-                http,
                 control,
                 server,
+                wires,
                 files,
                 specs: Default::default(),
             }),
@@ -243,50 +245,11 @@ impl RemoteBackend {
         self.inner.server.is_some()
     }
 
-    fn machine_path(&self, id: &SandboxId) -> String {
-        format!("/v1/apps/{}/machines/{id}", self.inner.config.app)
-    }
-
-    /// Files over `exec`, when the endpoint has no sandcell extensions.
-    fn over_exec(&self) -> Option<&ExecFiles> {
-        self.inner.server.is_none().then_some(&self.inner.files)
-    }
-
-    /// A call to one of the extension routes of machine `id`.
-    fn extension<'a>(
-        &self,
-        method: Method,
-        id: &SandboxId,
-        tail: &str,
-        body: Body<'a>,
-    ) -> Call<'a> {
-        Call::extension(method, format!("{}{tail}", self.machine_path(id)), body)
-    }
-
-    async fn filesystem<T: serde::de::DeserializeOwned>(
-        &self,
-        id: &SandboxId,
-        call: &str,
-        body: PathBody,
-    ) -> Result<T> {
-        let value = serde_json::to_value(&body)
-            .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding a path", e))?;
-        let mut request = self.extension(
-            Method::POST,
-            id,
-            &format!("/filesystem.Filesystem/{call}"),
-            Body::Json(&value),
-        );
-        // Stat and ListDir only read.
-        request.idempotent = matches!(call, "Stat" | "ListDir");
-        self.inner.http.json(request).await
-    }
-
-    fn path_body(path: &SandboxPath) -> PathBody {
-        PathBody {
-            path: path.clone(),
-            destination: None,
-            recursive: false,
+    /// Where machine `id`'s commands and files go.
+    async fn route(&self, id: &SandboxId) -> Result<Route<'_>> {
+        match &self.inner.server {
+            Some(_) => Ok(Route::Wire(self.inner.wires.get(id).await?)),
+            None => Ok(Route::Exec(&self.inner.files)),
         }
     }
 
@@ -325,17 +288,12 @@ impl RemoteBackend {
     }
 }
 
-/// A query value, percent-encoded.
-fn encode(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for b in value.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~/".contains(&b) {
-            out.push(char::from(b));
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
+/// Where a machine's commands and files go.
+enum Route<'a> {
+    /// sandcell-server: the machine's wire connection.
+    Wire(WireClient),
+    /// A plain Fly endpoint: shell scripts over the buffered `exec`.
+    Exec(&'a ExecFiles),
 }
 
 /// What sandcell knows of a machine.
@@ -473,6 +431,7 @@ impl SandboxBackend for RemoteBackend {
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
         self.inner.control.destroy(id.as_str()).await?;
+        self.inner.wires.forget(id);
         crate::lock(&self.inner.specs).remove(id);
         Ok(())
     }
@@ -494,13 +453,8 @@ impl SandboxBackend for RemoteBackend {
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
         request.validate()?;
-        if self.inner.server.is_some() {
-            return crate::process::start(
-                Arc::clone(&self.inner.http),
-                self.machine_path(id),
-                request,
-            )
-            .await;
+        if let Route::Wire(wire) = self.route(id).await? {
+            return wire.exec(request).await;
         }
         // A plain endpoint runs the command to its end and answers text. Its exec has
         // no cwd or env and cannot tell a missing program: a wrapper does those, and
@@ -542,7 +496,7 @@ impl SandboxBackend for RemoteBackend {
         // timeout had passed is taken to have timed out.
         let timed_out =
             status.code.is_none() && request.timeout.is_some_and(|t| started.elapsed() >= t);
-        Ok(crate::process::finished(
+        Ok(Process::finished(
             Bytes::from(answer.stdout),
             Bytes::from(answer.stderr),
             status.with_timed_out(timed_out),
@@ -551,96 +505,70 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
-        if let Some(files) = self.over_exec() {
-            return files.read(id, path).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.read(path).await,
+            Route::Exec(files) => files.read(id, path).await,
         }
-        let call = self.extension(
-            Method::GET,
-            id,
-            &format!("/files?path={}", encode(path.as_str())),
-            Body::None,
-        );
-        let response = self.inner.http.send(call).await?;
-        response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(&format!("reading {path}"), &e))
     }
 
     async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
-        if let Some(files) = self.over_exec() {
-            return files.write(id, path, data).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.write(path, data).await,
+            Route::Exec(files) => files.write(id, path, data).await,
         }
-        let call = self.extension(
-            Method::POST,
-            id,
-            &format!("/files?path={}", encode(path.as_str())),
-            Body::Bytes(data),
-        );
-        self.inner.http.send(call).await.map(drop)
     }
 
     async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
-        if let Some(files) = self.over_exec() {
-            return files.stat(id, path).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.stat(path).await,
+            Route::Exec(files) => files.stat(id, path).await,
         }
-        self.filesystem(id, "Stat", Self::path_body(path)).await
     }
 
     async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>> {
-        if let Some(files) = self.over_exec() {
-            return files.list_dir(id, path).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.list_dir(path).await,
+            Route::Exec(files) => files.list_dir(id, path).await,
         }
-        self.filesystem(id, "ListDir", Self::path_body(path)).await
     }
 
     async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()> {
-        if let Some(files) = self.over_exec() {
-            return files.remove(id, path, recursive).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.remove(path, recursive).await,
+            Route::Exec(files) => files.remove(id, path, recursive).await,
         }
-        let mut body = Self::path_body(path);
-        body.recursive = recursive;
-        self.filesystem::<serde_json::Value>(id, "Remove", body)
-            .await
-            .map(drop)
     }
 
     async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
-        if let Some(files) = self.over_exec() {
-            return files.mkdir(id, path).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.mkdir(path).await,
+            Route::Exec(files) => files.mkdir(id, path).await,
         }
-        self.filesystem::<serde_json::Value>(id, "MakeDir", Self::path_body(path))
-            .await
-            .map(drop)
     }
 
     async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
-        if let Some(files) = self.over_exec() {
-            return files.rename(id, from, to).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.rename(from, to).await,
+            Route::Exec(files) => files.rename(id, from, to).await,
         }
-        let mut body = Self::path_body(from);
-        body.destination = Some(to.clone());
-        self.filesystem::<serde_json::Value>(id, "Move", body)
-            .await
-            .map(drop)
     }
 
     async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
-        if let Some(files) = self.over_exec() {
-            return files.export_tar(id, path).await;
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.export_tar(path).await,
+            Route::Exec(files) => files.export_tar(id, path).await,
         }
-        let call = self.extension(
-            Method::GET,
-            id,
-            &format!("/archive?path={}", encode(path.as_str())),
-            Body::None,
-        );
-        let response = self.inner.http.send(call).await?;
-        let what = format!("exporting {path}");
-        Ok(response
-            .bytes_stream()
-            .map(move |chunk| chunk.map_err(|e| transport_error(&what, &e)))
-            .boxed())
+    }
+
+    async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+        match self.route(id).await? {
+            // Whether the served backend can is in its capabilities; the wire answers
+            // `Unsupported` where it cannot.
+            Route::Wire(wire) => wire.export_changes().await,
+            Route::Exec(_) => Err(Error::unsupported(
+                "a plain Fly endpoint cannot list a machine's changes",
+            )),
+        }
     }
 
     async fn import_tar(
@@ -650,44 +578,9 @@ impl SandboxBackend for RemoteBackend {
         tar: ByteStream,
         options: ImportOptions,
     ) -> Result<()> {
-        if let Some(files) = self.over_exec() {
-            return files.import_tar(id, path, tar, options).await;
-        }
-        let mode = match options.mode {
-            ImportMode::Replace => "replace",
-            _ => "merge",
-        };
-        let limits = options.limits;
-        let route = format!(
-            "{}/archive?path={}&mode={mode}&max_bytes={}&max_entries={}&max_depth={}&max_name_len={}",
-            self.machine_path(id),
-            encode(path.as_str()),
-            limits.max_bytes,
-            limits.max_entries,
-            limits.max_depth,
-            limits.max_name_len,
-        );
-        let what = format!("PUT {route}");
-        // The caller's stream is spooled first: an error it raises then fails the import
-        // before the upload starts. Aborting an upload half-way would return before the
-        // server had cleaned up after its import, so a caller could see its staging.
-        let mut spooled = crate::exec_files::spool(tar, limits.max_stream_bytes()).await?;
-        std::io::Seek::rewind(&mut spooled)
-            .map_err(|e| Error::io("rewinding the spooled archive", e))?;
-        let body = sandcell::stream::reader_to_stream(spooled);
-        // The body is read once, so this call is never retried.
-        let response = self
-            .inner
-            .http
-            .request(Method::PUT, &route)
-            .body(reqwest::Body::wrap_stream(body))
-            .send()
-            .await
-            .map_err(|e| transport_error(&what, &e))?;
-        if response.status().is_success() {
-            Ok(())
-        } else {
-            Err(api_error(&what, response).await)
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.import_tar(path, tar, options).await,
+            Route::Exec(files) => files.import_tar(id, path, tar, options).await,
         }
     }
 }

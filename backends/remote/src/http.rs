@@ -163,7 +163,6 @@ impl<'a> Call<'a> {
 pub(crate) enum Body<'a> {
     None,
     Json(&'a serde_json::Value),
-    Bytes(bytes::Bytes),
 }
 
 /// The shared client.
@@ -247,7 +246,6 @@ impl Http {
             request = match &call.body {
                 Body::None => request,
                 Body::Json(value) => request.json(value),
-                Body::Bytes(bytes) => request.body(bytes.clone()),
             };
             // The deadline bounds the wait for the answer's head only: a streamed body
             // (a command's events, an archive) may take as long as it takes.

@@ -4,7 +4,7 @@
 //!
 //! | piece | what it does |
 //! |---|---|
-//! | [`RemoteBackend`] | [`SandboxBackend`](sandcell::SandboxBackend) over the API: lifecycle through the [`ControlPlane`]; commands streamed and files moved through sandcell-server's extensions, or over the plain `exec` (shell scripts, base64 chunks) on a Fly endpoint without them |
+//! | [`RemoteBackend`] | [`SandboxBackend`](sandcell::SandboxBackend) over the API: lifecycle through the [`ControlPlane`]; commands, files and archives over sandcell's wire protocol on one upgraded connection per machine (sandcell-server), or over the plain `exec` (shell scripts, base64 chunks) on a Fly endpoint without them |
 //! | [`FlyMachines`] | the Fly Machines control plane: create (resolving lost answers by name), get, list, wait (looping past the API's 60 s cap), suspend, start, stop, restart, destroy, exec |
 //! | [`RetryPolicy`], [`RateLimits`] | retries of calls safe to repeat (connection errors, 408, 429 with `Retry-After`, 5xx) with capped exponential backoff; client-side token buckets per machine and action |
 //! | [`server`] | the axum router `sandcell-server` serves |
@@ -18,11 +18,11 @@ mod exec_files;
 mod fly;
 mod http;
 mod plain_exec;
-mod process;
 pub mod protocol;
 #[cfg(feature = "server")]
 pub mod server;
 mod state;
+mod wires;
 
 pub use backend::{RemoteBackend, RemoteConfig};
 pub use fly::{ControlPlane, FlyMachines};

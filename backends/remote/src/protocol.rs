@@ -1,15 +1,13 @@
 //! The bodies both ends exchange: the subset of the Fly Machines API sandcell uses, and
-//! sandcell-server's extensions (streaming exec events, file-system calls, errors with
-//! their sandcell kind).
+//! sandcell-server's extensions (its capabilities, the upgrade to the wire protocol,
+//! errors with their sandcell kind).
 //!
 //! Fly bodies skip every field sandcell does not set, so what goes over the wire is
 //! exactly what the published schema declares (the contract tests check that).
 
 use std::collections::BTreeMap;
 
-use base64::Engine as _;
-use bytes::Bytes;
-use sandcell::{Error, ErrorKind, ExecRequest, ExitStatus, SandboxPath};
+use sandcell::{Error, ErrorKind};
 use serde::{Deserialize, Serialize};
 
 /// Metadata key carrying the whole sandcell spec as JSON, so a sandcell server can
@@ -208,80 +206,9 @@ pub fn kind_for(status: u16) -> ErrorKind {
     }
 }
 
-/// `POST .../sandcell/exec`: the request, with stdin apart (base64) because the
-/// request's own stdin field is bytes.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct StreamExecBody {
-    /// The command (its `stdin` unset).
-    pub request: ExecRequest,
-    /// Bytes written to stdin, then closed; `None` keeps stdin open for
-    /// `.../sandcell/processes/{process}/stdin`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub stdin: Option<B64>,
-}
-
-/// One line of a streaming exec's answer (newline-delimited JSON).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
-#[serde(rename_all = "snake_case")]
-pub enum ExecEvent {
-    /// First: the id that stdin, signal and kill calls name.
-    Started {
-        /// The process id on the server.
-        process: String,
-        /// The sandbox's default output cap ([`sandcell::Process::output_limit`]).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        output_limit: Option<usize>,
-    },
-    /// A chunk of stdout.
-    Stdout(B64),
-    /// A chunk of stderr.
-    Stderr(B64),
-    /// Last on success.
-    Exit(ExitStatus),
-    /// Last on failure.
-    Error(ErrorBody),
-}
-
-/// `POST .../sandcell/processes/{process}/signal`.
-#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
-pub struct SignalBody {
-    /// The Unix signal number.
-    pub signal: i32,
-}
-
-/// Bytes as base64 in JSON.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct B64(pub Bytes);
-
-impl Serialize for B64 {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(&base64::engine::general_purpose::STANDARD.encode(&self.0))
-    }
-}
-
-impl<'de> Deserialize<'de> for B64 {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let text = String::deserialize(d)?;
-        base64::engine::general_purpose::STANDARD
-            .decode(text)
-            .map(|v| B64(Bytes::from(v)))
-            .map_err(serde::de::Error::custom)
-    }
-}
-
-/// The body of the file-system calls (`POST .../filesystem.Filesystem/{Call}`, in the
-/// style of E2B's envd): one path, or a move's source and destination.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct PathBody {
-    /// The path (`Stat`, `ListDir`, `MakeDir`, `Remove`) or the source (`Move`).
-    pub path: SandboxPath,
-    /// `Move`'s destination.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub destination: Option<SandboxPath>,
-    /// `Remove` of a non-empty directory.
-    #[serde(default)]
-    pub recursive: bool,
-}
+/// The `Upgrade` token of `GET .../sandcell/wire`: the connection then speaks
+/// [sandcell's wire protocol](sandcell::wire) for the machine.
+pub const WIRE_UPGRADE: &str = "sandcell-wire";
 
 /// `GET /sandcell/capabilities`: what the served backend can do.
 #[derive(Debug, Clone, Serialize, Deserialize)]

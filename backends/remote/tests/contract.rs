@@ -18,15 +18,7 @@ use serde_json::Value;
 
 /// Routes that are sandcell-server's own extensions, not Fly's.
 fn is_extension(path: &str) -> bool {
-    path.starts_with("/v1/sandcell/")
-        || [
-            "/sandcell/",
-            "/files?",
-            "/archive?",
-            "/filesystem.Filesystem/",
-        ]
-        .iter()
-        .any(|marker| path.contains(marker))
+    path.starts_with("/v1/sandcell/") || path.contains("/sandcell/")
 }
 
 /// Checks one recorded request against the spec; answers its templated route.

@@ -227,3 +227,95 @@ async fn a_streamed_command_may_outlast_the_call_deadline() {
     assert_eq!(out.stdout_str(), "done\n");
     patient.destroy(&sandbox.id).await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_wire_connection_is_reopened_by_the_next_call() {
+    let (server, proxy, backend) = setup().await;
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let run = |backend: RemoteBackend, id: sandcell::SandboxId| async move {
+        sandcell::SandboxBackendExt::run(&backend, &id, sandcell::ExecRequest::new(["echo", "hi"]))
+            .await
+    };
+    assert_eq!(
+        run(backend.clone(), sandbox.id.clone())
+            .await
+            .unwrap()
+            .stdout_str(),
+        "hi\n"
+    );
+    assert_eq!(
+        run(backend.clone(), sandbox.id.clone())
+            .await
+            .unwrap()
+            .stdout_str(),
+        "hi\n"
+    );
+    assert_eq!(
+        count(&proxy, "GET", "/sandcell/wire"),
+        1,
+        "one connection, reused"
+    );
+
+    proxy.cut_upgraded();
+    // The client notices the closed connection as its reader sees the end.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        run(backend.clone(), sandbox.id.clone())
+            .await
+            .unwrap()
+            .stdout_str(),
+        "hi\n"
+    );
+    assert_eq!(count(&proxy, "GET", "/sandcell/wire"), 2, "reopened once");
+
+    backend.destroy(&sandbox.id).await.unwrap();
+    assert_eq!(machines(&server).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_wire_route_serves_only_an_upgrade_to_the_callers_own_machine() {
+    let server = common::serve_local().await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN).app("mine"))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let http = reqwest::Client::new();
+    let route = |app: &str| {
+        format!(
+            "{}/v1/apps/{app}/machines/{}/sandcell/wire",
+            server.url, sandbox.id
+        )
+    };
+    let status = |request: reqwest::RequestBuilder| async move {
+        request.send().await.unwrap().status().as_u16()
+    };
+    let upgrade = |request: reqwest::RequestBuilder| {
+        request
+            .header("connection", "upgrade")
+            .header("upgrade", "sandcell-wire")
+    };
+    assert_eq!(
+        status(upgrade(http.get(route("mine")))).await,
+        401,
+        "no token"
+    );
+    assert_eq!(
+        status(http.get(route("mine")).bearer_auth(common::TOKEN)).await,
+        426,
+        "no upgrade asked"
+    );
+    assert_eq!(
+        status(upgrade(
+            http.get(route("theirs")).bearer_auth(common::TOKEN)
+        ))
+        .await,
+        404,
+        "another app's machine"
+    );
+    backend.destroy(&sandbox.id).await.unwrap();
+    assert_eq!(
+        status(upgrade(http.get(route("mine")).bearer_auth(common::TOKEN))).await,
+        404,
+        "a destroyed machine"
+    );
+}

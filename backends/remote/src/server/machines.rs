@@ -28,13 +28,12 @@ pub(super) async fn server_info(State(state): State<AppState>) -> Json<ServerInf
     })
 }
 
-/// What a client gets: port publishing and incremental snapshots have no routes.
+/// What a client gets: port publishing has no route.
 pub(crate) fn served_capabilities(
     backend: &dyn sandcell::SandboxBackend,
 ) -> sandcell::Capabilities {
     let mut caps = backend.capabilities();
     caps.port_exposure = false;
-    caps.incremental_snapshot = false;
     caps
 }
 
@@ -285,6 +284,5 @@ pub(super) async fn destroy(
     let info = machine(&state, &app, &id).await?;
     state.backend.destroy(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
-    crate::lock(&state.processes).retain(|_, p| p.sandbox != info.id);
     Ok(super::ok())
 }

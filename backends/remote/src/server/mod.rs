@@ -1,5 +1,6 @@
 //! `sandcell-server`'s HTTP surface: any [`SandboxBackend`] served as the Fly Machines
-//! API subset sandcell's client uses, plus file, archive and streaming-exec endpoints.
+//! API subset sandcell's client uses, plus one upgrade to sandcell's wire protocol for
+//! everything done inside a machine.
 //!
 //! | route (under `/v1`) | what |
 //! |---|---|
@@ -9,21 +10,17 @@
 //! | `GET .../wait?state=&timeout=` | wait for a state, `408` after `timeout` (≤ 60 s) |
 //! | `POST .../suspend`, `.../stop`, `.../start`, `.../restart` | pause, pause, resume, reset |
 //! | `POST .../exec` | a command, buffered (Fly's shape) |
-//! | `POST .../sandcell/exec` | a command, streamed as newline-delimited [`ExecEvent`](crate::protocol::ExecEvent)s |
-//! | `POST .../sandcell/processes/{p}/stdin`, `.../signal`, `.../kill` | a streamed command's stdin (`?close=true` closes it) and signals |
-//! | `GET/POST .../files?path=` | read, write a file (raw bytes; E2B envd's style) |
-//! | `GET/PUT .../archive?path=&mode=` | export, import an uncompressed tar |
-//! | `POST .../filesystem.Filesystem/{Stat,ListDir,MakeDir,Move,Remove}` | file-system calls, JSON |
+//! | `GET .../sandcell/wire` | upgrades to sandcell's [wire protocol](sandcell::wire): every per-machine operation (streamed commands with stdin and signals, files, archives, changes) on one connection |
 //! | `GET /sandcell/capabilities` | the served backend and what it can do |
 //!
 //! Every route needs `Authorization: Bearer <token>` (or `FlyV1 <token>`). Errors are
 //! `{"error": ..., "kind": ...}` with a status from [`crate::protocol::status_for`].
 
 mod exec;
-mod files;
 mod machines;
+mod wire;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -51,13 +48,13 @@ pub struct ServerConfig {
     pub token: String,
     /// Largest JSON body accepted (default 1 MiB).
     pub max_json_bytes: usize,
-    /// Largest file accepted by `POST .../files` (default 64 MiB).
+    /// Largest file a client may write (default 64 MiB).
     pub max_file_bytes: usize,
-    /// Largest archive accepted by `PUT .../archive` (default 1 GiB).
+    /// Most file content one archive import may carry (default 1 GiB).
     pub max_archive_bytes: u64,
-    /// Whether sandcell's extensions (capabilities, streamed exec, files, archives) are
-    /// served (default true). Off, the server answers only the Fly Machines subset, as a
-    /// plain Fly endpoint does, and clients move files over `exec`.
+    /// Whether sandcell's extensions (capabilities, the wire protocol) are served
+    /// (default true). Off, the server answers only the Fly Machines subset, as a plain
+    /// Fly endpoint does, and clients move files over `exec`.
     pub extensions: bool,
 }
 
@@ -94,8 +91,6 @@ pub(crate) struct Shared {
     pub(crate) stopped: Mutex<HashSet<SandboxId>>,
     /// Serialises creates so a name is taken once.
     pub(crate) creating: tokio::sync::Mutex<()>,
-    /// Streamed commands still running, by process id.
-    pub(crate) processes: Mutex<HashMap<String, Arc<exec::Running>>>,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -109,10 +104,8 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         config,
         stopped: Mutex::new(HashSet::new()),
         creating: tokio::sync::Mutex::new(()),
-        processes: Mutex::new(HashMap::new()),
     });
     let machine = "/v1/apps/{app}/machines/{id}";
-    let unlimited = DefaultBodyLimit::disable();
     let fly = Router::new()
         .route(
             "/v1/apps/{app}/machines",
@@ -127,31 +120,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .route(&format!("{machine}/exec"), post(exec::buffered));
     let extended = Router::new()
         .route("/v1/sandcell/capabilities", get(machines::server_info))
-        .route(&format!("{machine}/sandcell/exec"), post(exec::streamed))
-        .route(
-            &format!("{machine}/sandcell/processes/{{process}}/stdin"),
-            post(exec::stdin).layer(unlimited),
-        )
-        .route(
-            &format!("{machine}/sandcell/processes/{{process}}/signal"),
-            post(exec::signal),
-        )
-        .route(
-            &format!("{machine}/sandcell/processes/{{process}}/kill"),
-            post(exec::kill),
-        )
-        .route(
-            &format!("{machine}/files"),
-            get(files::read).post(files::write).layer(unlimited),
-        )
-        .route(
-            &format!("{machine}/archive"),
-            get(files::export).put(files::import).layer(unlimited),
-        )
-        .route(
-            &format!("{machine}/filesystem.Filesystem/{{call}}"),
-            post(files::filesystem),
-        );
+        .route(&format!("{machine}/sandcell/wire"), get(wire::upgrade));
     let routes = if extensions { fly.merge(extended) } else { fly };
     routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })

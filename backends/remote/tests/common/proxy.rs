@@ -97,6 +97,7 @@ impl FaultProxy {
             upstream: upstream.trim_end_matches('/').to_owned(),
             client,
             state: Mutex::new(State::default()),
+            relays: Mutex::new(JoinSet::new()),
         });
         let accept = tokio::spawn(accept_loop(listener, Arc::clone(&shared)));
         FaultProxy {
@@ -120,6 +121,11 @@ impl FaultProxy {
         });
     }
 
+    /// Cuts every upgraded connection being relayed (both sides see it close).
+    pub(crate) fn cut_upgraded(&self) {
+        self.shared.relays().abort_all();
+    }
+
     /// Drops every queued fault.
     pub(crate) fn clear(&self) {
         self.shared.state().rules.clear();
@@ -134,6 +140,7 @@ impl FaultProxy {
 impl Drop for FaultProxy {
     fn drop(&mut self) {
         self.accept.abort();
+        self.shared.relays().abort_all();
     }
 }
 
@@ -166,6 +173,8 @@ struct Shared {
     upstream: String,
     client: reqwest::Client,
     state: Mutex<State>,
+    /// Upgraded connections being relayed; aborted with the proxy.
+    relays: Mutex<JoinSet<()>>,
 }
 
 impl Shared {
@@ -173,6 +182,12 @@ impl Shared {
         // A test that panicked while holding the lock already failed; a poison error here
         // would only bury that failure under a second one.
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn relays(&self) -> MutexGuard<'_, JoinSet<()>> {
+        let mut relays = self.relays.lock().unwrap_or_else(PoisonError::into_inner);
+        while relays.try_join_next().is_some() {}
+        relays
     }
 
     /// Records a request and picks its fault, in one critical section so that the
@@ -222,13 +237,20 @@ async fn serve(stream: TcpStream, shared: Arc<Shared>) {
     // connection error. The error itself (ours, or a client hanging up) is of no interest.
     let _ = http1::Builder::new()
         .serve_connection(TokioIo::new(stream), service)
+        .with_upgrades()
         .await;
 }
 
 async fn handle(
     shared: Arc<Shared>,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
 ) -> Result<Response<ProxyBody>, BoxError> {
+    // An upgrade (sandcell's wire protocol) is relayed byte for byte once both sides
+    // have switched; faults apply to the request that asks for it.
+    let upgrade = req
+        .headers()
+        .contains_key(header::UPGRADE)
+        .then(|| hyper::upgrade::on(&mut req));
     let (parts, body) = req.into_parts();
     // Buffered whole: test bodies are small, and the recording needs the bytes anyway.
     let body = body.collect().await?.to_bytes();
@@ -244,7 +266,10 @@ async fn handle(
         .map(str::to_owned);
 
     match shared.admit(&method, &path, &body, content_type) {
-        Fault::Pass => Ok(forward(&shared, &parts, &path, body).await),
+        Fault::Pass => match upgrade {
+            Some(client_side) => Ok(forward_upgrade(&shared, &parts, &path, client_side).await),
+            None => Ok(forward(&shared, &parts, &path, body).await),
+        },
         Fault::Delay(wait) => {
             tokio::time::sleep(wait).await;
             Ok(forward(&shared, &parts, &path, body).await)
@@ -280,6 +305,56 @@ async fn forward(shared: &Shared, parts: &Parts, path: &str, body: Bytes) -> Res
             json_response(StatusCode::BAD_GATEWAY, &message)
         }
     }
+}
+
+/// Forwards an upgrade request; once the upstream has switched protocols, answers the
+/// client the same and copies bytes both ways until either side closes.
+async fn forward_upgrade(
+    shared: &Arc<Shared>,
+    parts: &Parts,
+    path: &str,
+    client_side: hyper::upgrade::OnUpgrade,
+) -> Response<ProxyBody> {
+    let mut headers = end_to_end(&parts.headers);
+    headers.remove(header::HOST);
+    for name in [header::CONNECTION, header::UPGRADE] {
+        if let Some(value) = parts.headers.get(&name) {
+            headers.insert(name, value.clone());
+        }
+    }
+    let answer = shared
+        .client
+        .request(parts.method.clone(), format!("{}{path}", shared.upstream))
+        .headers(headers)
+        .send()
+        .await;
+    let answer = match answer {
+        Ok(answer) if answer.status() == StatusCode::SWITCHING_PROTOCOLS => answer,
+        Ok(answer) => return relay(answer),
+        Err(e) => {
+            let message = format!("fault proxy: upstream unreachable: {e}");
+            return json_response(StatusCode::BAD_GATEWAY, &message);
+        }
+    };
+    let mut response = Response::new(
+        Full::new(Bytes::new())
+            .map_err(|never: Infallible| match never {})
+            .boxed_unsync(),
+    );
+    *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
+    for name in [header::CONNECTION, header::UPGRADE] {
+        if let Some(value) = answer.headers().get(&name) {
+            response.headers_mut().insert(name, value.clone());
+        }
+    }
+    shared.relays().spawn(async move {
+        let (Ok(mut upstream), Ok(client)) = (answer.upgrade().await, client_side.await) else {
+            return;
+        };
+        let mut client = TokioIo::new(client);
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    });
+    response
 }
 
 async fn send_upstream(
