@@ -63,6 +63,12 @@ pub struct RemoteConfig {
     /// are relative to; unset, the directory commands start in.
     #[serde(default)]
     pub workspace: Option<String>,
+    /// On a plain Fly Machines endpoint, whether the workspace lives on storage that
+    /// outlives a restart (a Fly volume mounted there). Fly's restart recreates a
+    /// machine's root file system, so `reset` (which keeps the workspace) is offered
+    /// only when this is set (default false). A sandcell server says for itself.
+    #[serde(default)]
+    pub workspace_survives_restart: bool,
 }
 
 fn default_app() -> String {
@@ -109,6 +115,7 @@ impl RemoteConfig {
             call_timeout: default_call_timeout(),
             start_timeout: default_start_timeout(),
             workspace: None,
+            workspace_survives_restart: false,
         }
     }
 
@@ -145,6 +152,13 @@ impl RemoteConfig {
     /// Sets the workspace directory files over exec are relative to (plain endpoints).
     pub fn workspace(mut self, dir: impl Into<String>) -> Self {
         self.workspace = Some(dir.into());
+        self
+    }
+
+    /// Says the workspace outlives a machine restart (a Fly volume is mounted there), so
+    /// `reset` may restart the machine on a plain endpoint.
+    pub fn workspace_survives_restart(mut self, survives: bool) -> Self {
+        self.workspace_survives_restart = survives;
         self
     }
 }
@@ -353,10 +367,11 @@ impl SandboxBackend for RemoteBackend {
             Some(server) => server.capabilities,
             None => {
                 // A plain Fly Machines endpoint: machines have the network, a guest
-                // size, and nothing else a spec can ask for.
+                // size, and nothing else a spec can ask for. Its restart wipes the root
+                // file system, so reset keeps the workspace only on a volume.
                 let mut caps = Capabilities::none();
                 caps.pause = true;
-                caps.reset = true;
+                caps.reset = self.inner.config.workspace_survives_restart;
                 caps.cpu_limit = true;
                 caps.memory_limit = true;
                 caps.network_full = true;
@@ -447,6 +462,13 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn reset(&self, id: &SandboxId) -> Result<()> {
+        if !self.capabilities().reset {
+            return Err(Error::unsupported(
+                "reset on a plain Fly endpoint: a restart recreates the machine's root \
+                 file system, so the workspace would be lost (set \
+                 `workspace_survives_restart` when it lives on a volume)",
+            ));
+        }
         self.inner.control.restart(id.as_str()).await?;
         self.wait_for(id, MachineState::Started, None).await
     }
@@ -466,13 +488,10 @@ impl SandboxBackend for RemoteBackend {
         }
         request.timeout = request.timeout.or(spec.command_timeout);
         let workspace = self.inner.config.workspace.as_deref().unwrap_or("");
-        let (command, marker) = crate::plain_exec::wrap_command(&request, workspace);
+        let wrapped = crate::plain_exec::wrap_command(&request, workspace);
         let body = ExecBody {
-            command,
-            stdin: request
-                .stdin
-                .as_ref()
-                .map(|b| String::from_utf8_lossy(b).into_owned()),
+            command: wrapped.argv,
+            stdin: wrapped.stdin,
             // The API counts whole seconds.
             timeout: request
                 .timeout
@@ -482,11 +501,15 @@ impl SandboxBackend for RemoteBackend {
         let started = Instant::now();
         let answer = self.inner.control.exec(id.as_str(), &body).await?;
         let what = format!("running {:?}", request.argv[0]);
-        if let Some(e) =
-            crate::plain_exec::typed_failure(answer.exit_code, &answer.stderr, &marker, &what)
-        {
+        if let Some(e) = crate::plain_exec::typed_failure(
+            answer.exit_code,
+            &answer.stderr,
+            &wrapped.marker,
+            &what,
+        ) {
             return Err(e);
         }
+        crate::plain_exec::check_text_output(&answer.stdout, &answer.stderr, &what)?;
         let status = match (answer.exit_signal.filter(|s| *s > 0), answer.exit_code) {
             (Some(signal), _) => ExitStatus::signaled(signal),
             (None, Some(code)) => ExitStatus::exited(code),

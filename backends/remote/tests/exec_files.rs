@@ -240,3 +240,71 @@ async fn a_paused_session_is_thawed_for_its_snapshot_and_paused_again() {
     manager.release(&key, ReleaseMode::Purge).await.unwrap();
     manager.shutdown().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn binary_stdin_arrives_whole_and_binary_output_is_refused_not_corrupted() {
+    use sandcell::{ExecRequest, SandboxBackendExt};
+    let (_server, backend) = plain().await;
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let every_byte: Vec<u8> = (0..=255u8).chain(0..=255u8).collect();
+    let out = backend
+        .run(
+            &sandbox.id,
+            ExecRequest::new(["sh", "-c", "cat > bin.dat; echo stored"]).stdin(every_byte.clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "stored\n");
+    assert_eq!(
+        &backend.read(&sandbox.id, &p("bin.dat")).await.unwrap()[..],
+        &every_byte[..]
+    );
+    // Text stdin still goes as it is.
+    let out = backend
+        .run(&sandbox.id, ExecRequest::new(["cat"]).stdin("héllo\n"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "héllo\n");
+
+    let err = backend
+        .run(&sandbox.id, ExecRequest::new(["cat", "bin.dat"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("stdout"), "{err}");
+    backend.destroy(&sandbox.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reset_is_offered_only_when_the_workspace_outlives_a_restart() {
+    let (server, backend) = plain().await;
+    assert!(
+        !backend.capabilities().reset,
+        "Fly's restart wipes the root file system"
+    );
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let err = backend.reset(&sandbox.id).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    backend.destroy(&sandbox.id).await.unwrap();
+
+    let on_volume = RemoteBackend::connect(
+        RemoteConfig::new(&server.url, common::TOKEN).workspace_survives_restart(true),
+    )
+    .await
+    .unwrap();
+    assert!(on_volume.capabilities().reset);
+    let sandbox = on_volume
+        .create(&SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    on_volume
+        .write(&sandbox.id, &p("kept.txt"), Bytes::from_static(b"kept"))
+        .await
+        .unwrap();
+    on_volume.reset(&sandbox.id).await.unwrap();
+    assert_eq!(
+        &on_volume.read(&sandbox.id, &p("kept.txt")).await.unwrap()[..],
+        b"kept"
+    );
+    on_volume.destroy(&sandbox.id).await.unwrap();
+}
