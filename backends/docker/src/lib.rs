@@ -13,7 +13,8 @@
 //! for reconcile. Host mounts from the spec are bind mounts, read-only where asked.
 //!
 //! Capability checklist: pause, reset, host mounts (read-only enforced), network
-//! isolation, resource limits, symlinks, shell, port exposure (a forwarder on this
+//! isolation, resource limits, symlinks, shell, python (once every template image is
+//! prepared and has `python3` on its `PATH`), port exposure (a forwarder on this
 //! host's loopback to the container's address; not for a sandbox without a network). Not supported: incremental snapshots,
 //! network allowlists, disk limits.
 //!
@@ -29,6 +30,7 @@ mod error;
 mod hardening;
 mod image;
 mod ports;
+mod probe;
 mod task;
 #[cfg(feature = "testing")]
 pub mod testing;

@@ -585,3 +585,54 @@ async fn another_process_reaches_the_agent_through_the_relay() {
     );
     destroy(&creator, &sandbox.id).await;
 }
+
+/// `python` is claimed only for images with `python3` on their `PATH`, found by looking
+/// (through a symbolic link here), and then `execute_code` runs it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn python_is_claimed_for_an_image_that_has_it_and_only_then() {
+    if !common::engine_available().await {
+        return;
+    }
+    let plain = common::backend(true).await;
+    plain.prepare_images().await.unwrap();
+    assert!(!plain.capabilities().python, "busybox has no python3");
+
+    // A stand-in python3 (a shell reading the program from stdin) behind a link, in a
+    // PATH directory that is not the first.
+    let context = tempfile::tempdir().unwrap();
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        format!(
+            "FROM {}\nUSER root\nRUN mkdir -p /opt/py /usr/local/bin && \
+             printf '#!/bin/sh\\nexec sh -s\\n' > /opt/py/python3.11 && \
+             chmod 755 /opt/py/python3.11 && ln -s /opt/py/python3.11 /usr/local/bin/python3\n\
+             USER sandbox\nENV PATH=/bin:/usr/local/bin\n",
+            common::USER_IMAGE
+        ),
+    )
+    .unwrap();
+    let with_python = DockerBackend::builder()
+        .template(
+            "default",
+            ImageSpec::Build(BuildStage::new(
+                context.path(),
+                "sandcell-test/busybox-python:latest",
+            )),
+        )
+        .agent(common::agent_binary())
+        .build()
+        .unwrap();
+    assert!(
+        !with_python.capabilities().python,
+        "not known before the image is"
+    );
+    with_python.prepare_images().await.unwrap();
+    assert!(with_python.capabilities().python);
+    let sandbox = with_python.create(&spec("python")).await.unwrap();
+    let out = with_python
+        .execute_code(&sandbox.id, sandcell::Language::Python, "echo from-python3")
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "from-python3\n");
+    with_python.destroy(&sandbox.id).await.unwrap();
+}

@@ -74,6 +74,8 @@ struct Inner {
     paused: Mutex<HashSet<SandboxId>>,
     /// Ports published to this host's loopback.
     ports: crate::ports::Forwarders,
+    /// Per template whose image is prepared: whether `python3` is on its `PATH`.
+    python: Mutex<HashMap<String, bool>>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -132,6 +134,7 @@ impl DockerBackend {
                 settings: Mutex::new(HashMap::new()),
                 paused: Mutex::new(HashSet::new()),
                 ports: crate::ports::Forwarders::default(),
+                python: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -173,7 +176,12 @@ impl DockerBackend {
             user: config.user.clone(),
             workspace: config.workspace.clone(),
         };
-        self.inner.images.derive(&image, &layer).await
+        let prepared = self.inner.images.derive(&image, &layer).await?;
+        if !lock(&self.inner.python).contains_key(template) {
+            let python = crate::probe::has_python(&self.inner.docker, &prepared).await?;
+            lock(&self.inner.python).insert(template.to_owned(), python);
+        }
+        Ok(prepared)
     }
 
     fn workspace(&self) -> &str {
@@ -379,6 +387,16 @@ impl SandboxBackend for DockerBackend {
         caps.files_while_paused = true;
         caps.interactive_exec = true;
         caps.port_exposure = true;
+        // Known once every template's image is prepared (`prepare_images`, or the
+        // creates that needed them): true when each has python3 on its PATH.
+        let python = lock(&self.inner.python);
+        caps.python = !self.inner.config.templates.is_empty()
+            && self
+                .inner
+                .config
+                .templates
+                .keys()
+                .all(|t| python.get(t) == Some(&true));
         caps
     }
 

@@ -1,0 +1,94 @@
+//! What a prepared image offers that capabilities report: whether `python3` is on its
+//! `PATH`, read from the file system of a created, never started, container.
+
+use bollard::query_parameters::{
+    ContainerArchiveInfoOptions, CreateContainerOptions, RemoveContainerOptions,
+};
+use bollard::Docker;
+use sandcell::Result;
+
+use crate::error::engine;
+
+/// The `PATH` an image without one gets (Docker's default).
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// How many symbolic links a lookup follows before giving up.
+const MAX_LINKS: usize = 8;
+
+/// Whether an executable `python3` is in one of `image`'s `PATH` directories.
+pub(crate) async fn has_python(docker: &Docker, image: &str) -> Result<bool> {
+    let inspect = docker
+        .inspect_image(image)
+        .await
+        .map_err(|e| engine(format_args!("inspecting image {image}"), e))?;
+    let path = inspect
+        .config
+        .and_then(|c| c.env)
+        .unwrap_or_default()
+        .iter()
+        .find_map(|var| var.strip_prefix("PATH=").map(str::to_owned))
+        .unwrap_or_else(|| DEFAULT_PATH.to_owned());
+    let name = format!("sandcell-probe-{}", uuid::Uuid::new_v4().simple());
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image.to_owned()),
+        // Never started: the command only has to be there for the create.
+        cmd: Some(vec!["python3".to_owned()]),
+        entrypoint: Some(Vec::new()),
+        network_disabled: Some(true),
+        ..Default::default()
+    };
+    docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| engine(format_args!("creating a container to probe {image}"), e))?;
+    let mut found = false;
+    for dir in path.split(':').filter(|d| d.starts_with('/')) {
+        if is_executable(docker, &name, &format!("{dir}/python3")).await {
+            found = true;
+            break;
+        }
+    }
+    let _ = docker
+        .remove_container(
+            &name,
+            Some(RemoveContainerOptions {
+                force: true,
+                v: true,
+                ..Default::default()
+            }),
+        )
+        .await;
+    Ok(found)
+}
+
+/// Whether `path` in `container` is (or links to) a file someone may execute.
+async fn is_executable(docker: &Docker, container: &str, path: &str) -> bool {
+    let mut path = path.to_owned();
+    for _ in 0..MAX_LINKS {
+        let options = ContainerArchiveInfoOptions { path: path.clone() };
+        let Ok(stat) = docker
+            .get_container_archive_info(container, Some(options))
+            .await
+        else {
+            return false;
+        };
+        if stat.link_target.is_empty() {
+            // Go's FileMode: type bits at the top, permissions at the bottom.
+            let is_dir = stat.file_mode & (1 << 31) != 0;
+            return !is_dir && stat.file_mode & 0o111 != 0;
+        }
+        path = if stat.link_target.starts_with('/') {
+            stat.link_target
+        } else {
+            let dir = path.rsplit_once('/').map_or("", |(dir, _)| dir);
+            format!("{dir}/{}", stat.link_target)
+        };
+    }
+    false
+}
