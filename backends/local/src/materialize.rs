@@ -55,8 +55,11 @@ fn mount_overlay(dir: &SandboxDir, template: &Path) -> Result<()> {
             dir.path().display()
         )));
     }
+    // `redirect_dir=off` whatever the kernel's default: a renamed template directory is
+    // then copied up whole (see `contained::copy`), so the upper layer alone holds every
+    // change and the change export never needs to follow a redirect into the template.
     let options = format!(
-        "lowerdir={},upperdir={},workdir={}",
+        "lowerdir={},upperdir={},workdir={},redirect_dir=off",
         template.display(),
         upper.display(),
         work.display()

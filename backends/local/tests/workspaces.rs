@@ -461,3 +461,63 @@ async fn an_in_place_workspace_is_the_template_itself_and_survives_destroy() {
         "new"
     );
 }
+
+/// A directory that comes from the template (an overlay's lower layer, where rename(2)
+/// answers EXDEV) is moved whole: contents, links and modes, the source gone, the
+/// template untouched, and the change set says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_template_directory_renames_on_an_overlay_workspace() {
+    use std::os::unix::fs::PermissionsExt;
+    if !common::overlay_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let tpl = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(tpl.path().join("lib/sub")).unwrap();
+    std::fs::write(tpl.path().join("lib/a.txt"), "a").unwrap();
+    std::fs::write(tpl.path().join("lib/sub/run.sh"), "#!/bin/sh\n").unwrap();
+    std::fs::set_permissions(
+        tpl.path().join("lib/sub/run.sh"),
+        std::fs::Permissions::from_mode(0o750),
+    )
+    .unwrap();
+    std::os::unix::fs::symlink("a.txt", tpl.path().join("lib/link")).unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .template("t", tpl.path())
+        .workspace(WorkspaceStrategy::Overlay)
+        .build()
+        .unwrap();
+    let sb = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    let p = |s: &str| SandboxPath::new(s).unwrap();
+
+    backend
+        .rename(&sb.id, &p("lib"), &p("moved/lib2"))
+        .await
+        .unwrap();
+    assert_eq!(
+        &backend.read(&sb.id, &p("moved/lib2/a.txt")).await.unwrap()[..],
+        b"a"
+    );
+    let run = backend
+        .stat(&sb.id, &p("moved/lib2/sub/run.sh"))
+        .await
+        .unwrap();
+    assert_eq!(run.mode & 0o777, 0o750);
+    let link = backend.stat(&sb.id, &p("moved/lib2/link")).await.unwrap();
+    assert_eq!(link.symlink_target.as_deref(), Some("a.txt"));
+    let gone = backend.stat(&sb.id, &p("lib")).await.unwrap_err();
+    assert_eq!(gone.kind(), sandcell::ErrorKind::NotFound);
+    assert!(
+        tpl.path().join("lib/a.txt").exists(),
+        "the template is untouched"
+    );
+
+    let (manifest, _) =
+        snapshot::capture_changes(&backend, &sb.id, Vec::new(), &PackOptions::default())
+            .await
+            .unwrap();
+    let deleted: Vec<&str> = manifest.deleted.iter().map(|p| p.as_str()).collect();
+    assert_eq!(deleted, ["lib"]);
+    backend.destroy(&sb.id).await.unwrap();
+}

@@ -25,6 +25,7 @@ use sandcell::{DirEntry, Error, ErrorKind, FileInfo, FileKind, Result, SandboxPa
 
 use meta::Meta;
 
+mod copy;
 mod export;
 mod meta;
 
@@ -291,14 +292,23 @@ impl Workspace {
             Err(Errno::NOENT) => {}
             Err(e) => return Err(fail(ctx(), e)),
         }
-        rustix::fs::renameat(&src_parent, src_name, &dst_parent, dst_name).map_err(|e| match e {
-            Errno::INVAL => into_itself(),
+        let result = rustix::fs::renameat(&src_parent, src_name, &dst_parent, dst_name);
+        let result = match result {
             // Here EXDEV is not an escape (both parents were resolved beneath the root)
-            // but a move across mounts, e.g. a lower-layer directory of an overlay.
-            Errno::XDEV => Error::unsupported(format!(
-                "{}: cannot move between file systems (or a directory of a lower overlay layer)",
-                ctx()
-            )),
+            // but a directory of an overlay's lower layer: moved by copying it.
+            Err(Errno::XDEV) if src.kind == FileKind::Dir => {
+                c_name(src_name).and_then(|src_name| {
+                    let dst_name = c_name(dst_name)?;
+                    copy::move_tree(src_parent.as_fd(), &src_name, dst_parent.as_fd(), &dst_name)
+                })
+            }
+            other => other,
+        };
+        result.map_err(|e| match e {
+            Errno::INVAL => into_itself(),
+            Errno::XDEV => {
+                Error::unsupported(format!("{}: cannot move between file systems", ctx()))
+            }
             e => fail(ctx(), e),
         })
     }
@@ -569,6 +579,11 @@ fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()> {
         }
     }
     Ok(())
+}
+
+/// A path component as the `*at` calls take it.
+fn c_name(name: &str) -> rustix::io::Result<CString> {
+    CString::new(name).map_err(|_| Errno::INVAL)
 }
 
 /// The kernel's current path of an open descriptor.
