@@ -107,6 +107,22 @@ impl ErrorKind {
     }
 }
 
+/// Serialized by [`name`](ErrorKind::name) (`"not_found"`), as on the wire.
+impl serde::Serialize for ErrorKind {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
+/// Read by [`from_name`](ErrorKind::from_name); a kind this version does not know (a
+/// newer writer's) reads as [`ErrorKind::Backend`], so it is still an error.
+impl<'de> serde::Deserialize<'de> for ErrorKind {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
+        let name = std::borrow::Cow::<str>::deserialize(d)?;
+        Ok(ErrorKind::from_name(&name).unwrap_or(ErrorKind::Backend))
+    }
+}
+
 impl fmt::Display for ErrorKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())

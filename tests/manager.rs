@@ -285,10 +285,7 @@ impl<S> FaultyStore<S> {
 impl<S: SnapshotStore + Clone> SnapshotStore for FaultyStore<S> {
     async fn put_blob(&self, key: &SnapshotKey, blob: ByteStream) -> sandcell::Result<u64> {
         if self.fail_blobs.load(Ordering::SeqCst) {
-            return Err(Error::new(
-                ErrorKind::Unavailable,
-                "injected: the store is down",
-            ));
+            return Err(Error::new(STORE_FAILURE, "injected: the store is down"));
         }
         self.inner.put_blob(key, blob).await
     }
@@ -311,6 +308,9 @@ impl<S: SnapshotStore + Clone> SnapshotStore for FaultyStore<S> {
         self.inner.delete(key).await
     }
 }
+
+/// The kind of the failure `FaultyStore` injects.
+const STORE_FAILURE: ErrorKind = ErrorKind::Unavailable;
 
 #[tokio::test(start_paused = true)]
 async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
@@ -335,9 +335,19 @@ async fn a_failed_snapshot_keeps_the_sandbox_for_the_next_pass() {
     tokio::time::advance(Duration::from_secs(120)).await;
 
     let report = manager.reap_once().await.unwrap();
-    assert_eq!(report.snapshot_failures, vec![key("precious")]);
+    assert_eq!(report.snapshot_failures.len(), 1);
+    assert_eq!(report.snapshot_failures[0].session, key("precious"));
+    assert_eq!(report.snapshot_failures[0].kind, STORE_FAILURE);
     assert!(report.suspended.is_empty());
-    assert_eq!(events.next().await.unwrap().kind, EventKind::SnapshotFailed);
+    let event = events.next().await.unwrap();
+    assert_eq!(event.kind, EventKind::SnapshotFailed);
+    assert_eq!(
+        event.error_kind,
+        Some(STORE_FAILURE),
+        "the cause's kind, as data"
+    );
+    let json = serde_json::to_value(&event).unwrap();
+    assert_eq!(json["error_kind"], STORE_FAILURE.name());
     assert_eq!(backend.live_count(), 1);
     assert_eq!(
         sandbox

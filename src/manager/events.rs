@@ -8,6 +8,7 @@ use futures::StreamExt;
 use serde::{Deserialize, Serialize};
 use tokio::sync::broadcast;
 
+use crate::error::ErrorKind;
 use crate::sandbox::SandboxId;
 use crate::store::SessionKey;
 
@@ -92,8 +93,12 @@ pub struct ManagerEvent {
     pub sandbox_id: Option<SandboxId>,
     /// The snapshot, for snapshot events.
     pub snapshot_id: Option<String>,
-    /// Why, for failures.
+    /// Why, for failures and losses: the error's message with its context, or what
+    /// the manager found.
     pub detail: Option<String>,
+    /// The error's kind, for events an error caused (`SnapshotFailed`), serialized by
+    /// [`ErrorKind::name`].
+    pub error_kind: Option<ErrorKind>,
     /// When (by the manager's clock).
     pub at: DateTime<Utc>,
 }
@@ -106,6 +111,7 @@ impl ManagerEvent {
             sandbox_id: None,
             snapshot_id: None,
             detail: None,
+            error_kind: None,
             at,
         }
     }
@@ -127,6 +133,13 @@ impl ManagerEvent {
 
     pub(crate) fn detail(mut self, detail: impl fmt::Display) -> Self {
         self.detail = Some(detail.to_string());
+        self
+    }
+
+    /// The event was caused by `error`: its kind, and its message with context.
+    pub(crate) fn error(mut self, error: &crate::Error) -> Self {
+        self.error_kind = Some(error.kind());
+        self.detail = Some(format!("{error:#}"));
         self
     }
 }

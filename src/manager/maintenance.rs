@@ -33,8 +33,9 @@ pub struct ReapReport {
     pub failed: Vec<SessionKey>,
     /// Sessions whose sandbox had disappeared.
     pub lost: Vec<SessionKey>,
-    /// Sessions due for suspension whose snapshot failed; their sandboxes were kept.
-    pub snapshot_failures: Vec<SessionKey>,
+    /// Sessions due for suspension whose snapshot failed, each with its error; their
+    /// sandboxes were kept.
+    pub snapshot_failures: Vec<SessionError>,
     /// Snapshots deleted by retention.
     pub snapshots_deleted: Vec<SnapshotKey>,
     /// Other failures; the pass went on past them.
@@ -49,7 +50,6 @@ pub struct SessionError {
     /// The session the failure was for.
     pub session: SessionKey,
     /// What went wrong, as a matchable kind.
-    #[serde(serialize_with = "kind_name")]
     pub kind: ErrorKind,
     /// The error's message, with its context.
     pub message: String,
@@ -69,10 +69,6 @@ impl std::fmt::Display for SessionError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "{}: {}", self.session, self.message)
     }
-}
-
-fn kind_name<S: serde::Serializer>(kind: &ErrorKind, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_str(kind.name())
 }
 
 /// What [`reconcile`](SandboxManager::reconcile) did.
@@ -386,9 +382,9 @@ impl<B: SandboxBackend> Inner<B> {
                         self.event(EventKind::SnapshotFailed)
                             .session(&key)
                             .sandbox(&id)
-                            .detail(&e),
+                            .error(&e),
                     );
-                    report.snapshot_failures.push(key);
+                    report.snapshot_failures.push(SessionError::new(&key, &e));
                 }
             }
         }

@@ -118,7 +118,7 @@ impl<B: SandboxBackend> Inner<B> {
                     self.event(EventKind::SnapshotFailed)
                         .session(&record.key)
                         .sandbox(&id)
-                        .detail(&e),
+                        .error(&e),
                 );
                 return Err(e);
             }
