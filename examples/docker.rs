@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
-use sandcell_docker::{DockerBackend, ImageSpec, ServiceSpec};
+use sandcell_docker::{DockerBackend, ImageSpec, SidecarSpec};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -32,7 +32,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     // A web server beside every sandbox of the template, reachable as `web`.
-    let web = ServiceSpec::new("web", image.clone()).cmd([
+    let web = SidecarSpec::new("web", image.clone()).cmd([
         "sh",
         "-c",
         "mkdir -p /tmp/www && echo 'hello from the service' > /tmp/www/index.html && exec httpd -f -p 8080 -h /tmp/www",
@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = DockerBackend::builder()
         .from_env()
         .template("demo", image)
-        .service("demo", web)
+        .sidecar("demo", web)
         .user("sandbox")
         .build()?;
     let agent = std::env::var_os("SANDCELL_DOCKER_AGENT").is_some();

@@ -52,11 +52,11 @@ pub const DEFAULT_RETAINED_OUTPUT: usize = 1 << 20;
 /// A background process's id (`bg-` and 16 hex digits), unique within its table.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(transparent)]
-pub struct ProcessId(String);
+pub struct BackgroundId(String);
 
-impl ProcessId {
+impl BackgroundId {
     fn generate() -> Self {
-        ProcessId(format!(
+        BackgroundId(format!(
             "bg-{}",
             &uuid::Uuid::new_v4().simple().to_string()[..16]
         ))
@@ -68,27 +68,27 @@ impl ProcessId {
     }
 }
 
-impl fmt::Display for ProcessId {
+impl fmt::Display for BackgroundId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
 }
 
-impl std::str::FromStr for ProcessId {
+impl std::str::FromStr for BackgroundId {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
         crate::sandbox::validate_name("process id", s)?;
-        Ok(ProcessId(s.to_owned()))
+        Ok(BackgroundId(s.to_owned()))
     }
 }
 
 /// What a background process is and does.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
-pub struct ProcessInfo {
+pub struct BackgroundInfo {
     /// Its id.
-    pub id: ProcessId,
+    pub id: BackgroundId,
     /// The sandbox it runs in.
     pub sandbox: SandboxId,
     /// The command.
@@ -104,7 +104,7 @@ pub struct ProcessInfo {
 /// A table of background processes, shared by its clones.
 #[derive(Clone)]
 pub struct Background {
-    entries: Arc<Mutex<HashMap<ProcessId, Arc<Entry>>>>,
+    entries: Arc<Mutex<HashMap<BackgroundId, Arc<Entry>>>>,
     retained: usize,
 }
 
@@ -124,7 +124,7 @@ impl fmt::Debug for Background {
 }
 
 struct Entry {
-    info: Mutex<ProcessInfo>,
+    info: Mutex<BackgroundInfo>,
     log: Mutex<Log>,
     /// Woken on new output and on exit.
     changed: Notify,
@@ -169,7 +169,7 @@ fn event_size(event: &ProcessEvent) -> usize {
     }
 }
 
-fn unknown(id: &ProcessId) -> Error {
+fn unknown(id: &BackgroundId) -> Error {
     Error::not_found(format!("no background process {id}"))
 }
 
@@ -197,7 +197,7 @@ impl Background {
         backend: &dyn SandboxBackend,
         sandbox: &SandboxId,
         request: ExecRequest,
-    ) -> Result<ProcessId> {
+    ) -> Result<BackgroundId> {
         if !backend.capabilities().interactive_exec {
             return Err(Error::unsupported(format!(
                 "background processes need interactive exec; the {} backend runs a command to its end before answering",
@@ -206,11 +206,11 @@ impl Background {
         }
         let argv = request.argv.clone();
         let mut process = backend.exec(sandbox, request).await?;
-        let id = ProcessId::generate();
+        let id = BackgroundId::generate();
         let (control, mut control_rx) = mpsc::unbounded_channel();
         let (status_tx, status) = watch::channel(None);
         let entry = Arc::new(Entry {
-            info: Mutex::new(ProcessInfo {
+            info: Mutex::new(BackgroundInfo {
                 id: id.clone(),
                 sandbox: sandbox.clone(),
                 argv,
@@ -271,7 +271,7 @@ impl Background {
         Ok(id)
     }
 
-    fn entry(&self, id: &ProcessId) -> Result<Arc<Entry>> {
+    fn entry(&self, id: &BackgroundId) -> Result<Arc<Entry>> {
         lock(&self.entries)
             .get(id)
             .cloned()
@@ -279,8 +279,8 @@ impl Background {
     }
 
     /// The processes of `sandbox` (or of every sandbox), oldest first.
-    pub fn list(&self, sandbox: Option<&SandboxId>) -> Vec<ProcessInfo> {
-        let mut out: Vec<ProcessInfo> = lock(&self.entries)
+    pub fn list(&self, sandbox: Option<&SandboxId>) -> Vec<BackgroundInfo> {
+        let mut out: Vec<BackgroundInfo> = lock(&self.entries)
             .values()
             .map(|e| lock(&e.info).clone())
             .filter(|i| sandbox.is_none_or(|s| &i.sandbox == s))
@@ -290,14 +290,14 @@ impl Background {
     }
 
     /// One process.
-    pub fn info(&self, id: &ProcessId) -> Result<ProcessInfo> {
+    pub fn info(&self, id: &BackgroundId) -> Result<BackgroundInfo> {
         Ok(lock(&self.entry(id)?.info).clone())
     }
 
     /// The output kept so far (the last [`DEFAULT_RETAINED_OUTPUT`] bytes, or as
     /// configured), then new output as it comes, ending with [`ProcessEvent::Exit`] once
     /// the process has ended. Any number of callers may attach at once.
-    pub fn attach(&self, id: &ProcessId) -> Result<BoxStream<'static, ProcessEvent>> {
+    pub fn attach(&self, id: &BackgroundId) -> Result<BoxStream<'static, ProcessEvent>> {
         let entry = self.entry(id)?;
         let start = lock(&entry.log)
             .events
@@ -330,7 +330,7 @@ impl Background {
     }
 
     /// Writes to the process's stdin.
-    pub async fn send_input(&self, id: &ProcessId, data: Bytes) -> Result<()> {
+    pub async fn send_input(&self, id: &BackgroundId, data: Bytes) -> Result<()> {
         let entry = self.entry(id)?;
         let mut stdin = entry.stdin.lock().await;
         let writer = stdin.as_mut().ok_or_else(|| {
@@ -350,7 +350,7 @@ impl Background {
     }
 
     /// Closes the process's stdin (it reads end of file).
-    pub async fn close_input(&self, id: &ProcessId) -> Result<()> {
+    pub async fn close_input(&self, id: &BackgroundId) -> Result<()> {
         let entry = self.entry(id)?;
         if let Some(mut writer) = entry.stdin.lock().await.take() {
             let _ = writer.shutdown().await;
@@ -360,7 +360,7 @@ impl Background {
 
     /// Sends `signal` (a Unix signal number) to the process and everything it started.
     /// `Unsupported` where the backend cannot; a process that ended already is fine.
-    pub async fn signal(&self, id: &ProcessId, signal: i32) -> Result<()> {
+    pub async fn signal(&self, id: &BackgroundId, signal: i32) -> Result<()> {
         let entry = self.entry(id)?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         if entry.control.send(Control::Signal(signal, reply)).is_err() {
@@ -370,7 +370,7 @@ impl Background {
     }
 
     /// Kills the process and everything it started.
-    pub fn kill(&self, id: &ProcessId) -> Result<()> {
+    pub fn kill(&self, id: &BackgroundId) -> Result<()> {
         let _ = self.entry(id)?.control.send(Control::Kill);
         Ok(())
     }
@@ -380,7 +380,7 @@ impl Background {
     /// its sandbox).
     pub fn wait(
         &self,
-        id: &ProcessId,
+        id: &BackgroundId,
     ) -> impl std::future::Future<Output = Result<ExitStatus>> + Send + 'static {
         let status = self.entry(id).map(|e| e.status.clone());
         async move {
@@ -399,7 +399,7 @@ impl Background {
 
     /// Drops the table's record of a process that has ended; `InvalidState` while it
     /// runs.
-    pub fn forget(&self, id: &ProcessId) -> Result<()> {
+    pub fn forget(&self, id: &BackgroundId) -> Result<()> {
         let mut entries = lock(&self.entries);
         let entry = entries.get(id).ok_or_else(|| unknown(id))?;
         if entry.status.borrow().is_none() {
@@ -419,7 +419,7 @@ impl Background {
     }
 }
 
-async fn next(stream: &mut Option<crate::process::OutputStream>) -> Option<Result<Bytes>> {
+async fn next(stream: &mut Option<crate::backend::ByteStream>) -> Option<Result<Bytes>> {
     match stream {
         Some(s) => s.next().await,
         None => std::future::pending().await,

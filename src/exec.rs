@@ -45,7 +45,7 @@ pub struct ExecRequest {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        with = "crate::spec::duration_secs_opt"
+        with = "crate::config::duration::option"
     )]
     pub timeout: Option<Duration>,
     /// Run as this user, where the backend supports it.
@@ -206,7 +206,7 @@ pub struct ExecOutput {
     /// Whether stderr was longer than the limit (the rest was read and dropped).
     pub stderr_truncated: bool,
     /// Wall time from start to exit.
-    #[serde(with = "duration_secs")]
+    #[serde(with = "crate::config::duration")]
     pub duration: Duration,
 }
 
@@ -259,20 +259,6 @@ impl ExecOutput {
             crate::ErrorKind::Backend
         };
         Err(Error::new(kind, format!("command {how}: {tail}")))
-    }
-}
-
-mod duration_secs {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        let secs = f64::deserialize(d)?;
-        Duration::try_from_secs_f64(secs).map_err(serde::de::Error::custom)
     }
 }
 

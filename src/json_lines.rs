@@ -16,10 +16,10 @@ use futures::stream::{BoxStream, StreamExt};
 use serde_json::Value;
 use tokio::io::AsyncWriteExt;
 
-use crate::backend::SandboxBackend;
+use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::ExecRequest;
-use crate::process::{OutputStream, Process, ProcessStdin};
+use crate::process::{Process, ProcessStdin};
 use crate::sandbox::SandboxId;
 
 /// Decides whether a packet is of a given kind.
@@ -110,7 +110,7 @@ struct Running {
 
 /// Splits an output stream into lines, with a length cap.
 struct Lines {
-    stream: OutputStream,
+    stream: ByteStream,
     buf: BytesMut,
     max: usize,
 }

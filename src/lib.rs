@@ -84,7 +84,7 @@ pub use manager::{
     SandboxManager,
 };
 pub use path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
-pub use process::{OutputStream, Process, ProcessControl, ProcessEvent, ProcessStdin};
+pub use process::{Process, ProcessControl, ProcessEvent, ProcessStdin};
 pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 pub use spec::{Limits, Mount, Network, SandboxSpec};
 pub use store::SessionKey;

@@ -10,14 +10,12 @@ use std::time::Instant;
 
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
-use futures::stream::{BoxStream, Stream, StreamExt};
+use futures::stream::{Stream, StreamExt};
 use tokio::io::AsyncWrite;
 
+use crate::backend::ByteStream;
 use crate::error::Result;
 use crate::exec::{ExecOutput, ExitStatus};
-
-/// A stream of output chunks. Ends when the process closes the stream.
-pub type OutputStream = BoxStream<'static, Result<Bytes>>;
 
 /// A writer to the process's stdin. Dropping it (or `shutdown`) closes stdin.
 pub type ProcessStdin = Pin<Box<dyn AsyncWrite + Send + Sync>>;
@@ -56,8 +54,8 @@ pub enum ProcessEvent {
 /// [`kill`](Process::kill) for that (the timeout still applies).
 pub struct Process {
     stdin: Option<ProcessStdin>,
-    stdout: Option<OutputStream>,
-    stderr: Option<OutputStream>,
+    stdout: Option<ByteStream>,
+    stderr: Option<ByteStream>,
     control: Box<dyn ProcessControl>,
     started: Instant,
     output_limit: Option<usize>,
@@ -78,8 +76,8 @@ impl Process {
     pub fn new(
         control: Box<dyn ProcessControl>,
         stdin: Option<ProcessStdin>,
-        stdout: OutputStream,
-        stderr: OutputStream,
+        stdout: ByteStream,
+        stderr: ByteStream,
     ) -> Self {
         Process {
             stdin,
@@ -117,12 +115,12 @@ impl Process {
     }
 
     /// Takes the stdout stream; `None` if already taken.
-    pub fn take_stdout(&mut self) -> Option<OutputStream> {
+    pub fn take_stdout(&mut self) -> Option<ByteStream> {
         self.stdout.take()
     }
 
     /// Takes the stderr stream; `None` if already taken.
-    pub fn take_stderr(&mut self) -> Option<OutputStream> {
+    pub fn take_stderr(&mut self) -> Option<ByteStream> {
         self.stderr.take()
     }
 
@@ -185,7 +183,7 @@ impl Process {
     }
 }
 
-async fn drain(stream: Option<OutputStream>, limit: usize) -> Result<(Bytes, bool)> {
+async fn drain(stream: Option<ByteStream>, limit: usize) -> Result<(Bytes, bool)> {
     let Some(mut stream) = stream else {
         return Ok((Bytes::new(), false));
     };
@@ -224,7 +222,7 @@ impl ProcessControl for Finished {
 mod tests {
     use super::*;
 
-    fn chunks(parts: &[&'static [u8]]) -> OutputStream {
+    fn chunks(parts: &[&'static [u8]]) -> ByteStream {
         let items: Vec<Result<Bytes>> = parts.iter().map(|p| Ok(Bytes::from_static(p))).collect();
         futures::stream::iter(items).boxed()
     }

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::backend::SandboxBackend;
-use crate::background::{Background, ProcessId};
+use crate::background::{Background, BackgroundId};
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::ExecRequest;
 use crate::lock_unpoisoned as lock;
@@ -174,7 +174,7 @@ pub struct ServiceInfo {
     /// How often it was restarted.
     pub restarts: u32,
     /// Its current background process.
-    pub process: Option<ProcessId>,
+    pub process: Option<BackgroundId>,
 }
 
 /// The services of any number of sandboxes, with one port range between them.

@@ -67,7 +67,7 @@ pub struct SandboxSpec {
     #[serde(
         default,
         skip_serializing_if = "Option::is_none",
-        with = "crate::spec::duration_secs_opt"
+        with = "crate::config::duration::option"
     )]
     pub command_timeout: Option<Duration>,
 }
@@ -408,30 +408,6 @@ impl Mount {
             target,
             read_only: false,
         }
-    }
-}
-
-/// Serde helper: `Option<Duration>` as fractional seconds, readable in YAML/TOML configs.
-pub(crate) mod duration_secs_opt {
-    use serde::{Deserialize, Deserializer, Serializer};
-    use std::time::Duration;
-
-    pub(crate) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_f64(d.as_secs_f64()),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(crate) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        let secs: Option<f64> = Option::deserialize(d)?;
-        secs.map(|s| {
-            Duration::try_from_secs_f64(s)
-                .map_err(|_| serde::de::Error::custom(format!("invalid duration {s} seconds")))
-        })
-        .transpose()
     }
 }
 

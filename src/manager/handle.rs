@@ -148,7 +148,7 @@ impl<B: SandboxBackend> SandboxHandle<B> {
     /// Starts a command in the background and returns its id: it keeps running when
     /// this handle is dropped, until it ends or the sandbox does. Reach it through
     /// [`SandboxManager::background`](crate::SandboxManager::background).
-    pub async fn spawn(&self, request: ExecRequest) -> Result<crate::background::ProcessId> {
+    pub async fn spawn(&self, request: ExecRequest) -> Result<crate::background::BackgroundId> {
         let background = &self.inner.background;
         self.call("spawn", |b, id| background.start(b, id, request))
             .await
@@ -174,7 +174,7 @@ impl<B: SandboxBackend> SandboxHandle<B> {
     }
 
     /// The background processes of this sandbox.
-    pub fn processes(&self) -> Vec<crate::background::ProcessInfo> {
+    pub fn processes(&self) -> Vec<crate::background::BackgroundInfo> {
         self.inner.background.list(Some(&self.info.id))
     }
 }

@@ -45,7 +45,7 @@ pub struct SnapshotRetention {
     /// Keep at most this many snapshots per session (newest first).
     pub keep_last: Option<usize>,
     /// Delete snapshots older than this (seconds in config files).
-    #[serde(with = "secs_opt")]
+    #[serde(with = "crate::config::duration::option")]
     pub max_age: Option<Duration>,
 }
 
@@ -87,10 +87,10 @@ pub struct ManagerSettings {
     /// At most this many sessions of one tenant hold a sandbox at once.
     pub max_sandboxes_per_tenant: Option<u32>,
     /// A session unused this long is suspended by the reaper.
-    #[serde(with = "secs_opt")]
+    #[serde(with = "crate::config::duration::option")]
     pub idle_timeout: Option<Duration>,
     /// A sandbox older than this is destroyed by the reaper.
-    #[serde(with = "secs_opt")]
+    #[serde(with = "crate::config::duration::option")]
     pub max_lifetime: Option<Duration>,
     /// Snapshot a sandbox before destroying it for its lifetime (default true).
     pub snapshot_on_expiry: bool,
@@ -98,7 +98,7 @@ pub struct ManagerSettings {
     pub retention: SnapshotRetention,
     /// Run the reaper in the background at this interval (`None`: call
     /// [`reap_once`](crate::SandboxManager::reap_once) yourself).
-    #[serde(with = "secs_opt")]
+    #[serde(with = "crate::config::duration::option")]
     pub reaper_interval: Option<Duration>,
     /// How a session is suspended.
     pub suspend: SuspendStrategy,
@@ -106,7 +106,7 @@ pub struct ManagerSettings {
     pub shutdown: ShutdownPolicy,
     /// An acquire that has not finished provisioning after this long is presumed dead:
     /// its claim no longer blocks the session and its sandbox counts as an orphan.
-    #[serde(with = "secs")]
+    #[serde(with = "crate::config::duration")]
     pub provision_timeout: Duration,
     /// zstd level for snapshots.
     pub snapshot_level: i32,
@@ -162,46 +162,5 @@ impl ManagerSettings {
             )));
         }
         Ok(())
-    }
-}
-
-/// Durations as (fractional) seconds in config files.
-mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn to_duration<E: serde::de::Error>(secs: f64) -> Result<Duration, E> {
-        Duration::try_from_secs_f64(secs)
-            .map_err(|_| E::custom(format!("{secs} is not a valid number of seconds")))
-    }
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_f64(d.as_secs_f64())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        to_duration(f64::deserialize(d)?)
-    }
-}
-
-mod secs_opt {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
-        match d {
-            Some(d) => s.serialize_some(&d.as_secs_f64()),
-            None => s.serialize_none(),
-        }
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
-        d: D,
-    ) -> Result<Option<Duration>, D::Error> {
-        Option::<f64>::deserialize(d)?
-            .map(super::secs::to_duration)
-            .transpose()
     }
 }

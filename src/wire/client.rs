@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::exec::{ExecRequest, ExitStatus};
 use crate::fs::{DirEntry, FileInfo};
 use crate::path::SandboxPath;
-use crate::process::{OutputStream, Process, ProcessControl, ProcessStdin};
+use crate::process::{Process, ProcessControl, ProcessStdin};
 
 /// The calling side of the wire protocol: every per-sandbox operation of
 /// [`SandboxBackend`](crate::SandboxBackend), sent over one connection to an agent that
@@ -365,7 +365,7 @@ fn output_stream(
     id: u64,
     tag: u8,
     rx: mpsc::UnboundedReceiver<Result<Bytes>>,
-) -> OutputStream {
+) -> ByteStream {
     CreditedStream { mux, id, tag, rx }.boxed()
 }
 

@@ -13,7 +13,6 @@ use super::proto::{self, Call, Reply, WireError};
 use crate::archive::ArchiveLimits;
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
-use crate::process::OutputStream;
 use crate::sandbox::SandboxId;
 
 /// What a serving side accepts from its client: the bounds a server facing untrusted
@@ -341,7 +340,7 @@ async fn exec(
 
 /// Copies one output stream to the client; keeps draining if the client is gone so the
 /// process never blocks on a full pipe.
-async fn pump(mux: Arc<Mux>, id: u64, tag: u8, stream: Option<OutputStream>) {
+async fn pump(mux: Arc<Mux>, id: u64, tag: u8, stream: Option<ByteStream>) {
     let Some(mut stream) = stream else {
         let _ = mux.send_end(id, tag);
         return;

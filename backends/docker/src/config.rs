@@ -177,14 +177,15 @@ impl BuildStage {
     }
 }
 
-/// A service container started beside every sandbox of a template (a database, a mock
-/// API): on a private network of that sandbox, reachable from it by `hostname`, created
-/// with it and destroyed with it.
+/// A sidecar: a container started beside every sandbox of a template (a database, a
+/// mock API), on a private network of that sandbox, reachable from it by `hostname`,
+/// created with it and destroyed with it. (A command the manager keeps running inside
+/// a sandbox is a [`sandcell::services::ServiceSpec`].)
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct ServiceSpec {
-    /// The service's name, unique within the template.
+pub struct SidecarSpec {
+    /// The sidecar's name, unique within the template.
     pub name: String,
     /// Its image.
     pub image: ImageSpec,
@@ -199,10 +200,10 @@ pub struct ServiceSpec {
     pub cmd: Option<Vec<String>>,
 }
 
-impl ServiceSpec {
+impl SidecarSpec {
     /// A service `name` running `image`.
     pub fn new(name: impl Into<String>, image: ImageSpec) -> Self {
-        ServiceSpec {
+        SidecarSpec {
             name: name.into(),
             image,
             hostname: None,
@@ -266,8 +267,8 @@ pub struct DockerConfig {
     pub host: Option<String>,
     /// Template name → image.
     pub templates: BTreeMap<String, ImageSpec>,
-    /// Template name → services started beside each of its sandboxes.
-    pub services: BTreeMap<String, Vec<ServiceSpec>>,
+    /// Template name → sidecars started beside each of its sandboxes.
+    pub sidecars: BTreeMap<String, Vec<SidecarSpec>>,
     /// Limits applied where a spec leaves one unset.
     pub default_limits: Limits,
     /// The Docker network a spec asking for `Network::Full` joins.
@@ -288,7 +289,7 @@ impl Default for DockerConfig {
         DockerConfig {
             host: None,
             templates: BTreeMap::new(),
-            services: BTreeMap::new(),
+            sidecars: BTreeMap::new(),
             default_limits: Limits::default(),
             network: "bridge".to_owned(),
             user: None,
@@ -357,15 +358,15 @@ impl DockerBackendBuilder {
         self
     }
 
-    /// Adds a service container to every sandbox of `template`: the sandbox and its
-    /// services share a private network (internal unless the spec asks for
+    /// Adds a sidecar container to every sandbox of `template`: the sandbox and its
+    /// sidecars share a private network (internal unless the spec asks for
     /// `Network::Full`), are created in parallel and destroyed together.
-    pub fn service(mut self, template: impl Into<String>, service: ServiceSpec) -> Self {
+    pub fn sidecar(mut self, template: impl Into<String>, sidecar: SidecarSpec) -> Self {
         self.config
-            .services
+            .sidecars
             .entry(template.into())
             .or_default()
-            .push(service);
+            .push(sidecar);
         self
     }
 
@@ -430,19 +431,19 @@ impl DockerBackendBuilder {
                 .map_err(|e| e.context("template name"))?;
             image.validate(name)?;
         }
-        for (template, services) in &self.config.services {
+        for (template, sidecars) in &self.config.sidecars {
             if !self.config.templates.contains_key(template) {
                 return Err(Error::invalid_input(format!(
-                    "services for template {template:?}, which is not registered"
+                    "sidecars for template {template:?}, which is not registered"
                 )));
             }
             let mut names = std::collections::BTreeSet::new();
-            for service in services {
-                service.validate(template)?;
-                if !names.insert(service.name.as_str()) {
+            for sidecar in sidecars {
+                sidecar.validate(template)?;
+                if !names.insert(sidecar.name.as_str()) {
                     return Err(Error::invalid_input(format!(
-                        "template {template:?} has two services named {:?}",
-                        service.name
+                        "template {template:?} has two sidecars named {:?}",
+                        sidecar.name
                     )));
                 }
             }

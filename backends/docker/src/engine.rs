@@ -21,7 +21,7 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use sandcell::{
-    Error, ErrorKind, ExecRequest, ExitStatus, OutputStream, Process, ProcessControl, ProcessStdin,
+    ByteStream, Error, ErrorKind, ExecRequest, ExitStatus, Process, ProcessControl, ProcessStdin,
     Result, SandboxId,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -218,7 +218,7 @@ pub(crate) async fn exec(
     ))
 }
 
-fn receiver(rx: mpsc::UnboundedReceiver<Result<Bytes>>) -> OutputStream {
+fn receiver(rx: mpsc::UnboundedReceiver<Result<Bytes>>) -> ByteStream {
     futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|i| (i, rx)) }).boxed()
 }
 

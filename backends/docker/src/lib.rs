@@ -45,5 +45,5 @@ pub(crate) fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 pub use config::{
     BuildStage, DockerBackendBuilder, DockerConfig, ImageProgress, ImageSpec, ProgressFn,
-    PullPolicy, ServiceSpec,
+    PullPolicy, SidecarSpec,
 };

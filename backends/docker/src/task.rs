@@ -13,7 +13,7 @@ use bollard::query_parameters::{
 use bollard::Docker;
 use sandcell::{Result, SandboxId};
 
-use crate::config::ServiceSpec;
+use crate::config::SidecarSpec;
 use crate::error::{engine, is_not_found};
 
 /// On service containers and task networks: the sandbox they belong to.
@@ -70,7 +70,7 @@ pub(crate) async fn start_service(
     docker: &Docker,
     id: &SandboxId,
     network: &str,
-    service: &ServiceSpec,
+    service: &SidecarSpec,
     image: String,
 ) -> Result<()> {
     let name = service_container(id, &service.name);

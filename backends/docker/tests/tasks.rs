@@ -6,11 +6,11 @@ mod common;
 use std::collections::{BTreeMap, HashMap};
 
 use sandcell::{SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
-use sandcell_docker::{DockerBackend, ImageSpec, ServiceSpec};
+use sandcell_docker::{DockerBackend, ImageSpec, SidecarSpec};
 
 /// A busybox web server answering `hello-from-<name>` on port 8080.
-fn web(name: &str) -> ServiceSpec {
-    ServiceSpec::new(name, ImageSpec::pull(common::BASE_IMAGE))
+fn web(name: &str) -> SidecarSpec {
+    SidecarSpec::new(name, ImageSpec::pull(common::BASE_IMAGE))
         .hostname(format!("{name}-host"))
         .env("GREETING", format!("hello-from-{name}"))
         .cmd([
@@ -24,8 +24,8 @@ async fn backend() -> DockerBackend {
     common::images().await;
     DockerBackend::builder()
         .template("default", ImageSpec::pull(common::USER_IMAGE))
-        .service("default", web("web"))
-        .service("default", web("api"))
+        .sidecar("default", web("web"))
+        .sidecar("default", web("api"))
         .agent(common::agent_binary())
         .build()
         .unwrap()

@@ -129,7 +129,7 @@ impl LocalBackend {
         capabilities.disk_limit = false;
         LocalBackend {
             inner: Arc::new(Inner {
-                grace: Duration::from_secs_f64(config.kill_grace_secs),
+                grace: config.kill_grace,
                 config,
                 capabilities,
                 cgroups,

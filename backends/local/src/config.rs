@@ -70,8 +70,10 @@ pub struct LocalConfig {
     pub isolation: Isolation,
     /// Workspace strategy.
     pub workspace: WorkspaceStrategy,
-    /// Time between SIGTERM and SIGKILL when a process tree is killed, in seconds.
-    pub kill_grace_secs: f64,
+    /// Time between SIGTERM and SIGKILL when a process tree is killed (default 2 s; in
+    /// config files seconds or a string such as `"500ms"`).
+    #[serde(with = "sandcell::config::duration")]
+    pub kill_grace: Duration,
     /// At `Isolation::Landlock`, where sandbox processes may read and execute
     /// (default: everywhere, `/`).
     pub readable: Vec<PathBuf>,
@@ -86,7 +88,7 @@ impl Default for LocalConfig {
             templates: BTreeMap::new(),
             isolation: Isolation::None,
             workspace: WorkspaceStrategy::Auto,
-            kill_grace_secs: 2.0,
+            kill_grace: Duration::from_secs(2),
             readable: vec![PathBuf::from("/")],
             default_limits: sandcell::Limits::default(),
         }
@@ -138,7 +140,7 @@ impl LocalBackendBuilder {
 
     /// Sets the time between SIGTERM and SIGKILL when a process tree is killed.
     pub fn kill_grace(mut self, grace: Duration) -> Self {
-        self.config.kill_grace_secs = grace.as_secs_f64();
+        self.config.kill_grace = grace;
         self
     }
 
@@ -176,11 +178,6 @@ impl LocalBackendBuilder {
                 }
             }
             Isolation::Namespaces => probed.namespace_tools = Some(crate::namespace::probe()?),
-        }
-        if !(config.kill_grace_secs.is_finite() && config.kill_grace_secs >= 0.0) {
-            return Err(Error::invalid_input(
-                "kill grace must be a non-negative number of seconds",
-            ));
         }
         std::fs::create_dir_all(config.root.join("sandboxes")).map_err(|e| {
             Error::io(

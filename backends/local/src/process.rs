@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use rustix::process::{Pid, Signal};
-use sandcell::{Error, ErrorKind, ExitStatus, OutputStream, Process, ProcessControl, Result};
+use sandcell::{ByteStream, Error, ErrorKind, ExitStatus, Process, ProcessControl, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
@@ -110,7 +110,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
 fn pump<R>(
     pipe: Option<R>,
     mut close: watch::Receiver<bool>,
-) -> (OutputStream, tokio::sync::oneshot::Receiver<()>)
+) -> (ByteStream, tokio::sync::oneshot::Receiver<()>)
 where
     R: AsyncRead + Unpin + Send + 'static,
 {

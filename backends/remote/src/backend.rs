@@ -54,10 +54,10 @@ pub struct RemoteConfig {
     #[serde(default)]
     pub rate_limits: RateLimits,
     /// The deadline of one call, retries included (default 60 s).
-    #[serde(default = "default_call_timeout", with = "secs")]
+    #[serde(default = "default_call_timeout", with = "sandcell::config::duration")]
     pub call_timeout: Duration,
     /// How long a new machine may take to start (default 5 min).
-    #[serde(default = "default_start_timeout", with = "secs")]
+    #[serde(default = "default_start_timeout", with = "sandcell::config::duration")]
     pub start_timeout: Duration,
     /// On a plain Fly Machines endpoint, the directory on the machine that file paths
     /// are relative to; unset, the directory commands start in.
@@ -605,19 +605,5 @@ impl SandboxBackend for RemoteBackend {
             Route::Wire(wire) => wire.import_tar(path, tar, options).await,
             Route::Exec(files) => files.import_tar(id, path, tar, options).await,
         }
-    }
-}
-
-mod secs {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(d.as_secs())
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_secs)
     }
 }

@@ -19,11 +19,12 @@ use crate::protocol::{kind_for, ErrorBody};
 pub struct RetryPolicy {
     /// Retries after the first attempt (default 3, as seed 002's client).
     pub retries: u32,
-    /// The first pause (default 1 s); each next one doubles.
-    #[serde(with = "millis")]
+    /// The first pause (default 1 s); each next one doubles. In config files, seconds
+    /// or a string such as `"500ms"` ([`sandcell::config::duration`]).
+    #[serde(with = "sandcell::config::duration")]
     pub base: Duration,
     /// The longest pause (default 4 s).
-    #[serde(with = "millis")]
+    #[serde(with = "sandcell::config::duration")]
     pub cap: Duration,
 }
 
@@ -358,20 +359,6 @@ pub(crate) fn transport_error(what: &str, e: &reqwest::Error) -> Error {
         source = s.source();
     }
     Error::new(kind, format!("{what}: {detail}")).set_temporary(true)
-}
-
-mod millis {
-    use std::time::Duration;
-
-    use serde::{Deserialize, Deserializer, Serializer};
-
-    pub(super) fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-    }
-
-    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
-        u64::deserialize(d).map(Duration::from_millis)
-    }
 }
 
 #[cfg(test)]

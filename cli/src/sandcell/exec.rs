@@ -63,7 +63,7 @@ pub(crate) async fn stream_process(mut process: sandcell::Process) -> Result<Exi
 }
 
 pub(crate) async fn next_chunk(
-    stream: &mut Option<sandcell::OutputStream>,
+    stream: &mut Option<sandcell::ByteStream>,
 ) -> Option<sandcell::Result<bytes::Bytes>> {
     match stream {
         Some(stream) => stream.next().await,

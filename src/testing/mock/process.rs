@@ -7,7 +7,7 @@ use futures::StreamExt;
 use crate::backend::ByteStream;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::ExitStatus;
-use crate::process::{OutputStream, ProcessControl};
+use crate::process::ProcessControl;
 
 pub(super) async fn collect_capped(mut stream: ByteStream, cap: u64) -> Result<Vec<u8>> {
     let mut data = Vec::new();
@@ -23,7 +23,7 @@ pub(super) async fn collect_capped(mut stream: ByteStream, cap: u64) -> Result<V
     Ok(data)
 }
 
-pub(super) fn receiver_stream(rx: tokio::sync::mpsc::Receiver<Result<Bytes>>) -> OutputStream {
+pub(super) fn receiver_stream(rx: tokio::sync::mpsc::Receiver<Result<Bytes>>) -> ByteStream {
     futures::stream::unfold(rx, |mut rx| async move {
         rx.recv().await.map(|item| (item, rx))
     })

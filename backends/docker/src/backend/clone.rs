@@ -17,7 +17,7 @@ impl DockerBackend {
         id: &SandboxId,
         spec: &SandboxSpec,
         image: String,
-        services: &[crate::config::ServiceSpec],
+        services: &[crate::config::SidecarSpec],
     ) -> Result<()> {
         let docker = &self.inner.docker;
         let images = futures::future::try_join_all(

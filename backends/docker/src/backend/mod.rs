@@ -413,7 +413,7 @@ impl SandboxBackend for DockerBackend {
         let services = self
             .inner
             .config
-            .services
+            .sidecars
             .get(&spec.template)
             .cloned()
             .unwrap_or_default();

@@ -25,6 +25,8 @@
 //! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 //! ```
 
+pub mod duration;
+
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
