@@ -9,7 +9,8 @@
 mod common;
 
 use criterion::{criterion_main, Criterion, Throughput};
-use sandcell::archive::{ArchiveLimits, EntryChecker};
+use sandcell::archive::ArchiveLimits;
+use sandcell::raw::archive::EntryChecker;
 use sandcell::snapshot::{self, PackOptions, SnapshotManifest};
 
 fn bench_snapshot(c: &mut Criterion) {

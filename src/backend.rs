@@ -36,8 +36,8 @@ pub struct Changes {
 }
 
 impl Changes {
-    /// Assembles a change set; for backend implementors.
-    pub fn new(tar: ByteStream, deleted: Vec<SandboxPath>) -> Self {
+    /// Assembles a change set ([`raw::changes`](crate::raw::changes) for backends).
+    pub(crate) fn new(tar: ByteStream, deleted: Vec<SandboxPath>) -> Self {
         Changes { tar, deleted }
     }
 }

@@ -282,7 +282,7 @@ pub trait SandboxBackendExt: SandboxBackend {
         host_dest: &Path,
     ) -> Result<()> {
         let stream = self.export_tar(id, src).await?;
-        let reader = crate::stream::stream_to_reader(stream);
+        let reader = crate::raw::stream::stream_to_reader(stream);
         let dest = host_dest.to_path_buf();
         tokio::task::spawn_blocking(move || {
             archive::unpack_to_dir(reader, &dest, &ArchiveLimits::default())
@@ -297,5 +297,5 @@ impl<T: SandboxBackend + ?Sized> SandboxBackendExt for T {}
 
 /// Packs a host directory into a tar stream on a blocking thread.
 fn pack_to_stream(dir: std::path::PathBuf) -> ByteStream {
-    crate::stream::writer_to_stream(move |out| archive::pack_dir_tar(&dir, out).map(|_| ()))
+    crate::raw::stream::writer_to_stream(move |out| archive::pack_dir_tar(&dir, out).map(|_| ()))
 }

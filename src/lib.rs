@@ -20,6 +20,9 @@
 //! - [`SandboxConfig`]: a backend and manager settings chosen in a config file.
 //! - [`testing`] (feature `testing`): an in-memory [`testing::MockBackend`] and the
 //!   conformance suite every backend runs.
+//! - [`raw`]: the implementor API — the wire protocol, stream bridges, the archive
+//!   checker, the parts of a `Process` and of `Changes`, the claim rule of a state
+//!   store. An application using sandboxes never needs it.
 //!
 //! | feature | what it adds |
 //! |---|---|
@@ -62,15 +65,14 @@ pub mod json_lines;
 pub mod manager;
 mod path;
 mod process;
+pub mod raw;
 mod sandbox;
 pub mod services;
 pub mod snapshot;
 mod spec;
 pub mod store;
-pub mod stream;
 #[cfg(feature = "testing")]
 pub mod testing;
-pub mod wire;
 
 pub use backend::{ByteStream, Changes, SandboxBackend};
 pub use capabilities::Capabilities;
@@ -84,7 +86,7 @@ pub use manager::{
     SandboxManager,
 };
 pub use path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
-pub use process::{Process, ProcessControl, ProcessEvent, ProcessStdin};
+pub use process::{Process, ProcessEvent, ProcessStdin};
 pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 pub use spec::{Limits, Mount, Network, SandboxSpec};
 pub use store::SessionKey;

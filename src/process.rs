@@ -72,8 +72,8 @@ impl fmt::Debug for Process {
 }
 
 impl Process {
-    /// Assembles a handle; for backend implementors.
-    pub fn new(
+    /// Assembles a handle ([`raw::process`](crate::raw::process) for backends).
+    pub(crate) fn new(
         control: Box<dyn ProcessControl>,
         stdin: Option<ProcessStdin>,
         stdout: ByteStream,
@@ -91,7 +91,7 @@ impl Process {
 
     /// A command that already ran, its whole output in hand (a buffered exec API); for
     /// backend implementors. Waiting answers `status`; kill and signals do nothing.
-    pub fn finished(stdout: Bytes, stderr: Bytes, status: ExitStatus) -> Self {
+    pub(crate) fn finished(stdout: Bytes, stderr: Bytes, status: ExitStatus) -> Self {
         let once =
             |data: Bytes| futures::stream::iter((!data.is_empty()).then_some(Ok(data))).boxed();
         Process::new(Box::new(Finished(status)), None, once(stdout), once(stderr))
@@ -99,7 +99,7 @@ impl Process {
 
     /// Sets the output cap the sandbox's spec asks for (`Limits::output_bytes`), used by
     /// collectors when the request sets none; for backend implementors.
-    pub fn with_output_limit(mut self, limit: Option<usize>) -> Self {
+    pub(crate) fn with_output_limit(mut self, limit: Option<usize>) -> Self {
         self.output_limit = limit;
         self
     }

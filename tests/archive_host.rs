@@ -10,7 +10,7 @@ use std::fs;
 use std::io::Read;
 use std::path::Path;
 
-use sandcell::archive::{self, ArchiveLimits};
+use sandcell::archive::ArchiveLimits;
 use sandcell::snapshot::{self, PackOptions, SnapshotManifest};
 use sandcell::testing::{hostile_archives, RawTar};
 use sandcell::ErrorKind;
@@ -57,9 +57,12 @@ fn hostile_entries_leave_everything_untouched() {
     for i in 0..count {
         let (root, dest, outside) = layout();
         let case = hostile_archives(outside.to_str().unwrap()).swap_remove(i);
-        let err =
-            archive::unpack_to_dir(std::io::Cursor::new(case.tar), &dest, &case.options.limits)
-                .unwrap_err();
+        let err = sandcell::raw::archive::unpack_to_dir(
+            std::io::Cursor::new(case.tar),
+            &dest,
+            &case.options.limits,
+        )
+        .unwrap_err();
         assert_eq!(err.kind(), case.expected, "{}: {err}", case.name);
         assert_untouched(root.path(), &dest, &outside, case.name);
     }
@@ -148,11 +151,16 @@ fn pack_then_unpack_preserves_modes_links_and_skips_specials() {
         .success());
 
     let mut tar = Vec::new();
-    let stats = archive::pack_dir_tar(s, &mut tar).unwrap();
+    let stats = sandcell::raw::archive::pack_dir_tar(s, &mut tar).unwrap();
     assert_eq!(stats.skipped, 1, "the FIFO is skipped");
     let out = tempfile::tempdir().unwrap();
     let dest = out.path().join("restored");
-    archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &ArchiveLimits::default()).unwrap();
+    sandcell::raw::archive::unpack_to_dir(
+        std::io::Cursor::new(tar),
+        &dest,
+        &ArchiveLimits::default(),
+    )
+    .unwrap();
     let mode = |p: &str| {
         fs::symlink_metadata(dest.join(p))
             .unwrap()
@@ -185,8 +193,12 @@ fn conflicting_entries_are_invalid_input_and_change_nothing() {
         .file("a", b"file")
         .file("a/b", b"beneath a file")
         .finish();
-    let err = archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &ArchiveLimits::default())
-        .unwrap_err();
+    let err = sandcell::raw::archive::unpack_to_dir(
+        std::io::Cursor::new(tar),
+        &dest,
+        &ArchiveLimits::default(),
+    )
+    .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     assert_untouched(root.path(), &dest, &outside, "file then entry beneath it");
 }
@@ -216,7 +228,7 @@ fn archives_from_gnu_tar_import_in_every_format() {
         assert!(out.status.success(), "tar --format {format} failed");
         let dest_root = tempfile::tempdir().unwrap();
         let dest = dest_root.path().join("x");
-        archive::unpack_to_dir(
+        sandcell::raw::archive::unpack_to_dir(
             std::io::Cursor::new(out.stdout),
             &dest,
             &ArchiveLimits::default(),
@@ -248,8 +260,12 @@ fn global_pax_headers_such_as_git_archive_writes_are_skipped() {
         .finish();
     let dest_root = tempfile::tempdir().unwrap();
     let dest = dest_root.path().join("x");
-    let stats = archive::unpack_to_dir(std::io::Cursor::new(tar), &dest, &ArchiveLimits::default())
-        .unwrap();
+    let stats = sandcell::raw::archive::unpack_to_dir(
+        std::io::Cursor::new(tar),
+        &dest,
+        &ArchiveLimits::default(),
+    )
+    .unwrap();
     assert_eq!(stats.entries, 1);
     assert_eq!(fs::read_to_string(dest.join("README")).unwrap(), "hi");
     assert!(!dest.join("pax_global_header").exists());
@@ -260,7 +276,7 @@ fn our_archives_extract_with_gnu_tar() {
     let src = tempfile::tempdir().unwrap();
     let long_file = long_name_tree(src.path());
     let mut tar = Vec::new();
-    archive::pack_dir_tar(src.path(), &mut tar).unwrap();
+    sandcell::raw::archive::pack_dir_tar(src.path(), &mut tar).unwrap();
     let dest = tempfile::tempdir().unwrap();
     let mut child = std::process::Command::new("tar")
         .args(["-xf", "-", "-C"])
@@ -289,7 +305,7 @@ fn endless_plain_tar_stream_is_cut_off() {
     let limits = ArchiveLimits::default().max_bytes(1 << 20).max_entries(10);
     let tar = RawTar::new().file("f", b"x").finish();
     let endless = std::io::Cursor::new(tar.to_vec()).chain(std::io::repeat(0));
-    let err = archive::unpack_to_dir(endless, &dest, &limits).unwrap_err();
+    let err = sandcell::raw::archive::unpack_to_dir(endless, &dest, &limits).unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
     assert_untouched(root.path(), &dest, &outside, "endless stream");
 }

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sandcell::wire::WireClient;
+use sandcell::raw::wire::WireClient;
 use sandcell::ErrorKind;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -107,7 +107,7 @@ async fn a_server_bounds_files_and_archives_whatever_the_client_asks() {
     use std::sync::Arc;
 
     use sandcell::archive::{ArchiveLimits, ImportOptions};
-    use sandcell::wire::{serve_with, ServeOptions};
+    use sandcell::raw::wire::{serve_with, ServeOptions};
     use sandcell::{SandboxBackend, SandboxSpec};
 
     let backend = Arc::new(sandcell::testing::MockBackend::new());

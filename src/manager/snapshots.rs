@@ -12,7 +12,7 @@ impl<B: SandboxBackend> Inner<B> {
     ) -> Result<()> {
         let snap_key = SnapshotKey::new(key.clone(), manifest.id.clone())?;
         let blob = self.snapshots.blob(&snap_key).await?;
-        let reader = crate::stream::stream_to_reader(blob);
+        let reader = crate::raw::stream::stream_to_reader(blob);
         crate::snapshot::restore(
             &self.backend,
             id,

@@ -191,7 +191,7 @@ where
     let mut capture = capture;
     let blob = capture.take_blob();
     let Capture { pending, .. } = capture;
-    let mut reader = crate::stream::stream_to_reader(blob);
+    let mut reader = crate::raw::stream::stream_to_reader(blob);
     let out = tokio::task::spawn_blocking(move || {
         let mut out = out;
         std::io::copy(&mut reader, &mut out)
@@ -234,7 +234,7 @@ where
         opts.mode = crate::archive::ImportMode::Merge;
     }
     backend
-        .import_tar(id, path, crate::stream::reader_to_stream(reader), opts)
+        .import_tar(id, path, crate::raw::stream::reader_to_stream(reader), opts)
         .await
 }
 
@@ -250,8 +250,8 @@ pub fn compress_stream(
 ) -> (ByteStream, tokio::sync::oneshot::Receiver<PackedBlob>) {
     let (tx, rx) = tokio::sync::oneshot::channel();
     let opts = *opts;
-    let reader = crate::stream::stream_to_reader(tar);
-    let blob = crate::stream::writer_to_stream(move |out| {
+    let reader = crate::raw::stream::stream_to_reader(tar);
+    let blob = crate::raw::stream::writer_to_stream(move |out| {
         let mut reader = reader;
         let packed = pack_tar(&mut reader, out, &opts, &ArchiveLimits::default())?;
         let _ = tx.send(packed);

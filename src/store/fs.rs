@@ -103,7 +103,7 @@ fn remove_if_exists(path: &Path) -> Result<()> {
 impl SnapshotStore for FsSnapshotStore {
     async fn put_blob(&self, key: &SnapshotKey, blob: ByteStream) -> Result<u64> {
         let dest = self.blob_path(key);
-        let reader = crate::stream::stream_to_reader(blob);
+        let reader = crate::raw::stream::stream_to_reader(blob);
         blocking(move || {
             let mut reader = reader;
             write_durably(&dest, |file| {
@@ -154,7 +154,7 @@ impl SnapshotStore for FsSnapshotStore {
             Error::io(format_args!("opening {}", path.display()), e)
                 .context(format_args!("snapshot {key}"))
         })?;
-        Ok(crate::stream::reader_to_stream(file))
+        Ok(crate::raw::stream::reader_to_stream(file))
     }
 
     async fn list(&self, session: &SessionKey) -> Result<Vec<SnapshotManifest>> {

@@ -15,7 +15,7 @@ mod fs;
 mod memory;
 #[cfg(feature = "object-store")]
 mod object;
-mod session;
+pub(crate) mod session;
 mod snapshots;
 #[cfg(feature = "sqlite")]
 mod sqlite;

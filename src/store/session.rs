@@ -184,9 +184,15 @@ pub enum ClaimOutcome {
     Busy(SessionRecord),
 }
 
-/// Decides a claim from the current record of the key and the tenant's records.
-/// Shared by every store so the rule is written once; stores make it atomic.
-pub(crate) fn decide_claim<'a>(
+/// The claim rule of [`StateStore::claim`]: decides a claim from the current record of
+/// the key (`existing`) and the tenant's records. Every store, this crate's and outside
+/// ones, applies it so the rule is written once; a store makes it atomic by reading
+/// both and writing the claimed record in one transaction (or under one lock).
+///
+/// # Errors
+/// [`ErrorKind::LimitExceeded`](crate::ErrorKind::LimitExceeded) when the tenant is at
+/// its limit.
+pub fn decide_claim<'a>(
     claim: &Claim,
     existing: Option<&SessionRecord>,
     tenant_records: impl IntoIterator<Item = &'a SessionRecord>,

@@ -16,9 +16,9 @@ use crate::fs::{DirEntry, FileInfo};
 use crate::lock_unpoisoned as lock;
 use crate::path::SandboxPath;
 use crate::process::Process;
+use crate::raw::wire::{serve, WireClient};
 use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo};
 use crate::spec::SandboxSpec;
-use crate::wire::{serve, WireClient};
 
 /// Wraps a backend: lifecycle calls go to it directly, every per-sandbox operation goes
 /// through a [`WireClient`] talking to [`serve`] over an in-memory pipe, one connection

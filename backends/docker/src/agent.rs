@@ -6,7 +6,7 @@ use bollard::exec::{CreateExecOptions, StartExecResults};
 use bollard::query_parameters::AttachContainerOptions;
 use bollard::Docker;
 use futures::StreamExt;
-use sandcell::wire::WireClient;
+use sandcell::raw::wire::WireClient;
 use sandcell::{Error, ErrorKind, Result, SandboxId};
 
 use crate::error::engine;

@@ -20,9 +20,9 @@ use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
+use sandcell::raw::ProcessControl;
 use sandcell::{
-    ByteStream, Error, ErrorKind, ExecRequest, ExitStatus, Process, ProcessControl, ProcessStdin,
-    Result, SandboxId,
+    ByteStream, Error, ErrorKind, ExecRequest, ExitStatus, Process, ProcessStdin, Result, SandboxId,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
@@ -207,7 +207,7 @@ pub(crate) async fn exec(
         }
         None => Some(Box::pin(SyncWriter(Mutex::new(input)))),
     };
-    Ok(Process::new(
+    Ok(sandcell::raw::process(
         Box::new(EngineProcess {
             status: status_rx,
             killer,

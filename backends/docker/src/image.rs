@@ -289,7 +289,7 @@ fn split_reference(reference: &str) -> (&str, &str) {
 }
 
 /// A faithful tar of a directory (build contexts, root file systems): modes, setuid bits
-/// and symlinks as they are. Not `archive::pack_dir_tar`, which masks modes for sandbox
+/// and symlinks as they are. Not `sandcell::raw::archive::pack_dir_tar`, which masks modes for sandbox
 /// content and would break a root file system's setuid programs.
 fn tar_directory(dir: &Path) -> Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::new());

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use bytes::Bytes;
 use rustix::process::Signal;
-use sandcell::archive::{self, ImportOptions};
+use sandcell::archive::ImportOptions;
 use sandcell::{
     ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo,
     LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
@@ -515,7 +515,10 @@ impl SandboxBackend for LocalBackend {
         if meta.cgroups.is_none() {
             dir.add_group(pgid)?;
         }
-        Ok(process.with_output_limit(meta.spec.limits.output_bytes))
+        Ok(sandcell::raw::limit_output(
+            process,
+            meta.spec.limits.output_bytes,
+        ))
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
@@ -568,7 +571,7 @@ impl SandboxBackend for LocalBackend {
                 }
             })
             .await?;
-        Ok(sandcell::stream::writer_to_stream(move |out| {
+        Ok(sandcell::raw::stream::writer_to_stream(move |out| {
             ws.export_tar(&path, out).map(|_| ())
         }))
     }
@@ -586,10 +589,10 @@ impl SandboxBackend for LocalBackend {
             blocking(move || crate::materialize::upper_deletions(&upper)).await?
         };
         // The upper layer is the change set; the packer skips whiteouts (device nodes).
-        let tar = sandcell::stream::writer_to_stream(move |out| {
-            archive::pack_dir_tar(&upper, out).map(|_| ())
+        let tar = sandcell::raw::stream::writer_to_stream(move |out| {
+            sandcell::raw::archive::pack_dir_tar(&upper, out).map(|_| ())
         });
-        Ok(Changes::new(tar, deleted))
+        Ok(sandcell::raw::changes(tar, deleted))
     }
 
     async fn import_tar(
@@ -601,7 +604,7 @@ impl SandboxBackend for LocalBackend {
     ) -> Result<()> {
         let (dir, _) = self.meta(id)?;
         let path = path.clone();
-        let reader = sandcell::stream::stream_to_reader(tar);
+        let reader = sandcell::raw::stream::stream_to_reader(tar);
         blocking(move || crate::import::import(&dir.workspace(), &path, reader, options)).await
     }
 }

@@ -3,7 +3,7 @@
 
 use std::path::{Path, PathBuf};
 
-use sandcell::archive::{self, ImportMode, ImportOptions};
+use sandcell::archive::{ImportMode, ImportOptions};
 use sandcell::{Error, ErrorKind, FileKind, Result, SandboxPath};
 
 use crate::contained::Workspace;
@@ -32,7 +32,7 @@ pub(crate) fn import(
     let staging_name = format!(".sandcell-import-{}", uuid::Uuid::new_v4().simple());
     let staging = SandboxPath::new(&staging_name)?;
     let merge = options.mode != ImportMode::Replace;
-    archive::unpack_to_dir_with(
+    sandcell::raw::archive::unpack_to_dir_with(
         reader,
         &workspace.join(&staging_name),
         &options.limits,

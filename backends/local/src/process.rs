@@ -10,7 +10,8 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use futures::StreamExt;
 use rustix::process::{Pid, Signal};
-use sandcell::{ByteStream, Error, ErrorKind, ExitStatus, Process, ProcessControl, Result};
+use sandcell::raw::ProcessControl;
+use sandcell::{ByteStream, Error, ErrorKind, ExitStatus, Process, Result};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
 
@@ -101,7 +102,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         wrapped: launch.wrapped,
     };
     Ok((
-        Process::new(Box::new(control), stdin_writer, out_stream, err_stream),
+        sandcell::raw::process(Box::new(control), stdin_writer, out_stream, err_stream),
         pgid,
     ))
 }

@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::Method;
 use sandcell::archive::ImportOptions;
-use sandcell::wire::WireClient;
+use sandcell::raw::wire::WireClient;
 use sandcell::{
     ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, ExitStatus,
     FileInfo, LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo,
@@ -519,12 +519,12 @@ impl SandboxBackend for RemoteBackend {
         // timeout had passed is taken to have timed out.
         let timed_out =
             status.code.is_none() && request.timeout.is_some_and(|t| started.elapsed() >= t);
-        Ok(Process::finished(
+        let process = sandcell::raw::finished_process(
             Bytes::from(answer.stdout),
             Bytes::from(answer.stderr),
             status.with_timed_out(timed_out),
-        )
-        .with_output_limit(output_limit))
+        );
+        Ok(sandcell::raw::limit_output(process, output_limit))
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {

@@ -18,7 +18,8 @@ use std::sync::Arc;
 use base64::Engine as _;
 use bytes::Bytes;
 use futures::StreamExt;
-use sandcell::archive::{read_entries_with, EntryChecker, ImportMode, ImportOptions};
+use sandcell::archive::{ImportMode, ImportOptions};
+use sandcell::raw::archive::{read_entries_with, EntryChecker};
 use sandcell::{
     ByteStream, DirEntry, Error, ErrorKind, FileInfo, FileKind, Result, SandboxId, SandboxPath,
 };
@@ -403,7 +404,7 @@ impl ExecFiles {
     }
 
     /// Exports `path` as a checked, normalized tar: downloaded in chunks into an
-    /// anonymous local file, re-written by [`sandcell::archive::normalize_tar`], then
+    /// anonymous local file, re-written by [`sandcell::raw::archive::normalize_tar`], then
     /// streamed from there.
     pub(crate) async fn export_tar(
         &self,
@@ -438,8 +439,9 @@ impl ExecFiles {
             .map_err(|e| Error::io("rewinding the downloaded archive", e))?;
         // Normalized as it streams out: a hostile entry ends the stream with its error.
         let limits = sandcell::archive::ArchiveLimits::default();
-        Ok(sandcell::stream::writer_to_stream(move |out| {
-            sandcell::archive::normalize_tar(std::io::BufReader::new(raw), out, &limits).map(drop)
+        Ok(sandcell::raw::stream::writer_to_stream(move |out| {
+            sandcell::raw::archive::normalize_tar(std::io::BufReader::new(raw), out, &limits)
+                .map(drop)
         }))
     }
 
@@ -518,7 +520,11 @@ impl ExecFiles {
                 .rewind()
                 .map_err(|e| Error::io("rewinding the archive", e))?;
             let mut out = local_temp()?;
-            sandcell::archive::normalize_tar(std::io::BufReader::new(spool), &mut out, &limits)?;
+            sandcell::raw::archive::normalize_tar(
+                std::io::BufReader::new(spool),
+                &mut out,
+                &limits,
+            )?;
             out.rewind()
                 .map_err(|e| Error::io("rewinding the archive", e))?;
             Ok(out)

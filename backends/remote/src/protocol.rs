@@ -207,7 +207,7 @@ pub fn kind_for(status: u16) -> ErrorKind {
 }
 
 /// The `Upgrade` token of `GET .../sandcell/wire`: the connection then speaks
-/// [sandcell's wire protocol](sandcell::wire) for the machine.
+/// [sandcell's wire protocol](sandcell::raw::wire) for the machine.
 pub const WIRE_UPGRADE: &str = "sandcell-wire";
 
 /// `GET /sandcell/capabilities`: what the served backend can do.

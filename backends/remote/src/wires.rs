@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use reqwest::header::{CONNECTION, UPGRADE};
 use reqwest::{Method, StatusCode};
-use sandcell::wire::WireClient;
+use sandcell::raw::wire::WireClient;
 use sandcell::{Error, ErrorKind, Result, SandboxId};
 
 use crate::http::{api_error, transport_error, Http};

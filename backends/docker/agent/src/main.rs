@@ -105,7 +105,7 @@ fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(
             .map_err(|e| format!("listening on {}: {e}", socket.display()))?;
         if stdio {
             // The first connection: whoever attached to the container before it started.
-            tokio::spawn(sandcell::wire::serve(
+            tokio::spawn(sandcell::raw::wire::serve(
                 Arc::clone(&backend),
                 sandbox.id.clone(),
                 tokio::io::stdin(),
@@ -120,7 +120,7 @@ fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => {
                         let (read, write) = stream.into_split();
-                        tokio::spawn(sandcell::wire::serve(
+                        tokio::spawn(sandcell::raw::wire::serve(
                             Arc::clone(&backend),
                             sandbox.id.clone(),
                             read,

@@ -12,7 +12,7 @@ use bollard::query_parameters::{
 use bollard::{ClientVersion, Docker};
 use bytes::Bytes;
 use sandcell::archive::ImportOptions;
-use sandcell::wire::WireClient;
+use sandcell::raw::wire::WireClient;
 use sandcell::{
     ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo,
     LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
@@ -595,7 +595,7 @@ impl SandboxBackend for DockerBackend {
             crate::engine::exec(&self.inner.docker, id, self.workspace(), request).await?
         };
         Ok(match settings.output_bytes {
-            Some(limit) => process.with_output_limit(Some(limit)),
+            Some(limit) => sandcell::raw::limit_output(process, Some(limit)),
             None => process,
         })
     }

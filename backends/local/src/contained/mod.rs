@@ -356,7 +356,7 @@ impl Workspace {
     /// Writes `dir` (a directory in the workspace, possibly reached through an
     /// in-workspace symlink) as an uncompressed tar to `out`, entries relative to `dir`.
     ///
-    /// The stream is the one [`sandcell::archive::pack_dir_tar`] writes for the same tree:
+    /// The stream is the one [`sandcell::raw::archive::pack_dir_tar`] writes for the same tree:
     /// each directory's entries in byte order, then its subdirectories' contents in turn.
     /// Symlinks are stored with their target, never followed; sockets, FIFOs and devices
     /// are skipped and counted; entries that vanish mid-walk are left out.

@@ -517,7 +517,7 @@ fn export_stores_links_and_never_their_targets() {
 
     // The same stream the host packer writes for the same tree.
     let mut host = Vec::new();
-    sandcell::archive::pack_dir_tar(&f.host("src"), &mut host).unwrap();
+    sandcell::raw::archive::pack_dir_tar(&f.host("src"), &mut host).unwrap();
     assert!(host == tar, "export matches pack_dir_tar byte for byte");
 
     // Through an in-workspace link to the directory, and from the root.

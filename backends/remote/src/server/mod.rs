@@ -10,7 +10,7 @@
 //! | `GET .../wait?state=&timeout=` | wait for a state, `408` after `timeout` (≤ 60 s) |
 //! | `POST .../suspend`, `.../stop`, `.../start`, `.../restart` | pause, pause, resume, reset |
 //! | `POST .../exec` | a command, buffered (Fly's shape) |
-//! | `GET .../sandcell/wire` | upgrades to sandcell's [wire protocol](sandcell::wire): every per-machine operation (streamed commands with stdin and signals, files, archives, changes) on one connection |
+//! | `GET .../sandcell/wire` | upgrades to sandcell's [wire protocol](sandcell::raw::wire): every per-machine operation (streamed commands with stdin and signals, files, archives, changes) on one connection |
 //! | `GET /sandcell/capabilities` | the served backend and what it can do |
 //!
 //! Every route needs `Authorization: Bearer <token>` (or `FlyV1 <token>`). Errors are

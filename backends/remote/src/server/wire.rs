@@ -13,7 +13,7 @@ use axum::http::{header, StatusCode};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
 use sandcell::archive::ArchiveLimits;
-use sandcell::wire::ServeOptions;
+use sandcell::raw::wire::ServeOptions;
 use sandcell::{Error, ErrorKind};
 
 use super::{machine, ApiError, ApiResult, AppState};
@@ -50,7 +50,8 @@ pub(super) async fn upgrade(
         match on_upgrade.await {
             Ok(upgraded) => {
                 let (read, write) = tokio::io::split(TokioIo::new(upgraded));
-                let _ = sandcell::wire::serve_with(options, backend, info.id, read, write).await;
+                let _ =
+                    sandcell::raw::wire::serve_with(options, backend, info.id, read, write).await;
             }
             Err(e) => tracing::debug!(error = %e, "a wire upgrade did not complete"),
         }

@@ -17,7 +17,7 @@
 //! ```
 //! # async fn demo() -> sandcell::Result<()> {
 //! use std::sync::Arc;
-//! use sandcell::wire::{serve, WireClient};
+//! use sandcell::raw::wire::{serve, WireClient};
 //! use sandcell::{SandboxBackend, SandboxSpec};
 //!
 //! # #[cfg(feature = "testing")] {

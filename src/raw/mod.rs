@@ -1,0 +1,64 @@
+//! The implementor API: what a backend author, an agent inside a sandbox or an outside
+//! state store needs, and an application that only uses sandboxes does not.
+//!
+//! | item | for |
+//! |---|---|
+//! | [`wire`] | the wire protocol: one sandbox's operations over any byte stream ([`wire::WireClient`], [`wire::serve`]) |
+//! | [`stream`] | bridges between [`ByteStream`]s and blocking readers and writers |
+//! | [`archive`] | the entry checker every import obeys, and host-directory pack and unpack |
+//! | [`ProcessControl`], [`process`], [`finished_process`], [`limit_output`] | assembling the [`Process`] a backend's `exec` returns |
+//! | [`changes`] | assembling the [`Changes`] of `export_changes` |
+//! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
+//!
+//! These are as stable as the rest of the crate; they live apart so the user API stays
+//! small.
+
+pub mod stream;
+pub mod wire;
+
+use bytes::Bytes;
+
+use crate::backend::{ByteStream, Changes};
+use crate::exec::ExitStatus;
+use crate::path::SandboxPath;
+pub use crate::process::ProcessControl;
+use crate::process::{Process, ProcessStdin};
+pub use crate::store::session::decide_claim;
+
+/// Archive checks and host-directory archives, for backends that read or write tars.
+pub mod archive {
+    pub use crate::archive::check::{
+        read_entries, read_entries_with, CheckedEntry, EntryChecker, EntryKind,
+    };
+    pub use crate::archive::pack::{normalize_tar, pack_dir_tar};
+    pub use crate::archive::unpack::{unpack_to_dir, unpack_to_dir_with};
+}
+
+/// A [`Process`] from a backend's parts: its control, stdin (`None` when the request
+/// gave its bytes), stdout and stderr.
+pub fn process(
+    control: Box<dyn ProcessControl>,
+    stdin: Option<ProcessStdin>,
+    stdout: ByteStream,
+    stderr: ByteStream,
+) -> Process {
+    Process::new(control, stdin, stdout, stderr)
+}
+
+/// A command that already ran, its whole output in hand (a buffered exec API): waiting
+/// answers `status`; kill and signals do nothing.
+pub fn finished_process(stdout: Bytes, stderr: Bytes, status: ExitStatus) -> Process {
+    Process::finished(stdout, stderr, status)
+}
+
+/// `process` with the output cap the sandbox's spec asks for (`Limits::output_bytes`),
+/// which collectors use when the request sets none.
+pub fn limit_output(process: Process, limit: Option<usize>) -> Process {
+    process.with_output_limit(limit)
+}
+
+/// The [`Changes`] of `export_changes`: the tar of changed and added entries, and the
+/// template paths that no longer exist.
+pub fn changes(tar: ByteStream, deleted: Vec<SandboxPath>) -> Changes {
+    Changes::new(tar, deleted)
+}
