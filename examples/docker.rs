@@ -47,7 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("1. preparing images (import, sandcell's layer) ...");
     backend.prepare_images().await?;
 
-    let spec = SandboxSpec::new("demo").with_label("app", "docker-example");
+    let spec = SandboxSpec::new("demo").label("app", "docker-example");
     let sandbox = backend.create(&spec).await?;
     println!(
         "2. created {} (commands via {})",

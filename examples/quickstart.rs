@@ -21,7 +21,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .template("demo", &template)
         .build()?;
 
-    let spec = SandboxSpec::new("demo").with_label("app", "quickstart");
+    let spec = SandboxSpec::new("demo").label("app", "quickstart");
     let sandbox = backend.create(&spec).await?;
     println!(
         "1. created sandbox {} (workspace: {})",

@@ -437,7 +437,7 @@ mod tests {
         caps.interactive_exec = false;
         let backend = MockBackend::new()
             .on_exec("sleep", |_| MockReply::stdout(""))
-            .with_capabilities(caps);
+            .set_capabilities(caps);
         let sandbox = backend
             .create(&crate::SandboxSpec::new("default"))
             .await

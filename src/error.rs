@@ -147,7 +147,7 @@ struct ErrorContext {
 ///
 /// ```
 /// use sandcell::{Error, ErrorKind};
-/// let e = Error::not_found("a.txt does not exist").with_operation("read");
+/// let e = Error::not_found("a.txt does not exist").set_operation("read");
 /// assert_eq!(e.kind(), ErrorKind::NotFound);
 /// assert_eq!(e.operation(), Some("read"));
 /// assert_eq!(e.to_string(), "a.txt does not exist");
@@ -338,7 +338,7 @@ impl Error {
 
     /// Records the operation, unless an inner layer already did (the innermost is the
     /// most precise).
-    pub fn with_operation(mut self, operation: impl Into<String>) -> Self {
+    pub fn set_operation(mut self, operation: impl Into<String>) -> Self {
         let context = self.context_mut();
         if context.operation.is_none() {
             context.operation = Some(operation.into());
@@ -347,7 +347,7 @@ impl Error {
     }
 
     /// Records the sandbox, unless an inner layer already did.
-    pub fn with_sandbox(mut self, sandbox: &SandboxId) -> Self {
+    pub fn set_sandbox(mut self, sandbox: &SandboxId) -> Self {
         let context = self.context_mut();
         if context.sandbox.is_none() {
             context.sandbox = Some(sandbox.clone());
@@ -356,7 +356,7 @@ impl Error {
     }
 
     /// Records the session, unless an inner layer already did.
-    pub fn with_session(mut self, session: &SessionKey) -> Self {
+    pub fn set_session(mut self, session: &SessionKey) -> Self {
         let context = self.context_mut();
         if context.session.is_none() {
             context.session = Some(session.clone());
@@ -415,10 +415,10 @@ mod tests {
         let id = SandboxId::new("sb-1").unwrap();
         let key = SessionKey::new("acme", "s1").unwrap();
         let e = Error::not_found("gone")
-            .with_operation("stat")
-            .with_operation("read")
-            .with_sandbox(&id)
-            .with_session(&key)
+            .set_operation("stat")
+            .set_operation("read")
+            .set_sandbox(&id)
+            .set_session(&key)
             .context("reading a.txt");
         assert_eq!(e.operation(), Some("stat"));
         assert_eq!(e.sandbox(), Some(&id));

@@ -180,7 +180,7 @@ impl ExitStatus {
     }
 
     /// Marks that the timeout caused the end.
-    pub fn with_timed_out(mut self, timed_out: bool) -> Self {
+    pub fn timed_out(mut self, timed_out: bool) -> Self {
         self.timed_out = timed_out;
         self
     }

@@ -52,13 +52,13 @@ impl FileInfo {
     }
 
     /// Sets the modification time.
-    pub fn with_modified(mut self, modified: Option<DateTime<Utc>>) -> Self {
+    pub fn modified(mut self, modified: Option<DateTime<Utc>>) -> Self {
         self.modified = modified;
         self
     }
 
     /// Sets the symlink target.
-    pub fn with_symlink_target(mut self, target: Option<String>) -> Self {
+    pub fn symlink_target(mut self, target: Option<String>) -> Self {
         self.symlink_target = target;
         self
     }

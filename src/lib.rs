@@ -51,6 +51,18 @@
 //! # #[cfg(feature = "testing")]
 //! # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
 //! ```
+//!
+//! # Conventions
+//!
+//! - **Builders.** A method that takes `self` and returns it with one setting changed
+//!   is named after that setting: `ExecRequest::new(argv).cwd(..).timeout(..)`,
+//!   `SandboxSpec::new(t).limits(..).label(k, v)`. Where a getter already has that name
+//!   the setter is `set_<name>` (`Error::set_operation`). `with_` names a constructor
+//!   that takes one more part (`Error::with_source`).
+//! - **Durations** in config files and messages are seconds or strings such as `"15m"`
+//!   ([`config::duration`]).
+//! - **Errors** are one [`Error`] with a [`kind`](Error::kind) to match on; kinds cross
+//!   every protocol by their snake_case [`name`](ErrorKind::name).
 
 pub mod archive;
 mod backend;

@@ -182,7 +182,7 @@ impl SandboxInfo {
 /// use sandcell::LabelSelector;
 /// use std::collections::BTreeMap;
 ///
-/// let sel = LabelSelector::new().with("sandcell.tenant", "acme").with_key("sandcell.manager");
+/// let sel = LabelSelector::new().label("sandcell.tenant", "acme").label_present("sandcell.manager");
 /// let mut labels = BTreeMap::new();
 /// labels.insert("sandcell.tenant".to_string(), "acme".to_string());
 /// assert!(!sel.matches(&labels));
@@ -206,13 +206,13 @@ impl LabelSelector {
     }
 
     /// Also requires `key=value`.
-    pub fn with(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.equals.insert(key.into(), value.into());
         self
     }
 
     /// Also requires `key` to be present.
-    pub fn with_key(mut self, key: impl Into<String>) -> Self {
+    pub fn label_present(mut self, key: impl Into<String>) -> Self {
         self.exists.push(key.into());
         self
     }

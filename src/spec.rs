@@ -23,10 +23,10 @@ use crate::path::SandboxPath;
 /// use std::time::Duration;
 ///
 /// let spec = SandboxSpec::new("python")
-///     .with_env("PYTHONUNBUFFERED", "1")
-///     .with_label("team", "search")
-///     .with_network(Network::None)
-///     .with_command_timeout(Duration::from_secs(60));
+///     .env("PYTHONUNBUFFERED", "1")
+///     .label("team", "search")
+///     .network(Network::None)
+///     .command_timeout(Duration::from_secs(60));
 /// let json = serde_json::to_string(&spec)?;
 /// let back: SandboxSpec = serde_json::from_str(&json)?;
 /// assert_eq!(back, spec);
@@ -100,49 +100,49 @@ impl SandboxSpec {
     }
 
     /// Adds an environment variable.
-    pub fn with_env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.env.insert(key.into(), value.into());
         self
     }
 
     /// Adds a label.
-    pub fn with_label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+    pub fn label(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.labels.insert(key.into(), value.into());
         self
     }
 
     /// Sets the working directory.
-    pub fn with_workdir(mut self, workdir: SandboxPath) -> Self {
+    pub fn workdir(mut self, workdir: SandboxPath) -> Self {
         self.workdir = workdir;
         self
     }
 
     /// Sets the limits.
-    pub fn with_limits(mut self, limits: Limits) -> Self {
+    pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
     }
 
     /// Sets the network policy.
-    pub fn with_network(mut self, network: Network) -> Self {
+    pub fn network(mut self, network: Network) -> Self {
         self.network = network;
         self
     }
 
     /// Adds a host mount.
-    pub fn with_mount(mut self, mount: Mount) -> Self {
+    pub fn mount(mut self, mount: Mount) -> Self {
         self.mounts.push(mount);
         self
     }
 
     /// Sets the user commands run as.
-    pub fn with_user(mut self, user: impl Into<String>) -> Self {
+    pub fn user(mut self, user: impl Into<String>) -> Self {
         self.user = Some(user.into());
         self
     }
 
     /// Sets the default command timeout.
-    pub fn with_command_timeout(mut self, timeout: Duration) -> Self {
+    pub fn command_timeout(mut self, timeout: Duration) -> Self {
         self.command_timeout = Some(timeout);
         self
     }
@@ -203,7 +203,7 @@ impl SandboxSpec {
     /// let caps = Capabilities::none();
     /// assert!(SandboxSpec::new("t").check_supported(&caps).is_ok());
     /// let err = SandboxSpec::new("t")
-    ///     .with_limits(Limits::new().pids(64))
+    ///     .limits(Limits::new().pids(64))
     ///     .check_supported(&caps)
     ///     .unwrap_err();
     /// assert_eq!(err.kind(), ErrorKind::Unsupported);
@@ -421,39 +421,39 @@ mod tests {
         let caps = Capabilities::none();
         let cases = [
             (
-                SandboxSpec::new("t").with_network(Network::None),
+                SandboxSpec::new("t").network(Network::None),
                 "network (none)",
             ),
             (
-                SandboxSpec::new("t").with_network(Network::Full),
+                SandboxSpec::new("t").network(Network::Full),
                 "network (full)",
             ),
             (
-                SandboxSpec::new("t").with_network(Network::Allowlist(vec!["a".into()])),
+                SandboxSpec::new("t").network(Network::Allowlist(vec!["a".into()])),
                 "network (allowlist)",
             ),
             (
                 SandboxSpec::new("t")
-                    .with_mount(Mount::read_only("/data", SandboxPath::new("d").unwrap())),
+                    .mount(Mount::read_only("/data", SandboxPath::new("d").unwrap())),
                 "mounts",
             ),
             (
-                SandboxSpec::new("t").with_limits(Limits::new().cpu_millis(500)),
+                SandboxSpec::new("t").limits(Limits::new().cpu_millis(500)),
                 "limits.cpu_millis",
             ),
             (
-                SandboxSpec::new("t").with_limits(Limits::new().memory_bytes(1 << 20)),
+                SandboxSpec::new("t").limits(Limits::new().memory_bytes(1 << 20)),
                 "limits.memory_bytes",
             ),
             (
-                SandboxSpec::new("t").with_limits(Limits::new().pids(8)),
+                SandboxSpec::new("t").limits(Limits::new().pids(8)),
                 "limits.pids",
             ),
             (
-                SandboxSpec::new("t").with_limits(Limits::new().disk_bytes(1 << 20)),
+                SandboxSpec::new("t").limits(Limits::new().disk_bytes(1 << 20)),
                 "limits.disk_bytes",
             ),
-            (SandboxSpec::new("t").with_user("nobody"), "user"),
+            (SandboxSpec::new("t").user("nobody"), "user"),
         ];
         for (spec, field) in cases {
             let err = spec.check_supported(&caps).unwrap_err();
@@ -462,9 +462,9 @@ mod tests {
         }
         // Output caps, env, workdir and timeouts need nothing.
         SandboxSpec::new("t")
-            .with_limits(Limits::new().output_bytes(10))
-            .with_env("A", "b")
-            .with_command_timeout(Duration::from_secs(1))
+            .limits(Limits::new().output_bytes(10))
+            .env("A", "b")
+            .command_timeout(Duration::from_secs(1))
             .check_supported(&caps)
             .unwrap();
     }
@@ -478,10 +478,10 @@ mod tests {
         assert_eq!(spec.prepare(&caps).unwrap().network, Network::None);
         // A named policy is kept as asked.
         caps.network_full = true;
-        let full = SandboxSpec::new("t").with_network(Network::Full);
+        let full = SandboxSpec::new("t").network(Network::Full);
         assert_eq!(full.prepare(&caps).unwrap().network, Network::Full);
         // Invalid specs are still InvalidInput, before any capability is looked at.
-        let bad = SandboxSpec::new("").with_user("x");
+        let bad = SandboxSpec::new("").user("x");
         assert_eq!(
             bad.prepare(&caps).unwrap_err().kind(),
             ErrorKind::InvalidInput
@@ -503,8 +503,8 @@ mod tests {
     #[test]
     fn network_and_timeout_round_trip() {
         let spec = SandboxSpec::new("t")
-            .with_network(Network::Allowlist(vec!["pypi.org:443".into()]))
-            .with_command_timeout(Duration::from_millis(1500));
+            .network(Network::Allowlist(vec!["pypi.org:443".into()]))
+            .command_timeout(Duration::from_millis(1500));
         let json = serde_json::to_value(&spec).unwrap();
         assert_eq!(json["network"]["mode"], "allowlist");
         assert_eq!(json["command_timeout"], 1.5);
@@ -517,11 +517,11 @@ mod tests {
         let bad = [
             SandboxSpec::new(""),
             SandboxSpec::new("a/b"),
-            SandboxSpec::new("t").with_env("A=B", "x"),
-            SandboxSpec::new("t").with_env("A", "x\0y"),
+            SandboxSpec::new("t").env("A=B", "x"),
+            SandboxSpec::new("t").env("A", "x\0y"),
             SandboxSpec::new("t")
-                .with_mount(Mount::read_only("relative", SandboxPath::new("k").unwrap())),
-            SandboxSpec::new("t").with_mount(Mount::read_only("/data", SandboxPath::root())),
+                .mount(Mount::read_only("relative", SandboxPath::new("k").unwrap())),
+            SandboxSpec::new("t").mount(Mount::read_only("/data", SandboxPath::root())),
         ];
         for spec in bad {
             assert_eq!(
@@ -531,7 +531,7 @@ mod tests {
             );
         }
         SandboxSpec::new("t")
-            .with_mount(Mount::read_only(
+            .mount(Mount::read_only(
                 "/data",
                 SandboxPath::new("files").unwrap(),
             ))

@@ -32,7 +32,7 @@ mod mock {
 mod mock_with_a_template {
     async fn setup() -> super::conformance::Fixture {
         let mock = super::MockBackend::new()
-            .with_template(
+            .template(
                 "default",
                 [
                     ("README.md", &b"# template\n"[..]),

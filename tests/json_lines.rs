@@ -135,7 +135,7 @@ async fn a_backend_without_interactive_exec_is_refused_before_anything_runs() {
     });
     let mut caps = mock.capabilities();
     caps.interactive_exec = false;
-    let mock = mock.with_capabilities(caps);
+    let mock = mock.set_capabilities(caps);
     let backend: Arc<dyn SandboxBackend> = Arc::new(mock.clone());
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
     let err = JsonLinesSession::start(

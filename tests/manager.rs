@@ -406,7 +406,7 @@ async fn reconcile_destroys_only_orphans_carrying_its_own_label() {
     let make = |labels: &[(&str, &str)]| {
         let mut s = spec();
         for (k, v) in labels {
-            s = s.with_label(*k, *v);
+            s = s.label(*k, *v);
         }
         let backend = backend.clone();
         async move { backend.create(&s).await.unwrap().id }
@@ -725,7 +725,7 @@ async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
     assert!(pooled.contains(sandbox.id()), "took a pooled sandbox");
     // A spec no pool serves is created fresh.
     let other = manager
-        .acquire(&key("cold"), &spec().with_env("A", "1"))
+        .acquire(&key("cold"), &spec().env("A", "1"))
         .await
         .unwrap();
     assert!(!pooled.contains(other.id()));

@@ -347,10 +347,10 @@ fn snapshot_ls_and_gc_report_json() {
             .build()
             .unwrap();
         let orphan = backend
-            .create(&SandboxSpec::new("default").with_label("sandcell.manager", "sandcell"))
+            .create(&SandboxSpec::new("default").label("sandcell.manager", "sandcell"))
             .await
             .unwrap();
-        let selector = LabelSelector::new().with("sandcell.session", "s");
+        let selector = LabelSelector::new().label("sandcell.session", "s");
         let session_sandbox = backend.list(&selector).await.unwrap().remove(0);
         backend.destroy(&session_sandbox.id).await.unwrap();
         (orphan.id, session_sandbox.id)

@@ -145,7 +145,7 @@ impl ImportOptions {
         }
     }
     /// Sets the limits.
-    pub fn with_limits(mut self, limits: ArchiveLimits) -> Self {
+    pub fn limits(mut self, limits: ArchiveLimits) -> Self {
         self.limits = limits;
         self
     }

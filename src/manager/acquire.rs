@@ -15,9 +15,9 @@ impl<B: SandboxBackend> Inner<B> {
 
     pub(super) fn session_spec(&self, key: &SessionKey, spec: &SandboxSpec) -> SandboxSpec {
         spec.clone()
-            .with_label(LABEL_MANAGER, &self.settings.manager_id)
-            .with_label(LABEL_TENANT, key.tenant())
-            .with_label(LABEL_SESSION, key.session())
+            .label(LABEL_MANAGER, &self.settings.manager_id)
+            .label(LABEL_TENANT, key.tenant())
+            .label(LABEL_SESSION, key.session())
     }
 
     /// Records activity, writing a heartbeat to the store at most every few seconds.

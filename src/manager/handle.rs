@@ -136,9 +136,9 @@ impl<B: SandboxBackend> SandboxHandle<B> {
             let result = f(&self.inner.backend, &self.info.id).await;
             self.touch().await;
             result.map_err(|e| {
-                e.with_operation(op)
-                    .with_sandbox(&self.info.id)
-                    .with_session(&self.key)
+                e.set_operation(op)
+                    .set_sandbox(&self.info.id)
+                    .set_session(&self.key)
             })
         }
         .instrument(self.span(op))

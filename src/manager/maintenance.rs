@@ -395,7 +395,7 @@ impl<B: SandboxBackend> Inner<B> {
         let mut report = ReconcileReport::default();
         let now = self.clock.now();
         let stale_before = now - chrono_duration(self.settings.provision_timeout);
-        let selector = LabelSelector::new().with(LABEL_MANAGER, &self.settings.manager_id);
+        let selector = LabelSelector::new().label(LABEL_MANAGER, &self.settings.manager_id);
         let listed = self.backend.list(&selector).await?;
         let records = self.state.list(None).await?;
         let pool = self.state.pool_list().await?;
@@ -510,9 +510,9 @@ impl<B: SandboxBackend> Inner<B> {
                 let spec = pool
                     .spec
                     .clone()
-                    .with_label(LABEL_MANAGER, &self.settings.manager_id)
-                    .with_label(LABEL_POOL, &pool.name)
-                    .with_label(LABEL_POOL_SLOT, &entry.slot);
+                    .label(LABEL_MANAGER, &self.settings.manager_id)
+                    .label(LABEL_POOL, &pool.name)
+                    .label(LABEL_POOL_SLOT, &entry.slot);
                 let info = match self.create_sandbox(&spec).await {
                     Ok(info) => info,
                     Err(e) => {

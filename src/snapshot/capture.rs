@@ -58,7 +58,7 @@ impl PendingManifest {
             )
         })?;
         let mut manifest =
-            SnapshotManifest::new(&packed, &self.backend, self.template).with_sandbox(self.sandbox);
+            SnapshotManifest::new(&packed, &self.backend, self.template).sandbox(self.sandbox);
         manifest.incremental = self.incremental;
         manifest.deleted = self.deleted;
         Ok(manifest)

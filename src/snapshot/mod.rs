@@ -147,13 +147,13 @@ impl SnapshotManifest {
     }
 
     /// Records the sandbox it came from.
-    pub fn with_sandbox(mut self, id: SandboxId) -> Self {
+    pub fn sandbox(mut self, id: SandboxId) -> Self {
         self.sandbox_id = Some(id);
         self
     }
 
     /// Records the parent snapshot (incremental snapshots).
-    pub fn with_parent(mut self, parent: impl Into<String>) -> Self {
+    pub fn parent(mut self, parent: impl Into<String>) -> Self {
         self.parent = Some(parent.into());
         self
     }

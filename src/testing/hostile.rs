@@ -149,25 +149,25 @@ pub fn hostile_archives(outside: &str) -> Vec<HostileArchive> {
             (0..101)
                 .fold(RawTar::new(), |t, i| t.file(&format!("f{i}"), b""))
                 .finish(),
-            m().with_limits(ArchiveLimits::default().max_entries(100)),
+            m().limits(ArchiveLimits::default().max_entries(100)),
             ErrorKind::LimitExceeded,
         ),
         (
             "declared size over the byte cap",
             RawTar::new().file_header_only("huge", 1 << 40).finish(),
-            m().with_limits(ArchiveLimits::default().max_bytes(1 << 20)),
+            m().limits(ArchiveLimits::default().max_bytes(1 << 20)),
             ErrorKind::LimitExceeded,
         ),
         (
             "too deep",
             RawTar::new().file("a/b/c/d/e/f", b"x").finish(),
-            m().with_limits(ArchiveLimits::default().max_depth(4)),
+            m().limits(ArchiveLimits::default().max_depth(4)),
             ErrorKind::LimitExceeded,
         ),
         (
             "name too long",
             RawTar::new().file(&"n".repeat(40), b"x").finish(),
-            m().with_limits(ArchiveLimits::default().max_name_len(32)),
+            m().limits(ArchiveLimits::default().max_name_len(32)),
             ErrorKind::LimitExceeded,
         ),
         (

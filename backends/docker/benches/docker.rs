@@ -35,7 +35,7 @@ fn median(mut v: Vec<Duration>) -> Duration {
 }
 
 fn spec() -> SandboxSpec {
-    SandboxSpec::new("default").with_label(common::TEST_LABEL.0, "bench")
+    SandboxSpec::new("default").label(common::TEST_LABEL.0, "bench")
 }
 
 fn docker_cli(args: &[&str]) -> Duration {

@@ -259,7 +259,7 @@ async fn route(
             } else {
                 ExitStatus::exited(code as i32)
             };
-            Ok(exit.with_timed_out(kill.timed_out))
+            Ok(exit.timed_out(kill.timed_out))
         }
         Err(e) => Err(engine("reading the exit code", e).to_string()),
     };

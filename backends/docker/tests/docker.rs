@@ -16,7 +16,7 @@ use sandcell_docker::{BuildStage, DockerBackend, ImageSpec};
 use tokio::io::AsyncWriteExt;
 
 fn spec(test: &str) -> SandboxSpec {
-    SandboxSpec::new("default").with_label(common::TEST_LABEL.0, test)
+    SandboxSpec::new("default").label(common::TEST_LABEL.0, test)
 }
 
 /// Destroys the sandbox and checks the engine no longer has it.
@@ -52,7 +52,7 @@ async fn containers_are_hardened_by_default() {
         .memory_bytes(256 << 20)
         .cpu_millis(500);
     let sandbox = backend
-        .create(&spec("hardening").with_limits(limits))
+        .create(&spec("hardening").limits(limits))
         .await
         .unwrap();
     let _guard = common::Guard::new(&backend, &sandbox.id);
@@ -114,8 +114,8 @@ async fn containers_are_hardened_by_default() {
 /// The exec contract, run against both paths so they cannot drift apart.
 async fn exec_contract(backend: &DockerBackend, label: &str) {
     let spec = spec(label)
-        .with_env("FROM_SPEC", "spec")
-        .with_limits(Limits::new().output_bytes(4096));
+        .env("FROM_SPEC", "spec")
+        .limits(Limits::new().output_bytes(4096));
     let sandbox = backend.create(&spec).await.unwrap();
     let _guard = common::Guard::new(backend, &sandbox.id);
     let id = &sandbox.id;

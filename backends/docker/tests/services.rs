@@ -42,9 +42,9 @@ async fn a_service_port_is_published_to_the_host_and_freed_with_the_sandbox() {
     let docker = common::backend(true).await;
     assert!(docker.capabilities().port_exposure);
     let backend: Arc<dyn SandboxBackend> = Arc::new(docker.clone());
-    let spec = SandboxSpec::new("default").with_label(common::TEST_LABEL.0, "services");
+    let spec = SandboxSpec::new("default").label(common::TEST_LABEL.0, "services");
     let online = backend
-        .create(&spec.clone().with_network(Network::Full))
+        .create(&spec.clone().network(Network::Full))
         .await
         .unwrap();
     let _online_guard = common::Guard::new(&docker, &online.id);

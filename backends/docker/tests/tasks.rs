@@ -32,7 +32,7 @@ async fn backend() -> DockerBackend {
 }
 
 fn spec(test: &str) -> SandboxSpec {
-    SandboxSpec::new("default").with_label(common::TEST_LABEL.0, test)
+    SandboxSpec::new("default").label(common::TEST_LABEL.0, test)
 }
 
 /// Fetches a URL from inside the sandbox, retrying while the service starts.

@@ -190,7 +190,7 @@ async fn supervise(
     .await;
     let _ = close.send(true);
     let status = waited
-        .map(|s| convert(s).with_timed_out(timed_out))
+        .map(|s| convert(s).timed_out(timed_out))
         .map_err(|e| format!("waiting for the process failed: {e}"));
     let _ = status_tx.send(Some(status));
 }

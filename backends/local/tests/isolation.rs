@@ -51,8 +51,8 @@ async fn landlock_confines_writes_to_the_workspace() {
     let outside = tempfile::tempdir().unwrap();
     let knowledge = tempfile::tempdir().unwrap();
     std::fs::write(knowledge.path().join("facts.md"), "fact").unwrap();
-    let spec = SandboxSpec::default()
-        .with_mount(Mount::read_only(knowledge.path(), "files".parse().unwrap()));
+    let spec =
+        SandboxSpec::default().mount(Mount::read_only(knowledge.path(), "files".parse().unwrap()));
     let sb = backend.create(&spec).await.unwrap();
 
     let escape = format!("echo x > {}/escaped", outside.path().display());
@@ -145,8 +145,8 @@ async fn namespaces_hide_the_host_and_the_network() {
     std::fs::write(outside.path().join("secret"), "host").unwrap();
     let knowledge = tempfile::tempdir().unwrap();
     std::fs::write(knowledge.path().join("facts.md"), "fact").unwrap();
-    let spec = SandboxSpec::default()
-        .with_mount(Mount::read_only(knowledge.path(), "files".parse().unwrap()));
+    let spec =
+        SandboxSpec::default().mount(Mount::read_only(knowledge.path(), "files".parse().unwrap()));
     let (outside_path, knowledge_path) =
         (outside.path().to_path_buf(), knowledge.path().to_path_buf());
     conformance::with_sandbox(&backend, spec, |id| {

@@ -33,8 +33,8 @@ async fn knowledge_dirs_are_read_only_and_survive_destroy() {
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
     assert!(backend.capabilities().host_mounts);
     let spec = SandboxSpec::default()
-        .with_mount(Mount::read_only(knowledge.path(), p("files")))
-        .with_mount(Mount::read_write(output.path(), p("out")));
+        .mount(Mount::read_only(knowledge.path(), p("files")))
+        .mount(Mount::read_write(output.path(), p("out")));
     let sb = match backend.create(&spec).await {
         Ok(sb) => sb,
         Err(e) if e.kind() == ErrorKind::PermissionDenied || e.kind() == ErrorKind::Backend => {
@@ -106,8 +106,8 @@ async fn knowledge_dirs_are_read_only_and_survive_destroy() {
 async fn a_missing_mount_source_fails_create_and_leaves_nothing() {
     let root = tempfile::tempdir().unwrap();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
-    let spec = SandboxSpec::default()
-        .with_mount(Mount::read_only("/nonexistent/sandcell/dir", p("files")));
+    let spec =
+        SandboxSpec::default().mount(Mount::read_only("/nonexistent/sandcell/dir", p("files")));
     let err = backend.create(&spec).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
     assert_eq!(

@@ -257,7 +257,7 @@ async fn a_fork_bomb_is_contained_and_destroy_leaves_nothing() {
         .kill_grace(Duration::from_millis(200))
         .build()
         .unwrap();
-    let spec = SandboxSpec::default().with_limits(sandcell::Limits::new().pids(64));
+    let spec = SandboxSpec::default().limits(sandcell::Limits::new().pids(64));
     let info = match backend.create(&spec).await {
         Ok(info) => info,
         Err(e) if e.kind() == sandcell::ErrorKind::Unsupported => {

@@ -144,7 +144,7 @@ async fn state_outlives_the_backend_instance() {
     let root = tempfile::tempdir().unwrap();
     let first = LocalBackend::builder().root(root.path()).build().unwrap();
     let sb = first
-        .create(&SandboxSpec::default().with_label("who", "first"))
+        .create(&SandboxSpec::default().label("who", "first"))
         .await
         .unwrap();
     first
@@ -162,7 +162,7 @@ async fn state_outlives_the_backend_instance() {
     let seen = second.inspect(&sb.id).await.unwrap();
     assert_eq!(seen.labels["who"], "first");
     let listed = second
-        .list(&sandcell::LabelSelector::new().with("who", "first"))
+        .list(&sandcell::LabelSelector::new().label("who", "first"))
         .await
         .unwrap();
     assert_eq!(listed.len(), 1);
@@ -266,7 +266,7 @@ async fn overlay_changes_restore_here_and_on_another_backend() {
 
     // Any backend with the same template can take the change set.
     let mock = sandcell::testing::MockBackend::new()
-        .with_template("t", files)
+        .template("t", files)
         .unwrap();
     let other = mock.create(&SandboxSpec::new("t")).await.unwrap();
     snapshot::restore(

@@ -522,7 +522,7 @@ impl SandboxBackend for RemoteBackend {
         let process = sandcell::raw::finished_process(
             Bytes::from(answer.stdout),
             Bytes::from(answer.stderr),
-            status.with_timed_out(timed_out),
+            status.timed_out(timed_out),
         );
         Ok(sandcell::raw::limit_output(process, output_limit))
     }

@@ -69,8 +69,8 @@ async fn every_fly_request_matches_the_published_spec() {
     limits.cpu_millis = Some(1500);
     limits.memory_bytes = Some(256 << 20);
     let mut spec_in = SandboxSpec::new("default")
-        .with_label("sandcell.tenant", "acme")
-        .with_env("GREETING", "hi");
+        .label("sandcell.tenant", "acme")
+        .env("GREETING", "hi");
     spec_in.limits = limits;
     let sandbox = backend.create(&spec_in).await.unwrap();
     backend.inspect(&sandbox.id).await.unwrap();

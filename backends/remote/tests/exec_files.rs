@@ -85,7 +85,7 @@ async fn large_files_and_archives_cross_in_bounded_chunks_and_leave_nothing() {
             .unwrap();
     // The machine's temporary files go to a directory this test watches.
     let machine_tmp = tempfile::tempdir().unwrap();
-    let spec = SandboxSpec::new("default").with_env("TMPDIR", machine_tmp.path().to_str().unwrap());
+    let spec = SandboxSpec::new("default").env("TMPDIR", machine_tmp.path().to_str().unwrap());
     let sandbox = backend.create(&spec).await.unwrap();
     let local = server.local.inspect(&sandbox.id).await.unwrap();
     let workspace = std::path::PathBuf::from(&local.details["host_path"]);

@@ -173,7 +173,7 @@ pub async fn hostile_archives_are_rejected(b: &dyn SandboxBackend) {
                 &id,
                 "endless trailing zeros",
                 trailing,
-                m().with_limits(limits),
+                m().limits(limits),
                 ErrorKind::LimitExceeded,
             )
             .await;

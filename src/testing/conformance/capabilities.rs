@@ -17,44 +17,40 @@ use crate::{
 fn tagged() -> (SandboxSpec, LabelSelector) {
     let run = uuid::Uuid::new_v4().to_string();
     (
-        spec().with_label("conformance.run", &run),
-        LabelSelector::new().with("conformance.run", &run),
+        spec().label("conformance.run", &run),
+        LabelSelector::new().label("conformance.run", &run),
     )
 }
 
 /// The spec fields a capability gates, each with a spec that needs it.
 fn gated_specs(base: &SandboxSpec, host_dir: &std::path::Path) -> Vec<(&'static str, SandboxSpec)> {
     Vec::from([
-        ("network (none)", base.clone().with_network(Network::None)),
-        ("network (full)", base.clone().with_network(Network::Full)),
+        ("network (none)", base.clone().network(Network::None)),
+        ("network (full)", base.clone().network(Network::Full)),
         (
             "network (allowlist)",
             base.clone()
-                .with_network(Network::Allowlist(vec!["example.com:443".to_owned()])),
+                .network(Network::Allowlist(vec!["example.com:443".to_owned()])),
         ),
         (
             "mounts",
             base.clone()
-                .with_mount(Mount::read_write(host_dir, p("mounted"))),
+                .mount(Mount::read_write(host_dir, p("mounted"))),
         ),
         (
             "limits.cpu_millis",
-            base.clone().with_limits(Limits::new().cpu_millis(500)),
+            base.clone().limits(Limits::new().cpu_millis(500)),
         ),
         (
             "limits.memory_bytes",
-            base.clone()
-                .with_limits(Limits::new().memory_bytes(256 << 20)),
+            base.clone().limits(Limits::new().memory_bytes(256 << 20)),
         ),
-        (
-            "limits.pids",
-            base.clone().with_limits(Limits::new().pids(64)),
-        ),
+        ("limits.pids", base.clone().limits(Limits::new().pids(64))),
         (
             "limits.disk_bytes",
-            base.clone().with_limits(Limits::new().disk_bytes(1 << 30)),
+            base.clone().limits(Limits::new().disk_bytes(1 << 30)),
         ),
-        ("user", base.clone().with_user("4321:4321")),
+        ("user", base.clone().user("4321:4321")),
     ])
 }
 
@@ -181,7 +177,7 @@ pub async fn claimed_capabilities_work(b: &dyn SandboxBackend) {
 
     // Calls: each claimed one answers. Ports need a sandbox with a network.
     let calls = if caps.network_full {
-        base.clone().with_network(Network::Full)
+        base.clone().network(Network::Full)
     } else {
         base.clone()
     };

@@ -15,8 +15,8 @@ pub async fn exec_basics(b: &dyn SandboxBackend) {
         return shell_is_refused(b, "exec_basics").await;
     }
     let spec = spec()
-        .with_env("FROM_SPEC", "spec")
-        .with_limits(crate::Limits::new().output_bytes(4096));
+        .env("FROM_SPEC", "spec")
+        .limits(crate::Limits::new().output_bytes(4096));
     with_sandbox(b, spec, |id| async move {
         let out = b
             .run_shell(&id, "echo out; echo err >&2; exit 3")

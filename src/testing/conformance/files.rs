@@ -336,7 +336,7 @@ pub async fn prefix_confusion(b: &dyn SandboxBackend) {
 pub async fn read_only_mounts_refuse_writes(b: &dyn SandboxBackend) {
     let host = tempfile::tempdir().expect("host temp dir");
     std::fs::write(host.path().join("facts.md"), "fact").unwrap();
-    let spec = spec().with_mount(crate::Mount::read_only(host.path(), p("files")));
+    let spec = spec().mount(crate::Mount::read_only(host.path(), p("files")));
     if !b.capabilities().host_mounts {
         assert_kind(
             b.create(&spec).await,

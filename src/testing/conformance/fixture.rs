@@ -127,7 +127,7 @@ where
         let outcome = AssertUnwindSafe(CASE_RUN.scope(run.clone(), case(&backend)))
             .catch_unwind()
             .await;
-        let selector = LabelSelector::new().with(CASE_LABEL, &run);
+        let selector = LabelSelector::new().label(CASE_LABEL, &run);
         let left = match backend.list(&selector).await {
             Ok(left) => left,
             Err(e) if outcome.is_err() => {

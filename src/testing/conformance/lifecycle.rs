@@ -14,11 +14,11 @@ use crate::{
 pub async fn lifecycle(b: &dyn SandboxBackend) {
     let run = uuid::Uuid::new_v4().to_string();
     let spec_a = spec()
-        .with_label("conformance.run", &run)
-        .with_label("conformance.which", "a");
+        .label("conformance.run", &run)
+        .label("conformance.which", "a");
     let spec_b = spec()
-        .with_label("conformance.run", &run)
-        .with_label("conformance.which", "b");
+        .label("conformance.run", &run)
+        .label("conformance.which", "b");
     let a = b.create(&spec_a).await.expect("create a");
     let c = b.create(&spec_b).await.expect("create b");
     assert_ne!(a.id, c.id, "ids are unique");
@@ -35,15 +35,15 @@ pub async fn lifecycle(b: &dyn SandboxBackend) {
     assert_eq!(seen.labels, a.labels);
 
     let both = b
-        .list(&LabelSelector::new().with("conformance.run", &run))
+        .list(&LabelSelector::new().label("conformance.run", &run))
         .await
         .expect("list");
     assert_eq!(both.len(), 2, "list by run label finds both");
     let only_a = b
         .list(
             &LabelSelector::new()
-                .with("conformance.run", &run)
-                .with("conformance.which", "a"),
+                .label("conformance.run", &run)
+                .label("conformance.which", "a"),
         )
         .await
         .expect("list");
@@ -65,7 +65,7 @@ pub async fn lifecycle(b: &dyn SandboxBackend) {
         "read after destroy",
     );
     let left = b
-        .list(&LabelSelector::new().with("conformance.run", &run))
+        .list(&LabelSelector::new().label("conformance.run", &run))
         .await
         .expect("list");
     assert_eq!(left.iter().map(|i| &i.id).collect::<Vec<_>>(), vec![&c.id]);
@@ -75,16 +75,14 @@ pub async fn lifecycle(b: &dyn SandboxBackend) {
 /// Bad specs and unknown templates fail before anything is created.
 pub async fn create_rejects_bad_specs(b: &dyn SandboxBackend) {
     let run = uuid::Uuid::new_v4().to_string();
-    let selector = LabelSelector::new().with("conformance.run", &run);
-    let bad = spec()
-        .with_label("conformance.run", &run)
-        .with_env("BAD=NAME", "x");
+    let selector = LabelSelector::new().label("conformance.run", &run);
+    let bad = spec().label("conformance.run", &run).env("BAD=NAME", "x");
     assert_kind(
         b.create(&bad).await,
         ErrorKind::InvalidInput,
         "env name with '='",
     );
-    let mut unknown = spec().with_label("conformance.run", &run);
+    let mut unknown = spec().label("conformance.run", &run);
     unknown.template = format!("no-such-template-{run}");
     assert_kind(
         b.create(&unknown).await,
@@ -167,7 +165,7 @@ pub async fn pause_resume(b: &dyn SandboxBackend) {
 /// for an unknown sandbox, and (where the sandbox has busybox) a listener inside the
 /// sandbox answers on `127.0.0.1:port` of this host.
 pub async fn published_ports(b: &dyn SandboxBackend) {
-    let spec = spec().with_network(crate::Network::Full);
+    let spec = spec().network(crate::Network::Full);
     with_sandbox(b, spec, |id| async move {
         if !b.capabilities().port_exposure {
             assert_kind(

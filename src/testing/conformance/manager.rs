@@ -66,7 +66,7 @@ pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
     assert_eq!(&read.unwrap()[..], b"kept");
 
     let orphan = backend
-        .create(&spec().with_label(LABEL_MANAGER, &manager_id))
+        .create(&spec().label(LABEL_MANAGER, &manager_id))
         .await
         .unwrap();
     let bystander = backend.create(&spec()).await.unwrap();

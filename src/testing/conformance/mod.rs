@@ -61,9 +61,9 @@ pub const TEST_LABEL: (&str, &str) = ("sandcell.test", "conformance");
 
 /// The spec conformance sandboxes are created from.
 pub fn spec() -> SandboxSpec {
-    let spec = SandboxSpec::new("default").with_label(TEST_LABEL.0, TEST_LABEL.1);
+    let spec = SandboxSpec::new("default").label(TEST_LABEL.0, TEST_LABEL.1);
     match fixture::case_run() {
-        Some(run) => spec.with_label(fixture::CASE_LABEL, run),
+        Some(run) => spec.label(fixture::CASE_LABEL, run),
         None => spec,
     }
 }

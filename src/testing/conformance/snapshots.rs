@@ -185,7 +185,7 @@ pub async fn hostile_snapshots_are_rejected(b: &dyn SandboxBackend) {
         bomb_manifest.sha256 = hex::encode(<sha2::Sha256 as sha2::Digest>::digest(&bomb));
         let limits = ArchiveLimits::default().max_bytes(1 << 20).max_entries(10);
         assert_kind(
-            restore(bomb, bomb_manifest, ImportOptions::replace().with_limits(limits)).await,
+            restore(bomb, bomb_manifest, ImportOptions::replace().limits(limits)).await,
             ErrorKind::LimitExceeded,
             "zstd bomb",
         );

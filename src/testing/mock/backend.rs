@@ -176,7 +176,7 @@ impl SandboxBackend for MockBackend {
                     }
                     ExitStatus::exited(reply.exit_code)
                 }
-                _ = deadline => ExitStatus::signaled(9).with_timed_out(true),
+                _ = deadline => ExitStatus::signaled(9).timed_out(true),
                 _ = kill_rx => ExitStatus::signaled(9),
             };
             drop(out_tx);

@@ -59,17 +59,17 @@ impl MockReply {
         }
     }
     /// Sets stderr.
-    pub fn with_stderr(mut self, data: impl Into<Bytes>) -> Self {
+    pub fn stderr(mut self, data: impl Into<Bytes>) -> Self {
         self.stderr = data.into();
         self
     }
     /// Sets the exit code.
-    pub fn with_exit_code(mut self, code: i32) -> Self {
+    pub fn exit_code(mut self, code: i32) -> Self {
         self.exit_code = code;
         self
     }
     /// Sets the delay before answering.
-    pub fn with_delay(mut self, delay: Duration) -> Self {
+    pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = delay;
         self
     }
@@ -92,7 +92,7 @@ struct State {
 /// An in-memory [`SandboxBackend`] for tests and examples.
 ///
 /// It has the template `"default"` (empty) plus any added with
-/// [`MockBackend::with_template`]. `exec` runs handlers registered with
+/// [`MockBackend::template`]. `exec` runs handlers registered with
 /// [`MockBackend::on_exec`]; a program without a handler is `NotFound`, as a program
 /// missing from `PATH` is on real backends.
 ///
@@ -159,13 +159,13 @@ impl MockBackend {
 
     /// Reports `capabilities` instead of the mock's own, to test code that checks them
     /// (the mock's behaviour does not change).
-    pub fn with_capabilities(mut self, capabilities: Capabilities) -> Self {
+    pub fn set_capabilities(mut self, capabilities: Capabilities) -> Self {
         self.capabilities = capabilities;
         self
     }
 
     /// Adds a template whose workspace holds `files` (path, contents).
-    pub fn with_template<'a>(
+    pub fn template<'a>(
         mut self,
         name: &str,
         files: impl IntoIterator<Item = (&'a str, &'a [u8])>,
@@ -209,8 +209,8 @@ impl MockBackend {
         let options: Options = crate::config::backend_options("mock", options)?;
         let mut backend = MockBackend::new();
         for (name, files) in &options.templates {
-            backend = backend
-                .with_template(name, files.iter().map(|(p, c)| (p.as_str(), c.as_bytes())))?;
+            backend =
+                backend.template(name, files.iter().map(|(p, c)| (p.as_str(), c.as_bytes())))?;
         }
         Ok(Box::new(backend))
     }

@@ -44,11 +44,11 @@ async fn exec_handlers_see_env_stdin_and_cwd() {
             String::from_utf8_lossy(&call.stdin),
             call.cwd
         ))
-        .with_stderr("warn")
-        .with_exit_code(4)
+        .stderr("warn")
+        .exit_code(4)
     });
     let sb = b
-        .create(&SandboxSpec::default().with_env("A", "spec"))
+        .create(&SandboxSpec::default().env("A", "spec"))
         .await
         .unwrap();
     b.mkdir(&sb.id, &p("w")).await.unwrap();
@@ -69,7 +69,7 @@ async fn exec_stdin_writer_timeout_and_kill() {
     let b = MockBackend::new()
         .on_exec("cat", |call| MockReply::stdout(call.stdin.clone()))
         .on_exec("sleep", |_| {
-            MockReply::default().with_delay(Duration::from_secs(3600))
+            MockReply::default().delay(Duration::from_secs(3600))
         });
     let sb = b.create(&SandboxSpec::default()).await.unwrap();
 
@@ -100,7 +100,7 @@ async fn exec_stdin_writer_timeout_and_kill() {
 #[tokio::test]
 async fn changes_cover_edits_deletions_and_kind_changes() {
     let b = MockBackend::new()
-        .with_template(
+        .template(
             "t",
             [
                 ("keep.txt", &b"same"[..]),

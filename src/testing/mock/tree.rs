@@ -106,7 +106,7 @@ pub(super) fn info_of(path: SandboxPath, node: &Node) -> FileInfo {
         Node::File { data, mode } => FileInfo::new(path, FileKind::File, data.len() as u64, *mode),
         Node::Dir { mode } => FileInfo::new(path, FileKind::Dir, 0, *mode),
         Node::Symlink(target) => FileInfo::new(path, FileKind::Symlink, target.len() as u64, 0o777)
-            .with_symlink_target(Some(target.clone())),
+            .symlink_target(Some(target.clone())),
     }
 }
 

@@ -123,7 +123,7 @@ pub(crate) async fn backend(with_agent: bool) -> DockerBackend {
 
 /// Test containers still on the engine (any `sandcell.test` label).
 pub(crate) async fn leftovers(backend: &DockerBackend) -> Vec<String> {
-    let selector = sandcell::LabelSelector::new().with_key(TEST_LABEL.0);
+    let selector = sandcell::LabelSelector::new().label_present(TEST_LABEL.0);
     backend
         .list(&selector)
         .await

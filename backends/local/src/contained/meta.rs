@@ -43,11 +43,11 @@ impl Meta {
 
     pub(super) fn info(&self, path: SandboxPath, symlink_target: Option<String>) -> FileInfo {
         FileInfo::new(path, self.kind, self.size, self.mode)
-            .with_modified(chrono::DateTime::from_timestamp(
+            .modified(chrono::DateTime::from_timestamp(
                 self.mtime,
                 self.mtime_nsec,
             ))
-            .with_symlink_target(symlink_target)
+            .symlink_target(symlink_target)
     }
 
     /// A normalized tar header: mode masked to `0o777`, owner 0.

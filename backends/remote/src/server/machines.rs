@@ -47,8 +47,8 @@ pub(super) async fn create(
     // One create at a time: the name check and the create must not interleave.
     let _creating = state.creating.lock().await;
     let selector = LabelSelector::new()
-        .with(APP_LABEL, &app)
-        .with(NAME_LABEL, &name);
+        .label(APP_LABEL, &app)
+        .label(NAME_LABEL, &name);
     if !state.backend.list(&selector).await?.is_empty() {
         return Err(ApiError(Error::new(
             ErrorKind::AlreadyExists,
@@ -151,7 +151,7 @@ pub(super) async fn list(
     State(state): State<AppState>,
     Path(app): Path<String>,
 ) -> ApiResult<Json<Vec<Machine>>> {
-    let selector = LabelSelector::new().with(APP_LABEL, &app);
+    let selector = LabelSelector::new().label(APP_LABEL, &app);
     let infos = state.backend.list(&selector).await?;
     Ok(Json(infos.iter().map(|i| machine_of(&state, i)).collect()))
 }
