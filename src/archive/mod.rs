@@ -23,10 +23,7 @@ pub(crate) mod check;
 pub(crate) mod pack;
 pub(crate) mod unpack;
 
-pub(crate) use check::{
-    parse_error, read_entries, read_entries_with, CappedReader, CheckedEntry, EntryChecker,
-    EntryKind,
-};
+pub(crate) use check::{parse_error, read_entries, CappedReader, CheckedEntry, EntryKind};
 #[cfg(feature = "testing")]
 pub(crate) use pack::entry_header;
 pub use pack::PackStats;

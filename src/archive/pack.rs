@@ -8,7 +8,8 @@ use std::io::{Read, Write};
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
-use super::{ArchiveLimits, EntryChecker};
+use super::check::EntryChecker;
+use super::ArchiveLimits;
 use crate::error::{Error, Result};
 
 /// What a pack wrote.

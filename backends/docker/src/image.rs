@@ -319,26 +319,10 @@ async fn derive(docker: &Docker, base: &str, layer: &Layer) -> Result<String> {
     if docker.inspect_image(&tag).await.is_ok() {
         return Ok(tag);
     }
-    let name = format!("sandcell-prepare-{}", uuid::Uuid::new_v4().simple());
-    let body = bollard::models::ContainerCreateBody {
-        image: Some(base.to_owned()),
-        cmd: Some(vec![AGENT_PATH.to_owned(), "serve".to_owned()]),
-        entrypoint: Some(Vec::new()),
-        // No labels: a commit copies them into the image, and so into every sandbox.
-        // A crash mid-way leaves a stopped container named `sandcell-prepare-*`.
-        ..Default::default()
-    };
-    docker
-        .create_container(
-            Some(CreateContainerOptions {
-                name: Some(name.clone()),
-                ..Default::default()
-            }),
-            body,
-        )
-        .await
-        .map_err(|e| engine("creating a container to prepare the image", e))?;
-    let result = async {
+    // No labels: a commit copies them into the image, and so into every sandbox. A
+    // crash mid-way leaves a stopped container named `sandcell-prepare-*`.
+    let cmd = vec![AGENT_PATH.to_owned(), "serve".to_owned()];
+    with_scratch_container(docker, "sandcell-prepare", base, cmd, |name| async move {
         let owner = crate::user::resolve(docker, &name, layer.user.as_deref()).await?;
         let layer = layer.clone();
         let tar = tokio::task::spawn_blocking(move || layer_tar(&layer, owner))
@@ -372,8 +356,42 @@ async fn derive(docker: &Docker, base: &str, layer: &Layer) -> Result<String> {
             .await
             .map_err(|e| engine("committing sandcell's layer", e))?;
         Ok(tag.clone())
-    }
-    .await;
+    })
+    .await
+}
+
+/// Runs `job` on a container of `image` that is created (named `prefix-<uuid>`, with
+/// `cmd`), never started, and removed afterwards whatever `job` answered: for reading
+/// or changing an image's file system through the engine's archive API.
+pub(crate) async fn with_scratch_container<T, F, Fut>(
+    docker: &Docker,
+    prefix: &str,
+    image: &str,
+    cmd: Vec<String>,
+    job: F,
+) -> Result<T>
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<T>>,
+{
+    let name = format!("{prefix}-{}", uuid::Uuid::new_v4().simple());
+    let body = bollard::models::ContainerCreateBody {
+        image: Some(image.to_owned()),
+        cmd: Some(cmd),
+        entrypoint: Some(Vec::new()),
+        ..Default::default()
+    };
+    docker
+        .create_container(
+            Some(CreateContainerOptions {
+                name: Some(name.clone()),
+                ..Default::default()
+            }),
+            body,
+        )
+        .await
+        .map_err(|e| engine(format_args!("creating a scratch container of {image}"), e))?;
+    let result = job(name.clone()).await;
     let _ = docker
         .remove_container(
             &name,

@@ -1,9 +1,7 @@
 //! What a prepared image offers that capabilities report: whether `python3` is on its
 //! `PATH`, read from the file system of a created, never started, container.
 
-use bollard::query_parameters::{
-    ContainerArchiveInfoOptions, CreateContainerOptions, RemoveContainerOptions,
-};
+use bollard::query_parameters::ContainerArchiveInfoOptions;
 use bollard::Docker;
 use sandcell::Result;
 
@@ -28,43 +26,17 @@ pub(crate) async fn has_python(docker: &Docker, image: &str) -> Result<bool> {
         .iter()
         .find_map(|var| var.strip_prefix("PATH=").map(str::to_owned))
         .unwrap_or_else(|| DEFAULT_PATH.to_owned());
-    let name = format!("sandcell-probe-{}", uuid::Uuid::new_v4().simple());
-    let body = bollard::models::ContainerCreateBody {
-        image: Some(image.to_owned()),
-        // Never started: the command only has to be there for the create.
-        cmd: Some(vec!["python3".to_owned()]),
-        entrypoint: Some(Vec::new()),
-        network_disabled: Some(true),
-        ..Default::default()
-    };
-    docker
-        .create_container(
-            Some(CreateContainerOptions {
-                name: Some(name.clone()),
-                ..Default::default()
-            }),
-            body,
-        )
-        .await
-        .map_err(|e| engine(format_args!("creating a container to probe {image}"), e))?;
-    let mut found = false;
-    for dir in path.split(':').filter(|d| d.starts_with('/')) {
-        if is_executable(docker, &name, &format!("{dir}/python3")).await {
-            found = true;
-            break;
+    // Never started: the command only has to be there for the create.
+    let cmd = vec!["python3".to_owned()];
+    crate::image::with_scratch_container(docker, "sandcell-probe", image, cmd, |name| async move {
+        for dir in path.split(':').filter(|d| d.starts_with('/')) {
+            if is_executable(docker, &name, &format!("{dir}/python3")).await {
+                return Ok(true);
+            }
         }
-    }
-    let _ = docker
-        .remove_container(
-            &name,
-            Some(RemoveContainerOptions {
-                force: true,
-                v: true,
-                ..Default::default()
-            }),
-        )
-        .await;
-    Ok(found)
+        Ok(false)
+    })
+    .await
 }
 
 /// Whether `path` in `container` is (or links to) a file someone may execute.

@@ -5,7 +5,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
-use crate::archive::{self, EntryChecker, EntryKind, ImportMode, ImportOptions};
+use crate::archive::{self, EntryKind, ImportMode, ImportOptions};
 use crate::backend::{ByteStream, Changes, SandboxBackend};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
@@ -13,6 +13,7 @@ use crate::exec::{ExecRequest, ExitStatus};
 use crate::fs::{DirEntry, FileInfo, FileKind};
 use crate::path::SandboxPath;
 use crate::process::Process;
+use crate::raw::archive::{read_entries_with, EntryChecker};
 use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 use crate::spec::SandboxSpec;
 
@@ -484,7 +485,7 @@ impl SandboxBackend for MockBackend {
                     files.insert(target, node);
                     Ok(())
                 };
-            archive::read_entries_with(
+            read_entries_with(
                 checker,
                 std::io::Cursor::new(data),
                 &options.limits,
