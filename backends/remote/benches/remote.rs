@@ -60,17 +60,17 @@ fn main() {
 
         println!("exec `true`, {rounds} rounds each (same sandbox, same local backend)");
         println!(
-            "  in-process local backend : p50 {:>7.3} ms   p90 {:>7.3} ms",
+            "  in-process local backend  : p50 {:>7.3} ms   p90 {:>7.3} ms",
             ms(local_p50),
             ms(local_p90)
         );
         println!(
-            "  remote over loopback HTTP: p50 {:>7.3} ms   p90 {:>7.3} ms",
+            "  remote, wire over loopback: p50 {:>7.3} ms   p90 {:>7.3} ms",
             ms(remote_p50),
             ms(remote_p90)
         );
         println!(
-            "  added by the HTTP hop    : p50 {:>7.3} ms   (target: at most 3 ms)",
+            "  added by the remote hop    : p50 {:>7.3} ms   (target: at most 3 ms)",
             ms(remote_p50.saturating_sub(local_p50))
         );
     });
