@@ -636,3 +636,77 @@ async fn python_is_claimed_for_an_image_that_has_it_and_only_then() {
     assert_eq!(out.stdout_str(), "from-python3\n");
     with_python.destroy(&sandbox.id).await.unwrap();
 }
+
+/// A paused Docker session (the agent frozen, `files_while_paused` not claimed) is
+/// thawed for its snapshot and paused again, and a lifetime reap snapshots it before it
+/// goes: nothing fails pass after pass, and the session comes back with its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_session_snapshots_and_expires_through_the_manager() {
+    use sandcell::manager::SuspendStrategy;
+    use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore, SessionKey};
+    use sandcell::{ReleaseMode, SandboxManager, SandboxStatus};
+    if !common::engine_available().await {
+        return;
+    }
+    let docker = common::backend(true).await;
+    let backend: Arc<dyn SandboxBackend> = Arc::new(docker.clone());
+    assert!(!backend.capabilities().files_while_paused);
+    let manager = SandboxManager::builder(Arc::clone(&backend))
+        .state_store(InMemoryStateStore::new())
+        .snapshot_store(InMemorySnapshotStore::new())
+        .suspend_strategy(SuspendStrategy::Pause)
+        .max_lifetime(Duration::from_secs(3))
+        .build()
+        .await
+        .unwrap();
+    let key = SessionKey::new("t", "paused-docker").unwrap();
+    let notes = || sandcell::SandboxPath::new("notes.txt").unwrap();
+    let handle = manager
+        .acquire(&key, &spec("paused-session"))
+        .await
+        .unwrap();
+    let id = handle.id().clone();
+    handle
+        .call("write", |b, id| async move {
+            b.write(id, &notes(), bytes::Bytes::from_static(b"kept"))
+                .await
+        })
+        .await
+        .unwrap();
+    manager.release(&key, ReleaseMode::Suspend).await.unwrap();
+    assert_eq!(
+        backend.inspect(&id).await.unwrap().status,
+        SandboxStatus::Paused
+    );
+    let err = backend.read(&id, &notes()).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidState, "{err}");
+
+    manager.snapshot(&key).await.unwrap();
+    assert_eq!(
+        backend.inspect(&id).await.unwrap().status,
+        SandboxStatus::Paused,
+        "paused again after the snapshot"
+    );
+
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let report = manager.reap_once().await.unwrap();
+    assert!(
+        report.snapshot_failures.is_empty(),
+        "{:?}",
+        report.snapshot_failures
+    );
+    assert_eq!(report.expired, vec![key.clone()]);
+    let gone = docker.docker().inspect_container(id.as_str(), None).await;
+    assert!(gone.is_err(), "the expired container is destroyed");
+
+    let back = manager
+        .acquire(&key, &spec("paused-session"))
+        .await
+        .unwrap();
+    let data = back
+        .call("read", |b, id| async move { b.read(id, &notes()).await })
+        .await
+        .unwrap();
+    assert_eq!(&data[..], b"kept");
+    manager.release(&key, ReleaseMode::Purge).await.unwrap();
+}

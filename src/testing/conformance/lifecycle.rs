@@ -137,16 +137,46 @@ pub async fn pause_resume(b: &dyn SandboxBackend) {
         b.pause(&id).await.expect("pause");
         assert_eq!(b.inspect(&id).await.unwrap().status, SandboxStatus::Paused);
         if b.capabilities().files_while_paused {
+            // The claim covers what a snapshot of a paused sandbox needs: reading,
+            // writing, listing and archiving.
             assert_eq!(
                 &b.read(&id, &p("paused/f")).await.unwrap()[..],
                 b"kept",
                 "files readable while paused"
             );
+            b.write(&id, &p("paused/g"), Bytes::from_static(b"new"))
+                .await
+                .expect("files writable while paused");
+            assert_eq!(
+                b.list_dir(&id, &p("paused")).await.unwrap().len(),
+                2,
+                "directories listable while paused"
+            );
+            let tar = b
+                .export_tar(&id, &p("paused"))
+                .await
+                .expect("export while paused");
+            let bytes = futures::TryStreamExt::try_fold(tar, 0usize, |n, chunk| async move {
+                Ok(n + chunk.len())
+            })
+            .await
+            .expect("export while paused");
+            assert!(bytes > 0, "an export while paused carries the files");
         } else {
             assert_kind(
                 b.read(&id, &p("paused/f")).await,
                 ErrorKind::InvalidState,
                 "read while paused without files_while_paused",
+            );
+            assert_kind(
+                b.write(&id, &p("paused/g"), Bytes::new()).await,
+                ErrorKind::InvalidState,
+                "write while paused without files_while_paused",
+            );
+            assert_kind(
+                b.export_tar(&id, &p("paused")).await.map(|_| ()),
+                ErrorKind::InvalidState,
+                "export while paused without files_while_paused",
             );
         }
         assert_kind(

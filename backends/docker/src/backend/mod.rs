@@ -384,7 +384,9 @@ impl SandboxBackend for DockerBackend {
         caps.pids_limit = true;
         caps.choose_user = true;
         caps.symlinks = true;
-        caps.files_while_paused = true;
+        // A paused container's agent is frozen: file operations need it running, so
+        // the manager thaws a paused session around its snapshots.
+        caps.files_while_paused = false;
         caps.interactive_exec = true;
         caps.port_exposure = true;
         // Known once every template's image is prepared (`prepare_images`, or the
@@ -602,8 +604,10 @@ impl SandboxBackend for DockerBackend {
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
         let settings = self.settings(id).await?;
-        // A paused sandbox's agent is frozen; the engine can still read its files.
-        if !settings.agent || lock(&self.inner.paused).contains(id) {
+        // Refused while paused like every file operation (`files_while_paused` is not
+        // claimed): one read working would not make snapshots of a paused sandbox work.
+        self.check_not_paused(id)?;
+        if !settings.agent {
             return crate::archive::read_file(
                 &self.inner.docker,
                 id.as_str(),
