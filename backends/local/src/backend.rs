@@ -489,9 +489,14 @@ impl SandboxBackend for LocalBackend {
         env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
-        let cgroup_procs = match &meta.cgroups {
-            Some(cg) => cg.join_fds()?,
-            None => Vec::new(),
+        // A cgroup per command, so a timeout or kill reaches what left its group.
+        let command_cgroup = match &meta.cgroups {
+            Some(cg) => Some(cg.command()?),
+            None => None,
+        };
+        let cgroup_procs = match (&meta.cgroups, &command_cgroup) {
+            (Some(cg), Some(command)) => cg.join_fds_for(command)?,
+            _ => Vec::new(),
         };
         let landlock = match self.inner.probed.landlock_abi {
             Some(abi) => Some(self.ruleset(id, abi, &dir)?),
@@ -510,6 +515,7 @@ impl SandboxBackend for LocalBackend {
                 landlock,
                 max_file_bytes: meta.spec.limits.disk_bytes,
             },
+            cgroup: command_cgroup,
         })?;
         // The cgroup already tracks every process; the group list is for hosts without.
         if meta.cgroups.is_none() {

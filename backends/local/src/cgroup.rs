@@ -195,46 +195,34 @@ impl SandboxCgroups {
 
     /// `cgroup.procs` of every directory, opened for a child to join before it execs.
     pub(crate) fn join_fds(&self) -> Result<Vec<OwnedFd>> {
-        let mut fds = Vec::new();
-        for dir in self.dirs() {
-            let path = dir.join("cgroup.procs");
-            let fd = rustix::fs::open(&path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
-                .map_err(|e| Error::io(format_args!("opening {}", path.display()), e.into()))?;
-            fds.push(fd);
-        }
-        Ok(fds)
+        self.dirs().map(procs_fd).collect()
     }
 
-    /// Process ids in the sandbox's cgroup.
-    pub(crate) fn pids(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.unified.join("cgroup.procs"))
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
+    /// A cgroup of one command's own beneath the sandbox's v2 cgroup (limits still
+    /// apply from above): whatever the command starts stays in it, `setsid` and double
+    /// forks included, so a timeout or kill can end all of it.
+    pub(crate) fn command(&self) -> Result<CommandCgroup> {
+        let dir = self.unified.join(format!(
+            "cmd-{}",
+            &uuid::Uuid::new_v4().simple().to_string()[..16]
+        ));
+        make_dir(&dir)?;
+        Ok(CommandCgroup { dir })
+    }
+
+    /// Like [`join_fds`](Self::join_fds), joining `command`'s v2 cgroup instead of the
+    /// sandbox's own.
+    pub(crate) fn join_fds_for(&self, command: &CommandCgroup) -> Result<Vec<OwnedFd>> {
+        std::iter::once(command.dir.as_path())
+            .chain(self.dirs().skip(1))
+            .map(procs_fd)
             .collect()
     }
 
-    /// Kills every member, including those that left their process group, and waits
-    /// (up to `wait`) until the cgroup is empty.
+    /// Kills every member, its commands' cgroups included, and waits (up to `wait`)
+    /// until none is left.
     pub(crate) fn kill_all(&self, wait: Duration) {
-        let has_kill_file = self.unified.join("cgroup.kill").exists();
-        let deadline = Instant::now() + wait;
-        loop {
-            let pids = self.pids();
-            if pids.is_empty() || Instant::now() > deadline {
-                return;
-            }
-            if has_kill_file {
-                let _ = std::fs::write(self.unified.join("cgroup.kill"), "1");
-            } else {
-                for pid in pids {
-                    if let Some(pid) = rustix::process::Pid::from_raw(pid) {
-                        let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
-                    }
-                }
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        kill_tree(&self.unified, wait);
     }
 
     /// Freezes (`true`) or thaws the cgroup; `false` if this kernel has no v2 freezer.
@@ -248,9 +236,15 @@ impl SandboxCgroups {
         Ok(true)
     }
 
-    /// Removes the directories; best effort. A process that joined after the last kill
-    /// keeps a directory busy, so busy means kill again, then retry.
+    /// Removes the directories, the commands' cgroups first; best effort. A process
+    /// that joined after the last kill keeps a directory busy, so busy means kill
+    /// again, then retry.
     pub(crate) fn remove(&self) {
+        if let Ok(children) = std::fs::read_dir(&self.unified) {
+            for child in children.flatten().filter(|c| c.path().is_dir()) {
+                CommandCgroup { dir: child.path() }.remove_when_empty(Duration::from_secs(1));
+            }
+        }
         for dir in self.dirs() {
             for _ in 0..50 {
                 match std::fs::remove_dir(dir) {
@@ -262,6 +256,102 @@ impl SandboxCgroups {
                 }
             }
         }
+    }
+}
+
+/// One command's cgroup (see [`SandboxCgroups::command`]).
+#[derive(Debug)]
+pub(crate) struct CommandCgroup {
+    dir: PathBuf,
+}
+
+impl CommandCgroup {
+    /// Sends `signal` to every member.
+    pub(crate) fn signal_all(&self, signal: rustix::process::Signal) {
+        for pid in subtree_pids(&self.dir) {
+            if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                let _ = rustix::process::kill_process(pid, signal);
+            }
+        }
+    }
+
+    /// Whether no process is left in it.
+    pub(crate) fn is_empty(&self) -> bool {
+        !populated(&self.dir)
+    }
+
+    /// Kills every member and waits (up to `wait`) until none is left.
+    pub(crate) fn kill_all(&self, wait: Duration) {
+        kill_tree(&self.dir, wait);
+    }
+
+    /// Removes the cgroup if it is (or, within `wait`, becomes) empty; a command's
+    /// background processes that outlived it keep it until the sandbox goes.
+    pub(crate) fn remove_when_empty(&self, wait: Duration) {
+        let deadline = Instant::now() + wait;
+        while populated(&self.dir) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+impl Drop for CommandCgroup {
+    /// Removes the cgroup if it is empty (rmdir(2) refuses one that is not): a
+    /// command that never started leaves nothing, and one whose background processes
+    /// outlived it keeps its cgroup until the sandbox is reset or destroyed.
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+fn procs_fd(dir: &Path) -> Result<OwnedFd> {
+    let path = dir.join("cgroup.procs");
+    rustix::fs::open(&path, OFlags::WRONLY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(|e| Error::io(format_args!("opening {}", path.display()), e.into()))
+}
+
+/// The processes in cgroup `dir` and every cgroup beneath it.
+fn subtree_pids(dir: &Path) -> Vec<i32> {
+    let mut pids: Vec<i32> = std::fs::read_to_string(dir.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse().ok())
+        .collect();
+    if let Ok(children) = std::fs::read_dir(dir) {
+        for child in children.flatten().filter(|c| c.path().is_dir()) {
+            pids.extend(subtree_pids(&child.path()));
+        }
+    }
+    pids
+}
+
+/// Whether any process is in `dir` or beneath it (`cgroup.events` says so in one read
+/// where the kernel has it).
+fn populated(dir: &Path) -> bool {
+    match std::fs::read_to_string(dir.join("cgroup.events")) {
+        Ok(events) => events.lines().any(|l| l.trim() == "populated 1"),
+        Err(_) => !subtree_pids(dir).is_empty(),
+    }
+}
+
+/// Kills every process in `dir` and beneath it (`cgroup.kill` where the kernel has it,
+/// which forks cannot outrun), and waits up to `wait` until none is left.
+fn kill_tree(dir: &Path, wait: Duration) {
+    let kill_file = dir.join("cgroup.kill");
+    let has_kill_file = kill_file.exists();
+    let deadline = Instant::now() + wait;
+    while populated(dir) && Instant::now() <= deadline {
+        if has_kill_file {
+            let _ = std::fs::write(&kill_file, "1");
+        } else {
+            for pid in subtree_pids(dir) {
+                if let Some(pid) = rustix::process::Pid::from_raw(pid) {
+                    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+                }
+            }
+        }
+        std::thread::sleep(Duration::from_millis(5));
     }
 }
 

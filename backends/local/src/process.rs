@@ -1,5 +1,7 @@
-//! Running commands: a process group per exec, a clean environment, timeouts and kills
-//! that take the whole tree (SIGTERM, grace period, SIGKILL), and output that drains.
+//! Running commands: a process group per exec (and a cgroup of its own where the
+//! sandbox has cgroups), a clean environment, timeouts and kills that take the whole
+//! tree (SIGTERM, grace period, SIGKILL) — what left the group with `setsid`, `nohup` or
+//! a double fork included, through the command's cgroup — and output that drains.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -37,6 +39,9 @@ pub(crate) struct Launch {
     pub(crate) grace: Duration,
     /// What the child does before it execs (cgroups, Landlock).
     pub(crate) setup: crate::sys::ChildSetup,
+    /// The command's own cgroup, which `setup` joins: a timeout or kill ends all of
+    /// it, whatever left the process group.
+    pub(crate) cgroup: Option<crate::cgroup::CommandCgroup>,
 }
 
 /// Starts the command in its own process group and returns the handle and the group id.
@@ -87,7 +92,10 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
 
     tokio::spawn(supervise(
         child,
-        pgid,
+        Tree {
+            pgid,
+            cgroup: launch.cgroup.map(std::sync::Arc::new),
+        },
         launch.timeout,
         launch.grace,
         kill_rx,
@@ -155,9 +163,16 @@ type Drains = (
     watch::Sender<bool>,
 );
 
+/// Everything one command started: its process group, and its cgroup where there is
+/// one (which holds what left the group too).
+struct Tree {
+    pgid: i32,
+    cgroup: Option<std::sync::Arc<crate::cgroup::CommandCgroup>>,
+}
+
 async fn supervise(
     mut child: tokio::process::Child,
-    pgid: i32,
+    tree: Tree,
     timeout: Option<Duration>,
     grace: Duration,
     mut kill_rx: mpsc::Receiver<()>,
@@ -173,14 +188,17 @@ async fn supervise(
     let (waited, timed_out) = tokio::select! {
         status = child.wait() => (status, false),
         _ = deadline => {
-            kill_group(pgid, grace, &mut child).await;
+            kill_tree(&tree, grace, &mut child).await;
             (child.wait().await, true)
         }
         Some(()) = kill_rx.recv() => {
-            kill_group(pgid, grace, &mut child).await;
+            kill_tree(&tree, grace, &mut child).await;
             (child.wait().await, false)
         }
     };
+    // The command's cgroup goes with `tree` if it is empty; background processes of a
+    // command that exited on its own keep it (and run on) until reset or destroy.
+    drop(tree);
     // Let output already written arrive, but never wait on a pipe a background
     // process holds open.
     let _ = tokio::time::timeout(DRAIN_AFTER_EXIT, async {
@@ -204,18 +222,25 @@ fn convert(status: std::process::ExitStatus) -> ExitStatus {
     }
 }
 
-/// SIGTERM to the whole group, up to `grace` for it to go, then SIGKILL.
-pub(crate) async fn kill_group(pgid: i32, grace: Duration, child: &mut tokio::process::Child) {
-    signal_group(pgid, Signal::TERM);
+/// SIGTERM to everything the command started, up to `grace` for it to go, then
+/// SIGKILL: the process group, and the command's cgroup (what left the group).
+async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Child) {
+    signal_group(tree.pgid, Signal::TERM);
+    if let Some(cgroup) = &tree.cgroup {
+        cgroup.signal_all(Signal::TERM);
+    }
     let _ = tokio::time::timeout(grace, async {
         let _ = child.wait().await;
-        // The leader is gone; wait for the rest of its group too.
-        while group_alive(pgid) {
+        // The leader is gone; wait for the rest of its tree too.
+        while group_alive(tree.pgid) || tree.cgroup.as_ref().is_some_and(|c| !c.is_empty()) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     })
     .await;
-    signal_group(pgid, Signal::KILL);
+    signal_group(tree.pgid, Signal::KILL);
+    if let Some(cgroup) = tree.cgroup.clone() {
+        let _ = tokio::task::spawn_blocking(move || cgroup.kill_all(Duration::from_secs(5))).await;
+    }
 }
 
 /// Sends `signal` to every process of the group; a group that is gone is not an error.

@@ -116,9 +116,22 @@ fn namespaces_backend(root: &std::path::Path) -> Option<LocalBackend> {
 
 /// How many `sleep 1000` processes are in the sandbox's cgroup.
 fn sleepers(info: &sandcell::SandboxInfo) -> usize {
-    std::fs::read_to_string(format!("{}/cgroup.procs", info.details["cgroup"]))
-        .unwrap_or_default()
-        .lines()
+    // The sandbox's cgroup and its commands' cgroups beneath it.
+    fn procs(dir: &std::path::Path) -> Vec<String> {
+        let mut pids: Vec<String> = std::fs::read_to_string(dir.join("cgroup.procs"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        for child in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if child.path().is_dir() {
+                pids.extend(procs(&child.path()));
+            }
+        }
+        pids
+    }
+    procs(std::path::Path::new(&info.details["cgroup"]))
+        .iter()
         .filter(|pid| {
             std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == b"sleep\x001000\x00")
         })

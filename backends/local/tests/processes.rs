@@ -375,3 +375,77 @@ async fn default_and_disk_limits_apply() {
     );
     backend.destroy(&info.id).await.unwrap();
 }
+
+/// A timeout or a kill ends everything the command started, `setsid`, `nohup` and a
+/// double fork included (each command has a cgroup of its own); a command that exits
+/// on its own may leave background processes, which run until the sandbox goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeouts_and_kills_end_what_left_the_process_group() {
+    let f = fixture().await;
+    let info = f.backend.inspect(&f.id).await.unwrap();
+    if !has_cgroup(&info) {
+        return;
+    }
+    let escapees = "setsid sleep 1000 >/dev/null 2>&1 </dev/null & \
+                    nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & \
+                    (setsid sleep 1000 >/dev/null 2>&1 </dev/null &); ";
+    let commands = || {
+        std::fs::read_dir(&info.details["cgroup"])
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("cmd-"))
+            .count()
+    };
+
+    let out = f
+        .backend
+        .run(
+            &f.id,
+            ExecRequest::shell(format!("{escapees} sleep 1000"))
+                .timeout(Duration::from_millis(500)),
+        )
+        .await
+        .unwrap();
+    assert!(out.status.timed_out);
+    assert_eq!(
+        settled(&f.workspace).await,
+        Vec::<i32>::new(),
+        "the timeout ended every descendant"
+    );
+    assert!(
+        common::eventually(|| commands() == 0).await,
+        "its cgroup is gone"
+    );
+
+    let mut process = f
+        .backend
+        .exec(&f.id, ExecRequest::shell(format!("{escapees} sleep 1000")))
+        .await
+        .unwrap();
+    assert!(
+        common::eventually(|| common::processes_in(&f.workspace).len() >= 5).await,
+        "the command and its escapees run"
+    );
+    process.kill().await.unwrap();
+    process.wait().await.unwrap();
+    assert_eq!(
+        settled(&f.workspace).await,
+        Vec::<i32>::new(),
+        "the kill ended every descendant"
+    );
+
+    let out = f
+        .backend
+        .run_shell(&f.id, &format!("{escapees} echo ok"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "ok\n");
+    assert!(
+        common::eventually(|| common::processes_in(&f.workspace).len() == 3).await,
+        "background processes of a command that exited run on"
+    );
+    assert_eq!(commands(), 1, "their cgroup stays while they run");
+    f.backend.destroy(&f.id).await.unwrap();
+    assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
+    assert!(!std::path::Path::new(&info.details["cgroup"]).exists());
+}
