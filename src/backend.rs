@@ -254,7 +254,7 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// Imports an uncompressed tar stream into the directory `path` (created if missing).
     ///
     /// # Behavior
-    /// - Every entry is checked with [`crate::archive::EntryChecker`] and `options.limits`;
+    /// - Every entry is checked with [`raw::archive::EntryChecker`](crate::raw::archive::EntryChecker) and `options.limits`;
     ///   the first hostile entry fails the import with its typed error.
     /// - An error item in `tar` fails the import with that error.
     /// - Atomic: on any error, the workspace is exactly as before the call.

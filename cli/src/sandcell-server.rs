@@ -1,5 +1,5 @@
 //! `sandcell-server`: serves a local or Docker sandcell backend as a Fly-Machines-style
-//! API (plus file, archive and streaming-exec endpoints) for `RemoteBackend` clients.
+//! API (plus the upgrade to sandcell's wire protocol) for `RemoteBackend` clients.
 //!
 //! ```text
 //! SANDCELL_SERVER_TOKEN=secret sandcell-server --backend local --root /tmp/sandcell-server
@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use sandcell::SandboxBackend;
-use sandcell_remote::server::{serve, ServerConfig};
+use sandcell_remote::server::{serve, HostPath, ServerConfig};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Backend {
@@ -55,6 +55,29 @@ struct Args {
     /// Fly endpoint would (clients then move files over exec).
     #[arg(long)]
     fly_only: bool,
+    /// A host directory clients may mount from, read-only; `DIR:rw` allows read-write
+    /// mounts too. Repeatable. Without it every host mount in a client's spec is refused.
+    #[arg(long = "allow-host-path", value_name = "DIR[:rw]")]
+    allow_host_paths: Vec<String>,
+}
+
+/// `DIR` or `DIR:rw`, as `--allow-host-path` takes it.
+fn host_path(arg: &str) -> sandcell::Result<HostPath> {
+    let (dir, writable) = match arg.strip_suffix(":rw") {
+        Some(dir) => (dir, true),
+        None => (arg.strip_suffix(":ro").unwrap_or(arg), false),
+    };
+    let dir = PathBuf::from(dir);
+    if !dir.is_absolute() || !dir.is_dir() {
+        return Err(sandcell::Error::invalid_input(format!(
+            "--allow-host-path {arg:?}: not an absolute path to an existing directory"
+        )));
+    }
+    Ok(if writable {
+        HostPath::writable(dir)
+    } else {
+        HostPath::read_only(dir)
+    })
 }
 
 #[tokio::main]
@@ -97,6 +120,9 @@ async fn run(args: Args) -> sandcell::Result<()> {
     let mut config = ServerConfig::new(args.token);
     config.max_file_bytes = args.max_file_bytes;
     config.extensions = !args.fly_only;
+    for arg in &args.allow_host_paths {
+        config = config.allow_host_path(host_path(arg)?);
+    }
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| {

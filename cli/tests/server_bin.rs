@@ -112,3 +112,57 @@ async fn fly_only_serves_a_plain_endpoint_whose_files_move_over_exec() {
     backend.destroy(&sandbox.id).await.unwrap();
     drop(server);
 }
+
+/// Host mounts are refused by default and allowed read-only beneath
+/// `--allow-host-path DIR` (read-write with `DIR:rw`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn host_mounts_need_allow_host_path() {
+    use sandcell::{Mount, SandboxPath};
+    let root = tempfile::tempdir().unwrap();
+    let host = tempfile::tempdir().unwrap();
+    std::fs::write(host.path().join("facts.md"), "fact").unwrap();
+    let spec = |read_only: bool| {
+        let target = SandboxPath::new("mnt").unwrap();
+        SandboxSpec::new("default").mount(if read_only {
+            Mount::read_only(host.path(), target)
+        } else {
+            Mount::read_write(host.path(), target)
+        })
+    };
+
+    let (server, url) = start(root.path(), &[]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    assert!(
+        !backend.capabilities().host_mounts,
+        "none allowed by default"
+    );
+    assert!(backend.create(&spec(true)).await.is_err());
+    drop(server);
+
+    let allowed = host.path().to_str().unwrap().to_owned();
+    let (server, url) = start(root.path(), &["--allow-host-path", &allowed]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&spec(true)).await.unwrap();
+    let facts = SandboxPath::new("mnt/facts.md").unwrap();
+    assert_eq!(
+        &backend.read(&sandbox.id, &facts).await.unwrap()[..],
+        b"fact"
+    );
+    backend.destroy(&sandbox.id).await.unwrap();
+    let err = backend.create(&spec(false)).await.unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+    drop(server);
+
+    let writable = format!("{allowed}:rw");
+    let (server, url) = start(root.path(), &["--allow-host-path", &writable]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&spec(false)).await.unwrap();
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
+}

@@ -24,17 +24,51 @@ const MAX_WAIT: Duration = Duration::from_secs(60);
 pub(super) async fn server_info(State(state): State<AppState>) -> Json<ServerInfo> {
     Json(ServerInfo {
         backend: state.backend.name().to_owned(),
-        capabilities: served_capabilities(&*state.backend),
+        capabilities: served_capabilities(&state),
     })
 }
 
-/// What a client gets: port publishing has no route.
-pub(crate) fn served_capabilities(
-    backend: &dyn sandcell::SandboxBackend,
-) -> sandcell::Capabilities {
-    let mut caps = backend.capabilities();
+/// What a client gets: port publishing has no route, and host mounts need a host
+/// directory the operator allowed.
+pub(crate) fn served_capabilities(state: &Shared) -> sandcell::Capabilities {
+    let mut caps = state.backend.capabilities();
     caps.port_exposure = false;
+    caps.host_mounts &= !state.config.host_paths.is_empty();
     caps
+}
+
+/// Refuses a spec's host mount unless it resolves beneath a directory the operator
+/// allowed (links followed, so `..` and symbolic links cannot lead out), and is
+/// read-only unless that directory allows writes.
+fn check_host_mounts(spec: &SandboxSpec, allowed: &[super::HostPath]) -> Result<(), ApiError> {
+    for mount in &spec.mounts {
+        let refused = |why: String| {
+            ApiError(Error::new(
+                ErrorKind::PermissionDenied,
+                format!("host mount of {}: {why}", mount.host.display()),
+            ))
+        };
+        if allowed.is_empty() {
+            return Err(refused(
+                "this server allows no host mounts (its operator can allow directories \
+                 with --allow-host-path)"
+                    .to_owned(),
+            ));
+        }
+        let real = std::fs::canonicalize(&mount.host)
+            .map_err(|e| refused(format!("it cannot be resolved on the server ({e})")))?;
+        let rule = allowed.iter().find(|rule| {
+            std::fs::canonicalize(&rule.dir).is_ok_and(|dir| real.starts_with(dir))
+                && (mount.read_only || rule.writable)
+        });
+        if rule.is_none() {
+            let writable = if mount.read_only { "" } else { " writable" };
+            return Err(refused(format!(
+                "it is not beneath a{writable} host directory this server allows"
+            )));
+        }
+    }
+    Ok(())
 }
 
 pub(super) async fn create(
@@ -43,6 +77,7 @@ pub(super) async fn create(
     JsonBody(request): JsonBody<CreateMachineRequest>,
 ) -> ApiResult<Json<Machine>> {
     let spec = spec_from(&app, &request)?;
+    check_host_mounts(&spec, &state.config.host_paths)?;
     let name = spec.labels[NAME_LABEL].clone();
     // One create at a time: the name check and the create must not interleave.
     let _creating = state.creating.lock().await;

@@ -56,6 +56,38 @@ pub struct ServerConfig {
     /// (default true). Off, the server answers only the Fly Machines subset, as a plain
     /// Fly endpoint does, and clients move files over `exec`.
     pub extensions: bool,
+    /// The host directories a client's spec may mount from (default none: every host
+    /// mount is refused). A mount must resolve beneath one of them, symbolic links
+    /// followed, and may be read-write only where that directory allows it.
+    pub host_paths: Vec<HostPath>,
+}
+
+/// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostPath {
+    /// The directory; mounts of it and of anything beneath it are allowed.
+    pub dir: std::path::PathBuf,
+    /// Whether those mounts may be read-write (else only read-only ones are).
+    pub writable: bool,
+}
+
+impl HostPath {
+    /// Read-only mounts of `dir` and beneath it.
+    pub fn read_only(dir: impl Into<std::path::PathBuf>) -> Self {
+        HostPath {
+            dir: dir.into(),
+            writable: false,
+        }
+    }
+
+    /// Read-write (or read-only) mounts of `dir` and beneath it.
+    pub fn writable(dir: impl Into<std::path::PathBuf>) -> Self {
+        HostPath {
+            dir: dir.into(),
+            writable: true,
+        }
+    }
 }
 
 impl std::fmt::Debug for ServerConfig {
@@ -66,6 +98,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
             .field("extensions", &self.extensions)
+            .field("host_paths", &self.host_paths)
             .finish()
     }
 }
@@ -79,7 +112,14 @@ impl ServerConfig {
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
             extensions: true,
+            host_paths: Vec::new(),
         }
+    }
+
+    /// Allows client mounts of `path` and beneath it.
+    pub fn allow_host_path(mut self, path: HostPath) -> Self {
+        self.host_paths.push(path);
+        self
     }
 }
 

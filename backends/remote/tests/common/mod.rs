@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use sandcell::SandboxBackend;
 use sandcell_local::LocalBackend;
-use sandcell_remote::server::{serve, ServerConfig};
+use sandcell_remote::server::{serve, HostPath, ServerConfig};
 use sandcell_remote::{RemoteBackend, RemoteConfig, RetryPolicy};
 
 /// The token test servers take.
@@ -31,9 +31,11 @@ impl Drop for TestServer {
     }
 }
 
-/// Serves a fresh local backend on `127.0.0.1:<any>`.
+/// Serves a fresh local backend on `127.0.0.1:<any>`, allowing host mounts from the
+/// temporary directory (where the conformance suite makes its host directories).
 pub(crate) async fn serve_local() -> TestServer {
-    serve_local_with(ServerConfig::new(TOKEN)).await
+    let config = ServerConfig::new(TOKEN).allow_host_path(HostPath::writable(std::env::temp_dir()));
+    serve_local_with(config).await
 }
 
 /// Serves a fresh local backend on `127.0.0.1:<any>` with `config`.
