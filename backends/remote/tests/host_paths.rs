@@ -55,6 +55,9 @@ async fn host_mounts_need_a_directory_the_operator_allowed() {
     let client = common::client(&server.url).await;
     assert!(!client.capabilities().host_mounts);
     refused(&server, &mount(&shared, true), "no allowed directory").await;
+    // ADVERSARIAL.md 32: the host's root and /etc.
+    refused(&server, &mount(std::path::Path::new("/"), true), "/").await;
+    refused(&server, &mount(std::path::Path::new("/etc"), false), "/etc").await;
     // The capability check stops it in the client; a raw request stops at the server.
     let raw = reqwest::Client::new()
         .post(format!("{}/v1/apps/sandcell/machines", server.url))
@@ -105,6 +108,7 @@ async fn host_mounts_need_a_directory_the_operator_allowed() {
     refused(&server, &mount(&secret, true), "outside").await;
     refused(&server, &mount(&shared.join("../secret"), true), "`..` out").await;
     refused(&server, &mount(&shared.join("out"), true), "a link out").await;
+    refused(&server, &mount(std::path::Path::new("/etc"), true), "/etc").await;
 
     // Allowed writable: a read-write mount works.
     let server = common::serve_local_with(
