@@ -6,7 +6,9 @@
 //! ```
 //!
 //! It listens on `127.0.0.1:7711` unless `--listen` says otherwise; every request needs
-//! `Authorization: Bearer <token>`.
+//! `Authorization: Bearer <token>`. The local backend runs at the strongest isolation
+//! the host offers (no isolation only with `--unsafe-no-isolation`), and clients' host
+//! mounts are refused except beneath `--allow-host-path` directories.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -59,6 +61,55 @@ struct Args {
     /// mounts too. Repeatable. Without it every host mount in a client's spec is refused.
     #[arg(long = "allow-host-path", value_name = "DIR[:rw]")]
     allow_host_paths: Vec<String>,
+    /// Serve the local backend without isolation when the host offers none (or when
+    /// --options asks for `"isolation": "none"`): clients' commands then run as this
+    /// server's user, with its access to the host. Without this flag the server uses
+    /// the strongest isolation the host offers (namespaces, then Landlock) or refuses
+    /// to start.
+    #[arg(long)]
+    unsafe_no_isolation: bool,
+}
+
+/// The local backend at the isolation `options` asks for, or the strongest this host
+/// offers; `none` only with `--unsafe-no-isolation`.
+fn local_backend(
+    mut options: serde_json::Value,
+    unsafe_no_isolation: bool,
+) -> sandcell::Result<Box<dyn SandboxBackend>> {
+    let asked = options
+        .get("isolation")
+        .and_then(|v| v.as_str())
+        .map(str::to_owned);
+    match asked.as_deref() {
+        Some("none") if !unsafe_no_isolation => Err(sandcell::Error::invalid_input(
+            "--options asks for \"isolation\": \"none\", which gives every client this \
+             server's access to the host; pass --unsafe-no-isolation to mean it",
+        )),
+        Some(_) => sandcell_local::LocalBackend::from_options(options),
+        None => {
+            let mut tried = Vec::new();
+            for level in ["namespaces", "landlock"] {
+                options["isolation"] = serde_json::json!(level);
+                match sandcell_local::LocalBackend::from_options(options.clone()) {
+                    Ok(backend) => {
+                        eprintln!("sandcell-server: local backend isolation: {level}");
+                        return Ok(backend);
+                    }
+                    Err(e) => tried.push(format!("{level}: {e}")),
+                }
+            }
+            if !unsafe_no_isolation {
+                return Err(sandcell::Error::unsupported(format!(
+                    "this host offers no isolation for the local backend ({}); pass \
+                     --unsafe-no-isolation to serve without it",
+                    tried.join("; ")
+                )));
+            }
+            eprintln!("sandcell-server: local backend isolation: none (--unsafe-no-isolation)");
+            options["isolation"] = serde_json::json!("none");
+            sandcell_local::LocalBackend::from_options(options)
+        }
+    }
 }
 
 /// `DIR` or `DIR:rw`, as `--allow-host-path` takes it.
@@ -114,7 +165,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
         },
     };
     let backend: Arc<dyn SandboxBackend> = match args.backend {
-        Backend::Local => Arc::from(sandcell_local::LocalBackend::from_options(options)?),
+        Backend::Local => Arc::from(local_backend(options, args.unsafe_no_isolation)?),
         Backend::Docker => Arc::from(sandcell_docker::DockerBackend::from_options(options)?),
     };
     let mut config = ServerConfig::new(args.token);

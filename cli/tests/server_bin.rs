@@ -166,3 +166,71 @@ async fn host_mounts_need_allow_host_path() {
     backend.destroy(&sandbox.id).await.unwrap();
     drop(server);
 }
+
+/// The server serves the local backend isolated by default (here: namespaces, as CI
+/// installs bubblewrap), so a client's command cannot read a host file outside its
+/// sandbox; no isolation only with `--unsafe-no-isolation` (ADVERSARIAL.md 33).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_local_backend_is_served_isolated_unless_the_operator_opts_out() {
+    let bwrap = Command::new("bwrap")
+        .arg("--version")
+        .stdout(Stdio::null())
+        .status()
+        .map_err(|e| format!("bubblewrap is not installed ({e})"))
+        .and_then(|s| {
+            s.success()
+                .then_some(())
+                .ok_or_else(|| "bwrap failed".to_owned())
+        });
+    if !sandcell::testing::require_or_skip("NAMESPACES", "bubblewrap", bwrap) {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let host = tempfile::tempdir().unwrap();
+    let secret = host.path().join("secret.txt");
+    std::fs::write(&secret, "host secret").unwrap();
+    let read_secret = format!("cat {}", secret.display());
+
+    let (server, url) = start(root.path(), &[]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let out = backend.run_shell(&sandbox.id, &read_secret).await.unwrap();
+    assert!(
+        !out.success(),
+        "a host file is out of reach: {}",
+        out.stdout_str()
+    );
+    assert!(!out.stdout_str().contains("host secret"));
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
+
+    // Asking for none is refused at start (status 2) without the opt-out...
+    let none = serde_json::json!({"root": root.path(), "isolation": "none"}).to_string();
+    let status = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
+        .args([
+            "--backend",
+            "local",
+            "--listen",
+            "127.0.0.1:0",
+            "--options",
+            &none,
+        ])
+        .env("SANDCELL_SERVER_TOKEN", TOKEN)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
+
+    // ...and served with it, where the host file is readable: the opt-out means it.
+    let (server, url) = start(root.path(), &["--options", &none, "--unsafe-no-isolation"]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let out = backend.run_shell(&sandbox.id, &read_secret).await.unwrap();
+    assert_eq!(out.stdout_str(), "host secret");
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
+}
