@@ -5,8 +5,10 @@
 //! SANDCELL_SERVER_TOKEN=secret sandcell-server --backend local --root /tmp/sandcell-server
 //! ```
 //!
-//! It listens on `127.0.0.1:7711` unless `--listen` says otherwise; every request needs
-//! `Authorization: Bearer <token>`. The local backend runs at the strongest isolation
+//! It listens on `127.0.0.1:7711` unless `--listen` says otherwise (HTTPS with
+//! `--tls-cert` and `--tls-key`); every request needs `Authorization: Bearer <token>`,
+//! the one `--token` or a tenant's from `--tenants FILE`, and a tenant sees only its own
+//! sandboxes. The local backend runs at the strongest isolation
 //! the host offers (no isolation only with `--unsafe-no-isolation`), and clients' host
 //! mounts are refused except beneath `--allow-host-path` directories.
 
@@ -17,7 +19,7 @@ use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use sandcell::SandboxBackend;
-use sandcell_remote::server::{serve, HostPath, ServerConfig};
+use sandcell_remote::server::{serve, serve_tls, HostPath, ServerConfig, TenantsFile, Tls};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Backend {
@@ -40,9 +42,21 @@ struct Args {
     /// The address to listen on (loopback unless you mean otherwise).
     #[arg(long, default_value = "127.0.0.1:7711")]
     listen: SocketAddr,
-    /// The bearer token clients must send.
-    #[arg(long, env = "SANDCELL_SERVER_TOKEN", hide_env_values = true)]
-    token: String,
+    /// The bearer token clients must send: one tenant, named `default`. Prefer the
+    /// environment variable, which other users of the host cannot read off `ps`.
+    #[arg(
+        long,
+        env = "SANDCELL_SERVER_TOKEN",
+        hide_env_values = true,
+        required_unless_present = "tenants",
+        conflicts_with = "tenants"
+    )]
+    token: Option<String>,
+    /// A YAML file of tenants, each with its own token and optional quotas:
+    /// `tenants: [{name, token, max_sandboxes, max_cpus, max_memory_mb}]`. A tenant
+    /// sees and touches only its own sandboxes.
+    #[arg(long, value_name = "FILE")]
+    tenants: Option<PathBuf>,
     /// Where the local backend keeps its sandboxes.
     #[arg(long, default_value = "sandcell-server-data")]
     root: PathBuf,
@@ -68,6 +82,12 @@ struct Args {
     /// to start.
     #[arg(long)]
     unsafe_no_isolation: bool,
+    /// Serve HTTPS with this PEM certificate chain (leaf first); needs --tls-key.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
 }
 
 /// The local backend at the isolation `options` asks for, or the strongest this host
@@ -150,12 +170,31 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(args: Args) -> sandcell::Result<()> {
-    if args.token.trim().is_empty() {
-        return Err(sandcell::Error::invalid_input(
-            "an empty token would let anyone in; set --token or SANDCELL_SERVER_TOKEN",
-        ));
+/// The server's tenants: those of `--tenants FILE`, or one holding `--token`.
+fn server_config(args: &Args) -> sandcell::Result<ServerConfig> {
+    match (&args.tenants, &args.token) {
+        (Some(file), _) => {
+            let text = std::fs::read_to_string(file).map_err(|e| {
+                sandcell::Error::invalid_input(format!(
+                    "--tenants {}: cannot be read ({e})",
+                    file.display()
+                ))
+            })?;
+            let tenants = TenantsFile::from_yaml(&text)
+                .and_then(ServerConfig::with_tenants)
+                .map_err(|e| e.context(format!("--tenants {}", file.display())))?;
+            Ok(tenants)
+        }
+        (None, Some(token)) if !token.trim().is_empty() => Ok(ServerConfig::new(token.clone())),
+        (None, _) => Err(sandcell::Error::invalid_input(
+            "an empty token would let anyone in; set --token, SANDCELL_SERVER_TOKEN or \
+             --tenants FILE",
+        )),
     }
+}
+
+async fn run(args: Args) -> sandcell::Result<()> {
+    let mut config = server_config(&args)?;
     let options = match &args.options {
         Some(json) => serde_json::from_str(json)
             .map_err(|e| sandcell::Error::invalid_input(format!("--options is not JSON: {e}")))?,
@@ -168,12 +207,16 @@ async fn run(args: Args) -> sandcell::Result<()> {
         Backend::Local => Arc::from(local_backend(options, args.unsafe_no_isolation)?),
         Backend::Docker => Arc::from(sandcell_docker::DockerBackend::from_options(options)?),
     };
-    let mut config = ServerConfig::new(args.token);
     config.max_file_bytes = args.max_file_bytes;
     config.extensions = !args.fly_only;
     for arg in &args.allow_host_paths {
         config = config.allow_host_path(host_path(arg)?);
     }
+    // Read before listening, so a bad certificate fails the start, not each client.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Tls::from_pem_files(cert, key)?),
+        _ => None,
+    };
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| {
@@ -183,14 +226,18 @@ async fn run(args: Args) -> sandcell::Result<()> {
                 e,
             )
         })?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
     eprintln!(
-        "sandcell-server: serving backend {} on http://{}",
+        "sandcell-server: serving backend {} on {scheme}://{}",
         backend.name(),
         args.listen
     );
-    serve(listener, backend, config, async {
+    let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
-    })
-    .await
+    };
+    match tls {
+        Some(tls) => serve_tls(listener, tls, backend, config, shutdown).await,
+        None => serve(listener, backend, config, shutdown).await,
+    }
     .map_err(|e| sandcell::Error::with_source(sandcell::ErrorKind::Backend, "serving", e))
 }

@@ -28,27 +28,37 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// Starts the binary over the local backend with `extra` flags; answers it and its URL
-/// once it listens.
+/// Starts the binary over the local backend with `extra` flags and [`TOKEN`]; answers
+/// it and its URL once it listens.
 async fn start(root: &std::path::Path, extra: &[&str]) -> (Server, String) {
+    start_with_token(root, extra, Some(TOKEN)).await
+}
+
+/// Starts the binary with `extra` flags and `token` (none: `extra` names the tenants).
+async fn start_with_token(
+    root: &std::path::Path,
+    extra: &[&str],
+    token: Option<&str>,
+) -> (Server, String) {
     let port = free_port();
-    let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
-            .args([
-                "--backend",
-                "local",
-                "--listen",
-                &format!("127.0.0.1:{port}"),
-            ])
-            .args(extra)
-            .arg("--root")
-            .arg(root)
-            .env("SANDCELL_SERVER_TOKEN", TOKEN)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sandcell-server"));
+    command
+        .args([
+            "--backend",
+            "local",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .args(extra)
+        .arg("--root")
+        .arg(root)
+        .env_remove("SANDCELL_SERVER_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    if let Some(token) = token {
+        command.env("SANDCELL_SERVER_TOKEN", token);
+    }
+    let server = Server(command.spawn().unwrap());
     let deadline = Instant::now() + Duration::from_secs(20);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "the server never listened");
@@ -233,4 +243,235 @@ async fn the_local_backend_is_served_isolated_unless_the_operator_opts_out() {
     assert_eq!(out.stdout_str(), "host secret");
     backend.destroy(&sandbox.id).await.unwrap();
     drop(server);
+}
+
+/// Two tenants from `--tenants FILE`, through real HTTP: each sees and touches only its
+/// own machines (another's id answers 404 on every route, the wire upgrade included),
+/// a client cannot claim another tenant by label, and quotas refuse with 403 naming
+/// the limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
+    use sandcell::{ErrorKind, LabelSelector, SandboxPath};
+    let root = tempfile::tempdir().unwrap();
+    let file = root.path().join("tenants.yaml");
+    std::fs::write(
+        &file,
+        "tenants:\n\
+         \x20 - {name: alpha, token: token-alpha, max_sandboxes: 2}\n\
+         \x20 - {name: beta, token: token-beta, max_memory_mb: 768}\n",
+    )
+    .unwrap();
+    let data = root.path().join("data");
+    let (server, url) = start_with_token(&data, &["--tenants", file.to_str().unwrap()], None).await;
+    let alpha = RemoteBackend::connect(RemoteConfig::new(&url, "token-alpha"))
+        .await
+        .unwrap();
+    let beta = RemoteBackend::connect(RemoteConfig::new(&url, "token-beta"))
+        .await
+        .unwrap();
+    let a = alpha.create(&SandboxSpec::new("default")).await.unwrap();
+    let b = beta.create(&SandboxSpec::new("default")).await.unwrap();
+
+    // Lists show only the caller's own.
+    let ids = |infos: Vec<sandcell::SandboxInfo>| -> Vec<String> {
+        infos.into_iter().map(|i| i.id.to_string()).collect()
+    };
+    let all = LabelSelector::new();
+    assert_eq!(ids(alpha.list(&all).await.unwrap()), [a.id.to_string()]);
+    assert_eq!(ids(beta.list(&all).await.unwrap()), [b.id.to_string()]);
+
+    // Through the client, every operation on the other's sandbox is NotFound.
+    let path = SandboxPath::new("x.txt").unwrap();
+    assert_eq!(
+        beta.inspect(&a.id).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    let run = beta.run(&a.id, ExecRequest::new(["true"])).await;
+    assert_eq!(run.unwrap_err().kind(), ErrorKind::NotFound);
+    let write = beta
+        .write(&a.id, &path, bytes::Bytes::from_static(b"x"))
+        .await;
+    assert_eq!(write.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(
+        beta.pause(&a.id).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    // Destroy is idempotent (a missing sandbox is already destroyed): it answers Ok,
+    // and alpha's sandbox lives on.
+    beta.destroy(&a.id).await.unwrap();
+    assert_eq!(alpha.inspect(&a.id).await.unwrap().id, a.id);
+
+    // Raw HTTP, route by route, as beta on alpha's machine.
+    let http = reqwest::Client::new();
+    let machine = format!("{url}/v1/apps/sandcell/machines/{}", a.id);
+    let as_beta = |r: reqwest::RequestBuilder| r.bearer_auth("token-beta");
+    let routes = [
+        as_beta(http.get(&machine)),
+        as_beta(http.delete(&machine)),
+        as_beta(http.get(format!("{machine}/wait?state=started&timeout=1"))),
+        as_beta(http.post(format!("{machine}/stop"))),
+        as_beta(http.post(format!("{machine}/suspend"))),
+        as_beta(http.post(format!("{machine}/start"))),
+        as_beta(http.post(format!("{machine}/restart"))),
+        as_beta(
+            http.post(format!("{machine}/exec"))
+                .json(&serde_json::json!({
+                    "command": ["touch", "/tmp/beta-was-here"]
+                })),
+        ),
+        as_beta(
+            http.get(format!("{machine}/sandcell/wire"))
+                .header("connection", "upgrade")
+                .header("upgrade", "sandcell-wire"),
+        ),
+    ];
+    for request in routes {
+        let response = request.send().await.unwrap();
+        assert_eq!(response.status(), 404, "{:?}", response.url());
+    }
+    let unknown = http
+        .get(format!("{url}/v1/apps/sandcell/machines"))
+        .bearer_auth("token-gamma")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 401);
+    // Alpha's machine is untouched: running, and nothing ran in it.
+    let out = alpha
+        .run_shell(&a.id, "ls /tmp/beta-was-here 2>/dev/null; echo alive")
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "alive\n");
+
+    // A client's own server labels are dropped: beta cannot claim alpha's tenancy.
+    let claimed = http
+        .post(format!("{url}/v1/apps/sandcell/machines"))
+        .bearer_auth("token-beta")
+        .json(&serde_json::json!({
+            "config": {"image": "default", "metadata": {"sandcell.server.tenant": "alpha"}}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        claimed.status(),
+        403,
+        "beta's memory quota (768 MiB) is full"
+    );
+    let body: serde_json::Value = claimed.json().await.unwrap();
+    assert_eq!(body["kind"], "limit_exceeded");
+    assert!(
+        body["error"].as_str().unwrap().contains("max_memory_mb"),
+        "{body}"
+    );
+    assert_eq!(
+        alpha.list(&all).await.unwrap().len(),
+        1,
+        "nothing landed in alpha"
+    );
+    beta.destroy(&b.id).await.unwrap();
+    let claimed = http
+        .post(format!("{url}/v1/apps/sandcell/machines"))
+        .bearer_auth("token-beta")
+        .json(&serde_json::json!({
+            "config": {"image": "default", "metadata": {"sandcell.server.tenant": "alpha"}}
+        }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(claimed.status(), 200);
+    assert_eq!(
+        alpha.list(&all).await.unwrap().len(),
+        1,
+        "still alpha's one"
+    );
+    assert_eq!(beta.list(&all).await.unwrap().len(), 1, "beta's own");
+
+    // Alpha's sandbox quota: a second is fine, a third is refused naming the limit.
+    let a2 = alpha.create(&SandboxSpec::new("default")).await.unwrap();
+    let err = alpha
+        .create(&SandboxSpec::new("default"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert!(err.to_string().contains("max_sandboxes (2)"), "{err}");
+    alpha.destroy(&a2.id).await.unwrap();
+    let a3 = alpha.create(&SandboxSpec::new("default")).await.unwrap();
+
+    for id in [&a.id, &a3.id] {
+        alpha.destroy(id).await.unwrap();
+    }
+    for info in beta.list(&all).await.unwrap() {
+        beta.destroy(&info.id).await.unwrap();
+    }
+    drop(server);
+    let left: Vec<_> = std::fs::read_dir(data.join("sandboxes"))
+        .map(|dir| dir.flatten().map(|e| e.file_name()).collect())
+        .unwrap_or_default();
+    assert!(left.is_empty(), "sandbox directories were left: {left:?}");
+}
+
+/// A tenants file that would let someone in without a real token is refused at start.
+#[test]
+fn a_tenants_file_with_a_shared_or_empty_token_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    for body in [
+        "tenants:\n  - {name: a, token: same}\n  - {name: b, token: same}\n",
+        "tenants:\n  - {name: a, token: \"\"}\n",
+        "tenants: []\n",
+        "tenants:\n  - {name: a, tokn: typo}\n",
+    ] {
+        let file = dir.path().join("tenants.yaml");
+        std::fs::write(&file, body).unwrap();
+        let out = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
+            .arg("--tenants")
+            .arg(&file)
+            .env_remove("SANDCELL_SERVER_TOKEN")
+            .output()
+            .unwrap();
+        assert_eq!(out.status.code(), Some(2), "{body}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--tenants"), "{stderr}");
+        assert!(!stderr.contains("same"), "a token leaked: {stderr}");
+    }
+}
+
+/// `--tls-cert` and `--tls-key` serve HTTPS; a client trusting the certificate works,
+/// the wire protocol's upgrade included.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_flags_serve_https() {
+    let root = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["localhost".to_owned()]).unwrap();
+    let cert_file = root.path().join("cert.pem");
+    let key_file = root.path().join("key.pem");
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.key_pair.serialize_pem()).unwrap();
+    let (server, url) = start(
+        &root.path().join("data"),
+        &[
+            "--tls-cert",
+            cert_file.to_str().unwrap(),
+            "--tls-key",
+            key_file.to_str().unwrap(),
+        ],
+    )
+    .await;
+    let url = url.replace("http://127.0.0.1", "https://localhost");
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN).ca_certificate(&cert_file))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let out = backend.run_shell(&sandbox.id, "echo secure").await.unwrap();
+    assert_eq!(out.stdout_str(), "secure\n");
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
+
+    // A key without its certificate is a usage error, before anything listens.
+    let status = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
+        .args(["--tls-key", key_file.to_str().unwrap()])
+        .env("SANDCELL_SERVER_TOKEN", TOKEN)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert_eq!(status.code(), Some(2));
 }

@@ -69,6 +69,10 @@ pub struct RemoteConfig {
     /// only when this is set (default false). A sandcell server says for itself.
     #[serde(default)]
     pub workspace_survives_restart: bool,
+    /// A PEM file of certificates to trust beside the system's roots: the CA (or the
+    /// self-signed certificate) of a sandcell-server served over TLS with its own.
+    #[serde(default)]
+    pub ca_certificate: Option<std::path::PathBuf>,
 }
 
 fn default_app() -> String {
@@ -96,6 +100,7 @@ impl std::fmt::Debug for RemoteConfig {
             .field("region", &self.region)
             .field("retry", &self.retry)
             .field("rate_limits", &self.rate_limits)
+            .field("ca_certificate", &self.ca_certificate)
             .finish_non_exhaustive()
     }
 }
@@ -116,7 +121,14 @@ impl RemoteConfig {
             start_timeout: default_start_timeout(),
             workspace: None,
             workspace_survives_restart: false,
+            ca_certificate: None,
         }
+    }
+
+    /// Trusts the certificates in the PEM file at `path` beside the system's roots.
+    pub fn ca_certificate(mut self, path: impl Into<std::path::PathBuf>) -> Self {
+        self.ca_certificate = Some(path.into());
+        self
     }
 
     /// Sets the app.
@@ -212,13 +224,7 @@ impl RemoteBackend {
             )));
         }
         crate::check_name("app", &config.app)?;
-        let http = Arc::new(Http::new(
-            &config.url,
-            &config.token,
-            config.retry,
-            config.rate_limits,
-            config.call_timeout,
-        )?);
+        let http = Arc::new(Http::new(&config)?);
         let call = Call::extension(
             Method::GET,
             "/v1/sandcell/capabilities".to_owned(),

@@ -180,13 +180,10 @@ pub(crate) struct Http {
 }
 
 impl Http {
-    pub(crate) fn new(
-        base: &str,
-        token: &str,
-        retry: RetryPolicy,
-        limits: RateLimits,
-        deadline: Duration,
-    ) -> Result<Self> {
+    /// The client `config` describes: its URL, token, retries, rate limits, deadline
+    /// and extra trusted certificates.
+    pub(crate) fn new(config: &crate::RemoteConfig) -> Result<Self> {
+        let token = config.token.as_str();
         // Fly's macaroon tokens travel under their own scheme; everything else is a bearer.
         let scheme = if token.starts_with("FlyV1 ") {
             token.to_owned()
@@ -196,20 +193,35 @@ impl Http {
         let mut auth = HeaderValue::from_str(&scheme)
             .map_err(|_| Error::invalid_input("the API token is not a valid header value"))?;
         auth.set_sensitive(true);
-        let client = reqwest::Client::builder()
+        let mut client = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_idle_timeout(Duration::from_secs(60));
+        if let Some(path) = &config.ca_certificate {
+            let unusable = |why: String| {
+                Error::invalid_input(format!("ca_certificate {}: {why}", path.display()))
+            };
+            let pem = std::fs::read(path).map_err(|e| unusable(format!("cannot be read ({e})")))?;
+            let certs = reqwest::Certificate::from_pem_bundle(&pem)
+                .map_err(|e| unusable(format!("not PEM certificates ({e})")))?;
+            if certs.is_empty() {
+                return Err(unusable("holds no certificate".to_owned()));
+            }
+            for cert in certs {
+                client = client.add_root_certificate(cert);
+            }
+        }
+        let client = client
             .build()
             .map_err(|e| Error::with_source(ErrorKind::Backend, "building the HTTP client", e))?;
         Ok(Http {
             client,
-            base: base.trim_end_matches('/').to_owned(),
+            base: config.url.trim_end_matches('/').to_owned(),
             auth,
-            retry,
-            limits,
+            retry: config.retry,
+            limits: config.rate_limits,
             limiter: Limiter::default(),
-            deadline,
+            deadline: config.call_timeout,
         })
     }
 

@@ -3,20 +3,21 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Path, State};
+use axum::extract::{Extension, Path, State};
 use axum::Json;
 use sandcell::ExecRequest;
 
-use super::{machine, ApiResult, AppState, JsonBody};
+use super::{machine, ApiResult, AppState, Caller, JsonBody};
 use crate::protocol::{ExecBody, ExecResponse};
 
 /// `POST .../exec`: runs to the end and answers everything at once.
 pub(super) async fn buffered(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     JsonBody(body): JsonBody<ExecBody>,
 ) -> ApiResult<Json<ExecResponse>> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     let mut request = ExecRequest::new(body.command);
     request.stdin = Some(Bytes::from(body.stdin.unwrap_or_default()));
     if let Some(seconds) = body.timeout.filter(|s| *s > 0) {

@@ -3,15 +3,16 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Path, Query, State};
+use axum::extract::{Extension, Path, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandcell::{Error, ErrorKind, LabelSelector, SandboxInfo, SandboxSpec, SandboxStatus};
+use sandcell::{Error, ErrorKind, SandboxInfo, SandboxSpec, SandboxStatus};
 use serde::Deserialize;
 
 use super::{
-    machine, ApiError, ApiResult, AppState, JsonBody, Shared, APP_LABEL, NAME_LABEL, REGION_LABEL,
+    machine, tenants, ApiError, ApiResult, AppState, Caller, JsonBody, Shared, APP_LABEL,
+    NAME_LABEL, REGION_LABEL,
 };
 use crate::protocol::{
     CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody, WaitResponse, SPEC_METADATA,
@@ -73,15 +74,19 @@ fn check_host_mounts(spec: &SandboxSpec, allowed: &[super::HostPath]) -> Result<
 
 pub(super) async fn create(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(app): Path<String>,
     JsonBody(request): JsonBody<CreateMachineRequest>,
-) -> ApiResult<Json<Machine>> {
-    let spec = spec_from(&app, &request)?;
+) -> ApiResult<Response> {
+    let mut spec = spec_from(&request)?;
     check_host_mounts(&spec, &state.config.host_paths)?;
+    tenants::claim(&mut spec, &caller.0, state.backend.as_ref());
+    label_machine(&mut spec, &app, &request);
     let name = spec.labels[NAME_LABEL].clone();
-    // One create at a time: the name check and the create must not interleave.
+    // One create at a time: the name check, the quota count and the create must not
+    // interleave.
     let _creating = state.creating.lock().await;
-    let selector = LabelSelector::new()
+    let selector = tenants::selector(&caller.0)
         .label(APP_LABEL, &app)
         .label(NAME_LABEL, &name);
     if !state.backend.list(&selector).await?.is_empty() {
@@ -90,13 +95,16 @@ pub(super) async fn create(
             format!("a machine named {name:?} already exists in app {app}"),
         )));
     }
+    if let Err(refusal) = tenants::check_quota(state.backend.as_ref(), &caller.0, &spec).await {
+        return Ok(refusal);
+    }
     let info = state.backend.create(&spec).await?;
-    Ok(Json(machine_of(&state, &info)))
+    Ok(Json(machine_of(&state, &info)).into_response())
 }
 
 /// The sandcell spec a create asks for: [`SPEC_METADATA`] when given, with the Fly
 /// config's image, env and guest on top.
-fn spec_from(app: &str, request: &CreateMachineRequest) -> Result<SandboxSpec, ApiError> {
+fn spec_from(request: &CreateMachineRequest) -> Result<SandboxSpec, ApiError> {
     let config = &request.config;
     let mut spec = match config.metadata.get(SPEC_METADATA) {
         Some(json) => serde_json::from_str::<SandboxSpec>(json).map_err(|e| {
@@ -127,6 +135,12 @@ fn spec_from(app: &str, request: &CreateMachineRequest) -> Result<SandboxSpec, A
     for (key, value) in &config.metadata {
         spec.labels.insert(key.clone(), value.clone());
     }
+    Ok(spec)
+}
+
+/// The server's labels of a machine: its app, name and region (set after the
+/// client's labels are [`tenants::claim`]ed, so no client can set them).
+fn label_machine(spec: &mut SandboxSpec, app: &str, request: &CreateMachineRequest) {
     let name = request
         .name
         .clone()
@@ -137,7 +151,6 @@ fn spec_from(app: &str, request: &CreateMachineRequest) -> Result<SandboxSpec, A
     if let Some(region) = &request.region {
         spec.labels.insert(REGION_LABEL.to_owned(), region.clone());
     }
-    Ok(spec)
 }
 
 /// The API's view of a sandbox.
@@ -184,18 +197,20 @@ fn version_of(info: &SandboxInfo) -> String {
 
 pub(super) async fn list(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path(app): Path<String>,
 ) -> ApiResult<Json<Vec<Machine>>> {
-    let selector = LabelSelector::new().label(APP_LABEL, &app);
+    let selector = tenants::selector(&caller.0).label(APP_LABEL, &app);
     let infos = state.backend.list(&selector).await?;
     Ok(Json(infos.iter().map(|i| machine_of(&state, i)).collect()))
 }
 
 pub(super) async fn get(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
 ) -> ApiResult<Json<Machine>> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     Ok(Json(machine_of(&state, &info)))
 }
 
@@ -209,6 +224,7 @@ pub(super) struct WaitQuery {
 
 pub(super) async fn wait(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     Query(query): Query<WaitQuery>,
 ) -> ApiResult<Response> {
@@ -229,7 +245,7 @@ pub(super) async fn wait(
         .min(MAX_WAIT);
     let deadline = Instant::now() + timeout;
     loop {
-        let now = match machine(&state, &app, &id).await {
+        let now = match machine(&state, &caller, &app, &id).await {
             Ok(info) => {
                 let stopped = crate::lock(&state.stopped).contains(&info.id);
                 MachineState::of(info.status, stopped)
@@ -262,15 +278,17 @@ pub(super) async fn wait(
 
 pub(super) async fn suspend(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     pause(&state, &info).await?;
     Ok(super::ok())
 }
 
 pub(super) async fn stop(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     body: axum::body::Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
@@ -279,7 +297,7 @@ pub(super) async fn stop(
         serde_json::from_slice::<StopBody>(&body)
             .map_err(|e| ApiError(Error::invalid_input(format!("a malformed stop: {e}"))))?;
     }
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     pause(&state, &info).await?;
     crate::lock(&state.stopped).insert(info.id);
     Ok(super::ok())
@@ -294,9 +312,10 @@ async fn pause(state: &Shared, info: &SandboxInfo) -> ApiResult<()> {
 
 pub(super) async fn start(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     state.backend.resume(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     Ok(super::ok())
@@ -304,9 +323,10 @@ pub(super) async fn start(
 
 pub(super) async fn restart(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     state.backend.reset(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     Ok(super::ok())
@@ -314,9 +334,10 @@ pub(super) async fn restart(
 
 pub(super) async fn destroy(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     state.backend.destroy(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     Ok(super::ok())

@@ -13,12 +13,19 @@
 //! | `GET .../sandcell/wire` | upgrades to sandcell's [wire protocol](sandcell::raw::wire): every per-machine operation (streamed commands with stdin and signals, files, archives, changes) on one connection |
 //! | `GET /sandcell/capabilities` | the served backend and what it can do |
 //!
-//! Every route needs `Authorization: Bearer <token>` (or `FlyV1 <token>`). Errors are
+//! Every route needs `Authorization: Bearer <token>` (or `FlyV1 <token>`); the token
+//! names the [`Tenant`] the request speaks for, and a tenant sees only its own machines
+//! (another tenant's answer `404` on every route). Errors are
 //! `{"error": ..., "kind": ...}` with a status from [`crate::protocol::status_for`].
 
 mod exec;
 mod machines;
+mod tenants;
+mod tls;
 mod wire;
+
+pub use tenants::{Tenant, TenantsFile};
+pub use tls::Tls;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -32,7 +39,10 @@ use axum::{Json, Router};
 use sandcell::{Error, ErrorKind, SandboxBackend, SandboxId, SandboxInfo};
 
 use crate::protocol::{status_for, ErrorBody};
+pub(crate) use tenants::Caller;
 
+/// The prefix of every label the server sets; a client's labels with it are dropped.
+pub(crate) const SERVER_LABEL_PREFIX: &str = "sandcell.server.";
 /// Label naming the app a machine belongs to.
 pub(crate) const APP_LABEL: &str = "sandcell.server.app";
 /// Label holding a machine's unique name.
@@ -40,12 +50,12 @@ pub(crate) const NAME_LABEL: &str = "sandcell.server.name";
 /// Label holding a machine's region.
 pub(crate) const REGION_LABEL: &str = "sandcell.server.region";
 
-/// How a server answers: its token and body limits.
+/// How a server answers: its tenants, body limits and what clients may ask for.
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ServerConfig {
-    /// The bearer token every request must carry.
-    pub token: String,
+    /// Who may call, each with its own token (checked non-empty and unique when set).
+    tenants: Vec<Tenant>,
     /// Largest JSON body accepted (default 1 MiB).
     pub max_json_bytes: usize,
     /// Largest file a client may write (default 64 MiB).
@@ -93,7 +103,7 @@ impl HostPath {
 impl std::fmt::Debug for ServerConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ServerConfig")
-            .field("token", &"<redacted>")
+            .field("tenants", &self.tenants)
             .field("max_json_bytes", &self.max_json_bytes)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
@@ -104,16 +114,34 @@ impl std::fmt::Debug for ServerConfig {
 }
 
 impl ServerConfig {
-    /// Defaults, with `token`.
+    /// Defaults, with one tenant, `default`, whose token is `token`. An empty token
+    /// lets no one in.
     pub fn new(token: impl Into<String>) -> Self {
+        Self::of(vec![Tenant::new("default", token)])
+    }
+
+    /// Defaults, with `tenants`; `InvalidInput` unless there is at least one and every
+    /// name and token is non-empty and unique.
+    pub fn with_tenants(tenants: impl IntoIterator<Item = Tenant>) -> sandcell::Result<Self> {
+        let tenants: Vec<Tenant> = tenants.into_iter().collect();
+        tenants::validate(&tenants)?;
+        Ok(Self::of(tenants))
+    }
+
+    fn of(tenants: Vec<Tenant>) -> Self {
         ServerConfig {
-            token: token.into(),
+            tenants,
             max_json_bytes: 1 << 20,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
             extensions: true,
             host_paths: Vec::new(),
         }
+    }
+
+    /// The tenants.
+    pub fn tenants(&self) -> &[Tenant] {
+        &self.tenants
     }
 
     /// Allows client mounts of `path` and beneath it.
@@ -127,6 +155,8 @@ impl ServerConfig {
 pub(crate) struct Shared {
     pub(crate) backend: Arc<dyn SandboxBackend>,
     pub(crate) config: ServerConfig,
+    /// The tenants, shared with the requests that authenticate as them.
+    pub(crate) tenants: Vec<Arc<Tenant>>,
     /// Machines stopped (rather than suspended): both are paused sandboxes.
     pub(crate) stopped: Mutex<HashSet<SandboxId>>,
     /// Serialises creates so a name is taken once.
@@ -139,9 +169,18 @@ pub(crate) type AppState = Arc<Shared>;
 pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router {
     let json_limit = config.max_json_bytes;
     let extensions = config.extensions;
+    // An empty token never authenticates anyone.
+    let tenants = config
+        .tenants
+        .iter()
+        .filter(|t| !t.token.is_empty())
+        .cloned()
+        .map(Arc::new)
+        .collect();
     let state = Arc::new(Shared {
         backend,
         config,
+        tenants,
         stopped: Mutex::new(HashSet::new()),
         creating: tokio::sync::Mutex::new(()),
     });
@@ -190,8 +229,36 @@ pub async fn serve(
         .await
 }
 
-/// Refuses requests without the token (before any body is read).
-async fn authorize(State(state): State<AppState>, request: Request, next: Next) -> Response {
+/// As [`serve`], over TLS with `tls`'s certificate: what to expose beyond loopback.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use sandcell_remote::server::{serve_tls, ServerConfig, Tls};
+///
+/// # async fn demo(backend: Arc<dyn sandcell::SandboxBackend>) -> Result<(), Box<dyn std::error::Error>> {
+/// let tls = Tls::from_pem_files("/etc/sandcell/cert.pem", "/etc/sandcell/key.pem")?;
+/// let listener = tokio::net::TcpListener::bind("0.0.0.0:7711").await?;
+/// let config = ServerConfig::new("a-long-random-secret");
+/// serve_tls(listener, tls, backend, config, std::future::pending()).await?;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn serve_tls(
+    listener: tokio::net::TcpListener,
+    tls: Tls,
+    backend: Arc<dyn SandboxBackend>,
+    config: ServerConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    let listener = tls::TlsListener::new(listener, &tls)?;
+    axum::serve(listener, router(backend, config))
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Refuses requests without a tenant's token (before any body is read); lets the
+/// others through carrying their [`tenants::Caller`].
+async fn authorize(State(state): State<AppState>, mut request: Request, next: Next) -> Response {
     let given = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -200,22 +267,21 @@ async fn authorize(State(state): State<AppState>, request: Request, next: Next) 
             v.strip_prefix("Bearer ")
                 .or_else(|| v.strip_prefix("FlyV1 "))
         });
-    if given.is_some_and(|t| constant_time_eq(t.as_bytes(), state.config.token.as_bytes())) {
-        next.run(request).await
-    } else {
-        let mut response = ApiError(Error::new(
-            ErrorKind::PermissionDenied,
-            "a valid `Authorization: Bearer <token>` header is required",
-        ))
-        .into_response();
-        *response.status_mut() = StatusCode::UNAUTHORIZED;
-        response
+    match given.and_then(|t| tenants::authenticate(&state.tenants, t.as_bytes())) {
+        Some(tenant) => {
+            request.extensions_mut().insert(tenants::Caller(tenant));
+            next.run(request).await
+        }
+        None => {
+            let mut response = ApiError(Error::new(
+                ErrorKind::PermissionDenied,
+                "a valid `Authorization: Bearer <token>` header is required",
+            ))
+            .into_response();
+            *response.status_mut() = StatusCode::UNAUTHORIZED;
+            response
+        }
     }
-}
-
-/// Compares without an early exit, so timing does not reveal the token's prefix.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// The answer of a call that only acts.
@@ -267,12 +333,23 @@ where
     }
 }
 
-/// The sandbox behind `app`'s machine `id`; `NotFound` if it is another app's.
-pub(crate) async fn machine(state: &Shared, app: &str, id: &str) -> ApiResult<SandboxInfo> {
+/// The sandbox behind `app`'s machine `id`; `NotFound` if it is another app's or
+/// another tenant's, exactly as if it did not exist.
+pub(crate) async fn machine(
+    state: &Shared,
+    caller: &Caller,
+    app: &str,
+    id: &str,
+) -> ApiResult<SandboxInfo> {
     let missing = || ApiError(Error::not_found(format!("machine {id} not found")));
     let id = SandboxId::new(id).map_err(|_| missing())?;
-    let info = state.backend.inspect(&id).await?;
-    if info.labels.get(APP_LABEL).map(String::as_str) != Some(app) {
+    let info = match state.backend.inspect(&id).await {
+        Err(e) if e.kind() == ErrorKind::NotFound => return Err(missing()),
+        other => other?,
+    };
+    let owned = info.labels.get(APP_LABEL).map(String::as_str) == Some(app)
+        && info.labels.get(tenants::TENANT_LABEL) == Some(&caller.0.name);
+    if !owned {
         return Err(missing());
     }
     Ok(info)

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Path, Request, State};
+use axum::extract::{Extension, Path, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
@@ -16,7 +16,7 @@ use sandcell::archive::ArchiveLimits;
 use sandcell::raw::wire::ServeOptions;
 use sandcell::{Error, ErrorKind};
 
-use super::{machine, ApiError, ApiResult, AppState};
+use super::{machine, ApiError, ApiResult, AppState, Caller};
 use crate::protocol::WIRE_UPGRADE;
 
 /// Answers `101 Switching Protocols` and serves the machine on the upgraded connection
@@ -24,10 +24,11 @@ use crate::protocol::WIRE_UPGRADE;
 /// with `426 Upgrade Required`.
 pub(super) async fn upgrade(
     State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
     Path((app, id)): Path<(String, String)>,
     mut request: Request,
 ) -> ApiResult<Response> {
-    let info = machine(&state, &app, &id).await?;
+    let info = machine(&state, &caller, &app, &id).await?;
     let asks = request
         .headers()
         .get(header::UPGRADE)

@@ -1,0 +1,343 @@
+//! Who a request speaks for: the server's tenants, their tokens and quotas, and the
+//! labels that tie each sandbox to the tenant that created it.
+//!
+//! A tenant sees and touches only sandboxes carrying its name in [`TENANT_LABEL`]; the
+//! label is set by the server on create (a client's own `sandcell.server.*` labels are
+//! dropped first), so no request can claim another tenant's sandbox.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use sandcell::{Error, ErrorKind, LabelSelector, Result, SandboxBackend, SandboxSpec};
+use serde::Deserialize;
+
+use crate::protocol::ErrorBody;
+
+/// Label naming the tenant a sandbox belongs to.
+pub(crate) const TENANT_LABEL: &str = "sandcell.server.tenant";
+/// Label holding the CPU (thousandths of a core) a sandbox counts against its quota.
+const CPU_LABEL: &str = "sandcell.server.cpu_millis";
+/// Label holding the memory (bytes) a sandbox counts against its quota.
+const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
+
+/// What a sandbox without a CPU limit counts against a CPU quota: one core.
+const UNSET_CPU_MILLIS: u32 = 1000;
+/// What a sandbox without a memory limit counts against a memory quota: 512 MiB.
+const UNSET_MEMORY_BYTES: u64 = 512 << 20;
+
+/// A client of the server: a name, the token that proves it, and optional quotas.
+///
+/// As a tenants file spells it (`sandcell-server --tenants FILE`):
+///
+/// ```yaml
+/// tenants:
+///   - name: acme
+///     token: "a-long-random-secret"
+///     max_sandboxes: 10
+///     max_cpus: 8
+///     max_memory_mb: 16384
+///   - name: globex
+///     token: "another-long-random-secret"
+/// ```
+///
+/// A sandbox that sets no CPU (memory) limit counts as one core (512 MiB) against a
+/// tenant's CPU (memory) quota, and when the backend enforces that limit it is created
+/// with it, so what the quota counts is what the sandbox gets.
+///
+/// ```
+/// use sandcell_remote::server::{ServerConfig, Tenant};
+///
+/// let config = ServerConfig::with_tenants([
+///     Tenant::new("acme", "a-long-random-secret").max_sandboxes(10),
+///     Tenant::new("globex", "another-long-random-secret"),
+/// ])?;
+/// assert_eq!(config.tenants().len(), 2);
+/// # Ok::<(), sandcell::Error>(())
+/// ```
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct Tenant {
+    /// The tenant's name, unique on the server (it labels the tenant's sandboxes).
+    pub name: String,
+    /// The bearer token the tenant's requests carry; unique on the server.
+    pub token: String,
+    /// Most sandboxes (running or paused) the tenant may have at once.
+    #[serde(default)]
+    pub max_sandboxes: Option<u32>,
+    /// Most CPU cores the tenant's sandboxes may be given together.
+    #[serde(default)]
+    pub max_cpus: Option<u32>,
+    /// Most memory, in MiB, the tenant's sandboxes may be given together.
+    #[serde(default)]
+    pub max_memory_mb: Option<u64>,
+}
+
+impl std::fmt::Debug for Tenant {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tenant")
+            .field("name", &self.name)
+            .field("token", &"<redacted>")
+            .field("max_sandboxes", &self.max_sandboxes)
+            .field("max_cpus", &self.max_cpus)
+            .field("max_memory_mb", &self.max_memory_mb)
+            .finish()
+    }
+}
+
+impl Tenant {
+    /// A tenant without quotas.
+    pub fn new(name: impl Into<String>, token: impl Into<String>) -> Self {
+        Tenant {
+            name: name.into(),
+            token: token.into(),
+            max_sandboxes: None,
+            max_cpus: None,
+            max_memory_mb: None,
+        }
+    }
+
+    /// Caps how many sandboxes the tenant may have at once.
+    pub fn max_sandboxes(mut self, n: u32) -> Self {
+        self.max_sandboxes = Some(n);
+        self
+    }
+
+    /// Caps the CPU cores the tenant's sandboxes may be given together.
+    pub fn max_cpus(mut self, n: u32) -> Self {
+        self.max_cpus = Some(n);
+        self
+    }
+
+    /// Caps the memory, in MiB, the tenant's sandboxes may be given together.
+    pub fn max_memory_mb(mut self, n: u64) -> Self {
+        self.max_memory_mb = Some(n);
+        self
+    }
+}
+
+/// The file `sandcell-server --tenants` reads.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TenantsFile {
+    /// The tenants, at least one.
+    pub tenants: Vec<Tenant>,
+}
+
+impl TenantsFile {
+    /// Reads a tenants file's YAML; the error names what is wrong, never a token.
+    pub fn from_yaml(text: &str) -> Result<Vec<Tenant>> {
+        let file: TenantsFile = serde_yaml::from_str(text)
+            .map_err(|e| Error::invalid_input(format!("a malformed tenants file: {e}")))?;
+        Ok(file.tenants)
+    }
+}
+
+/// Checks a server's tenants: at least one, names and tokens non-empty and unique.
+pub(crate) fn validate(tenants: &[Tenant]) -> Result<()> {
+    if tenants.is_empty() {
+        return Err(Error::invalid_input("a server needs at least one tenant"));
+    }
+    let mut names = HashSet::new();
+    let mut tokens = HashSet::new();
+    for tenant in tenants {
+        if tenant.name.trim().is_empty() {
+            return Err(Error::invalid_input("a tenant has an empty name"));
+        }
+        if tenant.token.trim().is_empty() {
+            return Err(Error::invalid_input(format!(
+                "tenant {:?} has an empty token, which would let anyone in",
+                tenant.name
+            )));
+        }
+        if !names.insert(tenant.name.as_str()) {
+            return Err(Error::invalid_input(format!(
+                "tenant {:?} is named twice",
+                tenant.name
+            )));
+        }
+        if !tokens.insert(tenant.token.as_str()) {
+            return Err(Error::invalid_input(format!(
+                "tenant {:?} shares its token with another tenant",
+                tenant.name
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The tenant a request authenticated as.
+#[derive(Debug, Clone)]
+pub(crate) struct Caller(pub(crate) Arc<Tenant>);
+
+/// The tenant whose token `given` is. Every tenant's token is compared, each in time
+/// that depends only on the stored token's length, so timing tells neither which
+/// tenant nor how much of a token matched.
+pub(crate) fn authenticate(tenants: &[Arc<Tenant>], given: &[u8]) -> Option<Arc<Tenant>> {
+    let mut found = None;
+    for tenant in tenants {
+        if constant_time_eq(given, tenant.token.as_bytes()) {
+            found = Some(Arc::clone(tenant));
+        }
+    }
+    found
+}
+
+/// Compares `given` against `stored` in time depending on `stored`'s length alone.
+fn constant_time_eq(given: &[u8], stored: &[u8]) -> bool {
+    let mut diff = u8::from(given.len() != stored.len());
+    for (i, byte) in stored.iter().enumerate() {
+        diff |= byte ^ given.get(i).copied().unwrap_or(!byte);
+    }
+    std::hint::black_box(diff) == 0
+}
+
+/// Marks `spec` as `tenant`'s: drops every server label a client set, labels the
+/// tenant, and records (and, where the backend enforces it, sets) what the sandbox
+/// counts against the tenant's quotas.
+pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, backend: &dyn SandboxBackend) {
+    spec.labels
+        .retain(|key, _| !key.starts_with(super::SERVER_LABEL_PREFIX));
+    spec.labels
+        .insert(TENANT_LABEL.to_owned(), tenant.name.clone());
+    let caps = backend.capabilities();
+    if tenant.max_cpus.is_some() && caps.cpu_limit {
+        spec.limits.cpu_millis.get_or_insert(UNSET_CPU_MILLIS);
+    }
+    if tenant.max_memory_mb.is_some() && caps.memory_limit {
+        spec.limits.memory_bytes.get_or_insert(UNSET_MEMORY_BYTES);
+    }
+    let cpu = spec.limits.cpu_millis.unwrap_or(UNSET_CPU_MILLIS);
+    let memory = spec.limits.memory_bytes.unwrap_or(UNSET_MEMORY_BYTES);
+    spec.labels.insert(CPU_LABEL.to_owned(), cpu.to_string());
+    spec.labels
+        .insert(MEMORY_LABEL.to_owned(), memory.to_string());
+}
+
+/// A selector for `tenant`'s sandboxes.
+pub(crate) fn selector(tenant: &Tenant) -> LabelSelector {
+    LabelSelector::new().label(TENANT_LABEL, &tenant.name)
+}
+
+/// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota: a
+/// `403` whose message names the limit. Callers hold the server's create lock, so no
+/// other create slips between the count and the create.
+pub(crate) async fn check_quota(
+    backend: &dyn SandboxBackend,
+    tenant: &Tenant,
+    spec: &SandboxSpec,
+) -> std::result::Result<(), Response> {
+    if tenant.max_sandboxes.is_none() && tenant.max_cpus.is_none() && tenant.max_memory_mb.is_none()
+    {
+        return Ok(());
+    }
+    let owned = backend
+        .list(&selector(tenant))
+        .await
+        .map_err(|e| super::ApiError(e).into_response())?;
+    let counted = |info: &sandcell::SandboxInfo, label: &str| -> u64 {
+        info.labels
+            .get(label)
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let name = &tenant.name;
+    if let Some(max) = tenant.max_sandboxes {
+        if owned.len() as u64 >= u64::from(max) {
+            return Err(refuse(format!(
+                "tenant {name} has reached its limit max_sandboxes ({max}); destroy one first"
+            )));
+        }
+    }
+    if let Some(max) = tenant.max_cpus {
+        let used: u64 = owned.iter().map(|i| counted(i, CPU_LABEL)).sum();
+        let asked = spec.limits.cpu_millis.map_or(UNSET_CPU_MILLIS, |m| m);
+        if used + u64::from(asked) > u64::from(max) * 1000 {
+            return Err(refuse(format!(
+                "tenant {name} would exceed its limit max_cpus ({max}): {} in use, {} asked",
+                cores(used),
+                cores(u64::from(asked))
+            )));
+        }
+    }
+    if let Some(max) = tenant.max_memory_mb {
+        let used: u64 = owned.iter().map(|i| counted(i, MEMORY_LABEL)).sum();
+        let asked = spec.limits.memory_bytes.unwrap_or(UNSET_MEMORY_BYTES);
+        if used.saturating_add(asked) > max.saturating_mul(1 << 20) {
+            return Err(refuse(format!(
+                "tenant {name} would exceed its limit max_memory_mb ({max}): {} MiB in use, \
+                 {} MiB asked",
+                used >> 20,
+                asked >> 20
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Thousandths of a core as cores, e.g. `1.5`.
+fn cores(millis: u64) -> String {
+    format!("{}", millis as f64 / 1000.0)
+}
+
+/// A quota refusal: `403` with the API's error body, kind `limit_exceeded`. Not `429`:
+/// clients retry that, and waiting does not lift a quota.
+fn refuse(message: String) -> Response {
+    let body = ErrorBody {
+        error: message,
+        kind: Some(ErrorKind::LimitExceeded.name().to_owned()),
+    };
+    (StatusCode::FORBIDDEN, Json(body)).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tokens_match_only_exactly() {
+        assert!(constant_time_eq(b"secret", b"secret"));
+        assert!(!constant_time_eq(b"secre", b"secret"));
+        assert!(!constant_time_eq(b"secrets", b"secret"));
+        assert!(!constant_time_eq(b"", b"secret"));
+        assert!(!constant_time_eq(b"Secret", b"secret"));
+        // A given token one byte short whose next byte would match the filler.
+        assert!(!constant_time_eq(&[0xff], &[0xff, 0x00]));
+    }
+
+    #[test]
+    fn a_tenants_file_is_read_and_checked() {
+        let tenants = TenantsFile::from_yaml(
+            "tenants:\n  - {name: a, token: ta, max_sandboxes: 2}\n  - {name: b, token: tb}\n",
+        )
+        .unwrap();
+        assert_eq!(tenants.len(), 2);
+        assert_eq!(tenants[0].max_sandboxes, Some(2));
+        validate(&tenants).unwrap();
+
+        let unknown = TenantsFile::from_yaml("tenants:\n  - {name: a, token: t, max_gpus: 1}\n");
+        assert_eq!(unknown.unwrap_err().kind(), ErrorKind::InvalidInput);
+        let shared = [Tenant::new("a", "t"), Tenant::new("b", "t")];
+        let err = validate(&shared).unwrap_err();
+        assert!(err.to_string().contains("shares its token"), "{err}");
+        assert!(!err.to_string().contains("\"t\""), "a token leaked: {err}");
+        assert!(validate(&[Tenant::new("a", " ")]).is_err());
+        assert!(validate(&[Tenant::new("a", "x"), Tenant::new("a", "y")]).is_err());
+        assert!(validate(&[]).is_err());
+        assert!(!format!("{:?}", Tenant::new("a", "hidden")).contains("hidden"));
+    }
+
+    #[test]
+    fn the_caller_is_the_tenant_whose_token_matches() {
+        let tenants: Vec<_> = [Tenant::new("a", "token-a"), Tenant::new("b", "token-b")]
+            .into_iter()
+            .map(Arc::new)
+            .collect();
+        assert_eq!(authenticate(&tenants, b"token-b").unwrap().name, "b");
+        assert!(authenticate(&tenants, b"token-").is_none());
+        assert!(authenticate(&tenants, b"").is_none());
+    }
+}

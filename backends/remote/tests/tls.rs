@@ -1,0 +1,122 @@
+//! sandcell-server over TLS: a client trusting the server's certificate does
+//! everything (the wire protocol's upgrade included); one that does not, or that
+//! speaks plain HTTP, gets nowhere.
+#![cfg(feature = "server")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxPath, SandboxSpec};
+use sandcell_local::LocalBackend;
+use sandcell_remote::server::{serve_tls, ServerConfig, Tls};
+use sandcell_remote::{RemoteBackend, RemoteConfig};
+
+/// A self-signed certificate for `localhost` and 127.0.0.1: (certificate, key) PEM.
+fn self_signed() -> (String, String) {
+    let cert =
+        rcgen::generate_simple_self_signed(vec!["localhost".to_owned(), "127.0.0.1".to_owned()])
+            .unwrap();
+    (cert.cert.pem(), cert.key_pair.serialize_pem())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_trusting_the_certificate_works_over_tls_and_others_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = self_signed();
+    let cert_file = dir.path().join("cert.pem");
+    let key_file = dir.path().join("key.pem");
+    std::fs::write(&cert_file, &cert).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let tls = Tls::from_pem_files(&cert_file, &key_file).unwrap();
+
+    let local = LocalBackend::builder()
+        .root(dir.path().join("data"))
+        .build()
+        .unwrap();
+    let backend: Arc<dyn SandboxBackend> = Arc::new(local);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let config = ServerConfig::new(common::TOKEN);
+    let server = tokio::spawn(serve_tls(
+        listener,
+        tls,
+        backend,
+        config,
+        std::future::pending(),
+    ));
+
+    // A client that says nothing does not hold up the others' handshakes.
+    let _silent = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+
+    let url = format!("https://localhost:{port}");
+    let client =
+        RemoteBackend::connect(RemoteConfig::new(&url, common::TOKEN).ca_certificate(&cert_file))
+            .await
+            .unwrap();
+    assert!(client.has_extensions());
+    let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+    let out = client
+        .run(&sandbox.id, ExecRequest::new(["echo", "over tls"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "over tls\n");
+    let path = SandboxPath::new("secret.txt").unwrap();
+    client
+        .write(&sandbox.id, &path, bytes::Bytes::from_static(b"sealed"))
+        .await
+        .unwrap();
+    assert_eq!(
+        &client.read(&sandbox.id, &path).await.unwrap()[..],
+        b"sealed"
+    );
+
+    // Without the certificate trusted, the handshake fails.
+    let untrusting = RemoteBackend::connect(
+        RemoteConfig::new(&url, common::TOKEN).retry(common::fast_retries()),
+    )
+    .await;
+    assert!(untrusting.is_err(), "an unknown certificate was trusted");
+    // Plain HTTP to the TLS port gets no answer an HTTP client accepts.
+    let plain = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{port}/v1/sandcell/capabilities"))
+        .bearer_auth(common::TOKEN)
+        .send()
+        .await;
+    assert!(
+        plain.is_err() || !plain.unwrap().status().is_success(),
+        "plain HTTP was served"
+    );
+
+    client.destroy(&sandbox.id).await.unwrap();
+    server.abort();
+}
+
+#[test]
+fn unusable_certificates_and_keys_are_refused_naming_the_problem() {
+    let (cert, key) = self_signed();
+    let (other_cert, _) = self_signed();
+    let err = Tls::from_pem(b"not pem", key.as_bytes()).unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput);
+    let err = Tls::from_pem(cert.as_bytes(), b"").unwrap_err();
+    assert!(err.to_string().contains("private key"), "{err}");
+    let err = Tls::from_pem(other_cert.as_bytes(), key.as_bytes()).unwrap_err();
+    assert!(err.to_string().contains("do not go together"), "{err}");
+    let err = Tls::from_pem_files("/nonexistent/cert.pem", "/nonexistent/key.pem").unwrap_err();
+    assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
+    Tls::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
+
+    let missing = RemoteConfig::new("https://localhost:1", "t").ca_certificate("/nonexistent.pem");
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let err = runtime
+        .block_on(RemoteBackend::connect(missing))
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput, "{err}");
+    assert!(err.to_string().contains("ca_certificate"), "{err}");
+}
