@@ -34,6 +34,11 @@ fn http_server(name: &str, marker: &str) -> ServiceSpec {
     .ready_timeout(Duration::from_secs(20))
 }
 
+/// A sandbox that may listen on the host's ports (the default has no network).
+fn online() -> SandboxSpec {
+    SandboxSpec::new("default").network(sandcell::Network::Full)
+}
+
 /// GETs `url` with a raw request; returns the status line.
 fn get(url: &str) -> String {
     let addr = url.trim_start_matches("http://");
@@ -63,7 +68,7 @@ async fn a_service_gets_a_port_becomes_ready_and_stops_cleanly() {
     let root = tempfile::tempdir().unwrap();
     let backend: Arc<dyn SandboxBackend> =
         Arc::new(LocalBackend::builder().root(root.path()).build().unwrap());
-    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let sandbox = backend.create(&online()).await.unwrap();
     let services = Services::new(PortRange::new(21100, 21109).unwrap(), Background::new());
     let web = services
         .start(
@@ -136,8 +141,8 @@ async fn ports_run_out_with_limit_exceeded_and_come_back_with_the_sandbox() {
     let backend: Arc<dyn SandboxBackend> =
         Arc::new(LocalBackend::builder().root(root.path()).build().unwrap());
     let services = Services::new(PortRange::new(21120, 21120).unwrap(), Background::new());
-    let first = backend.create(&SandboxSpec::new("default")).await.unwrap();
-    let second = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let first = backend.create(&online()).await.unwrap();
+    let second = backend.create(&online()).await.unwrap();
     let taken = services
         .start(Arc::clone(&backend), &first.id, http_server("web", "svc-e"))
         .await
@@ -179,7 +184,7 @@ async fn a_service_that_never_answers_times_out_and_leaves_nothing() {
     let root = tempfile::tempdir().unwrap();
     let backend: Arc<dyn SandboxBackend> =
         Arc::new(LocalBackend::builder().root(root.path()).build().unwrap());
-    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let sandbox = backend.create(&online()).await.unwrap();
     let background = Background::new();
     let services = Services::new(PortRange::new(21130, 21130).unwrap(), background.clone());
     let silent = ServiceSpec::new("silent", ExecRequest::new(["sleep", "300"]))
@@ -226,10 +231,7 @@ async fn restarts_follow_the_policy_and_an_unhealthy_service_fails_its_sandbox()
     .await
     .unwrap();
     let key = SessionKey::new("acme", "preview").unwrap();
-    let handle = manager
-        .acquire(&key, &SandboxSpec::new("default"))
-        .await
-        .unwrap();
+    let handle = manager.acquire(&key, &online()).await.unwrap();
 
     // Restarted once on the same port, then unhealthy.
     let web = handle

@@ -63,6 +63,7 @@ struct Inner {
 #[derive(Debug, Default)]
 pub(crate) struct Probed {
     pub(crate) landlock_abi: Option<u32>,
+    pub(crate) read_rules: crate::landlock::ReadRules,
     pub(crate) namespace_tools: Option<crate::namespace::Tools>,
 }
 
@@ -110,9 +111,9 @@ impl LocalBackend {
             config.isolation,
             Isolation::Landlock | Isolation::Namespaces
         );
-        capabilities.network_isolation = config.isolation == Isolation::Namespaces;
-        // Below Namespaces processes share the host's network: that is Full, and the
-        // only policy such a sandbox can have.
+        // Namespaces give a sandbox a network of its own; Landlock's seccomp filter
+        // keeps it from opening network sockets. Without isolation it has the host's.
+        capabilities.network_isolation = config.isolation != Isolation::None;
         capabilities.network_full = true;
         capabilities.incremental_snapshot = !matches!(
             config.workspace,
@@ -181,7 +182,7 @@ impl LocalBackend {
         }
         let fd = Arc::new(crate::landlock::ruleset(
             abi,
-            &self.inner.config.readable,
+            &self.inner.probed.read_rules,
             &[dir.workspace(), dir.tmp()],
         )?);
         self.lock_rulesets().insert(id.clone(), fd.clone());
@@ -319,7 +320,14 @@ impl SandboxBackend for LocalBackend {
                 "backend local cannot expose ports of a sandbox with its own network namespace",
             ));
         }
-        self.meta(id).map(|_| ())
+        let (_, meta) = self.meta(id)?;
+        if meta.spec.network == sandcell::Network::None {
+            return Err(Error::unsupported(
+                "a sandbox without a network cannot listen on a port; create it with \
+                 Network::Full to publish one",
+            ));
+        }
+        Ok(())
     }
 
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
@@ -514,6 +522,8 @@ impl SandboxBackend for LocalBackend {
                 cgroup_procs,
                 landlock,
                 max_file_bytes: meta.spec.limits.disk_bytes,
+                // Namespaced sandboxes have a network namespace of their own instead.
+                no_network: meta.spec.network == sandcell::Network::None && meta.ns_init.is_none(),
             },
             cgroup: command_cgroup,
         })?;
@@ -633,6 +643,7 @@ async fn start_namespaces(
             cgroup_procs,
             landlock: None,
             max_file_bytes: None,
+            no_network: false,
         },
     );
     let mut child = cmd

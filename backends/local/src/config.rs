@@ -18,15 +18,22 @@ use crate::backend::LocalBackend;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Isolation {
-    /// Processes run as the caller, with a clean environment and their own process group.
-    /// Trust-based: a process can read and write anything the caller can. File operations
+    /// The explicit opt-out: processes run as the caller, with a clean environment and
+    /// their own process group. Trust-based: a process can read and write anything the
+    /// caller can, `~/.ssh` included, and has the host's network. File operations
     /// through the backend are still contained to the workspace.
-    #[default]
     None,
-    /// Landlock (Linux 5.13+): sandbox processes may write only beneath their workspace
-    /// and temp directory (plus `/dev/null` and similar), read and execute beneath
-    /// [`LocalConfig::readable`], and cannot mount — so read-only host mounts hold.
-    /// They still share the host's network, processes and users.
+    /// The default. Landlock (Linux 5.13+): sandbox processes may write only beneath
+    /// their workspace and temp directory (plus `/dev/null` and similar), read and
+    /// execute only beneath [`LocalConfig::readable`] less [`LocalConfig::hidden`] (by
+    /// default the system's directories: no home directories, no `/etc/shadow`), and
+    /// cannot mount, so read-only host mounts hold. A sandbox with
+    /// [`Network::None`](sandcell::Network::None) (the default policy) cannot open IPv4,
+    /// IPv6 or packet sockets (a seccomp filter), so it reaches neither the network nor
+    /// the host's loopback services; on Linux 6.12+ it cannot reach the host's abstract
+    /// Unix sockets either. Processes still share the host's users, process table and
+    /// path-named Unix sockets: use [`Isolation::Namespaces`] for those.
+    #[default]
     Landlock,
     /// User, mount, pid, network, IPC and UTS namespaces (via bubblewrap, one set per
     /// sandbox, joined by every command): the sandbox sees its workspace at `/workspace`,
@@ -74,9 +81,13 @@ pub struct LocalConfig {
     /// config files seconds or a string such as `"500ms"`).
     #[serde(with = "sandcell::config::duration")]
     pub kill_grace: Duration,
-    /// At `Isolation::Landlock`, where sandbox processes may read and execute
-    /// (default: everywhere, `/`).
+    /// At `Isolation::Landlock`, where sandbox processes may read and execute (default:
+    /// [`SYSTEM_READABLE`](crate::SYSTEM_READABLE); paths this host lacks are skipped).
+    /// Add a directory here to let sandboxes run programs installed in it.
     pub readable: Vec<PathBuf>,
+    /// At `Isolation::Landlock`, what stays unreadable beneath `readable` (default:
+    /// [`SYSTEM_HIDDEN`](crate::SYSTEM_HIDDEN)).
+    pub hidden: Vec<PathBuf>,
     /// Limits applied where a spec leaves one unset.
     pub default_limits: sandcell::Limits,
 }
@@ -86,10 +97,11 @@ impl Default for LocalConfig {
         LocalConfig {
             root: std::env::temp_dir().join("sandcell-local"),
             templates: BTreeMap::new(),
-            isolation: Isolation::None,
+            isolation: Isolation::Landlock,
             workspace: WorkspaceStrategy::Auto,
             kill_grace: Duration::from_secs(2),
-            readable: vec![PathBuf::from("/")],
+            readable: crate::SYSTEM_READABLE.iter().map(PathBuf::from).collect(),
+            hidden: crate::SYSTEM_HIDDEN.iter().map(PathBuf::from).collect(),
             default_limits: sandcell::Limits::default(),
         }
     }
@@ -150,13 +162,25 @@ impl LocalBackendBuilder {
         self
     }
 
-    /// Sets where sandbox processes may read and execute at `Isolation::Landlock`.
+    /// Sets where sandbox processes may read and execute at `Isolation::Landlock`
+    /// (replacing the default).
     pub fn readable<I, P>(mut self, paths: I) -> Self
     where
         I: IntoIterator<Item = P>,
         P: Into<PathBuf>,
     {
         self.config.readable = paths.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Sets what stays unreadable beneath `readable` at `Isolation::Landlock`
+    /// (replacing the default).
+    pub fn hidden<I, P>(mut self, paths: I) -> Self
+    where
+        I: IntoIterator<Item = P>,
+        P: Into<PathBuf>,
+    {
+        self.config.hidden = paths.into_iter().map(Into::into).collect();
         self
     }
 
@@ -168,14 +192,8 @@ impl LocalBackendBuilder {
             Isolation::None => {}
             Isolation::Landlock => {
                 probed.landlock_abi = Some(crate::landlock::abi()?);
-                for path in &config.readable {
-                    if !path.exists() {
-                        return Err(Error::not_found(format!(
-                            "readable path {} does not exist",
-                            path.display()
-                        )));
-                    }
-                }
+                probed.read_rules =
+                    crate::landlock::ReadRules::new(&config.readable, &config.hidden);
             }
             Isolation::Namespaces => probed.namespace_tools = Some(crate::namespace::probe()?),
         }

@@ -15,19 +15,23 @@
 //! | shell, python | where `sh` / `python3` are on the default PATH |
 //! | pause / resume | yes (the cgroup freezer; SIGSTOP / SIGCONT where there is no cgroup) |
 //! | reset | yes (kills every process, keeps the workspace) |
-//! | port exposure | yes (processes share the host network) |
+//! | port exposure | below `Namespaces`, for a sandbox with `Network::Full` (its processes share the host network) |
 //! | symlinks | yes |
 //! | host mounts | yes (bind mounts; read-only ones refuse writes; enforced against remounting at `Landlock` and `Namespaces`, not at `None`, where a root process could remount) |
 //! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
 //! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
-//! | network isolation | at `Isolation::Namespaces` |
+//! | network isolation | at `Landlock` (no IPv4, IPv6 or packet sockets) and `Namespaces` (a network namespace of its own) |
 //!
-//! Isolation levels, chosen explicitly:
-//! - [`Isolation::None`]: trust-based; processes run as the caller with a clean
-//!   environment, in their own process group and cgroup.
-//! - [`Isolation::Landlock`]: additionally, processes may write only beneath their
-//!   workspace and temp directory, and cannot mount (so read-only mounts hold). A kernel
-//!   without Landlock fails `build()` with an error naming what is missing.
+//! Isolation levels:
+//! - [`Isolation::Landlock`], the default: processes may write only beneath their
+//!   workspace and temp directory, read only the system's directories
+//!   ([`SYSTEM_READABLE`] less [`SYSTEM_HIDDEN`]: no home directories, no
+//!   `/etc/shadow`), cannot mount (so read-only mounts hold), and without a network
+//!   cannot open network sockets, the host's loopback included. A kernel without
+//!   Landlock fails `build()` with an error naming what is missing and the opt-out.
+//! - [`Isolation::None`], the explicit opt-out: trust-based; processes run as the caller
+//!   with a clean environment, in their own process group and cgroup, and can read
+//!   and write whatever the caller can.
 //! - [`Isolation::Namespaces`]: user, mount, pid, network, IPC and UTS namespaces, one set
 //!   per sandbox (made by bubblewrap, joined by every command with `nsenter`): the
 //!   workspace at `/workspace`, read-only system directories, private `/tmp`, `/proc` and
@@ -68,3 +72,4 @@ mod sys;
 
 pub use backend::LocalBackend;
 pub use config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};
+pub use landlock::{SYSTEM_HIDDEN, SYSTEM_READABLE};

@@ -1,5 +1,5 @@
-//! The crate's only `unsafe`: raw system calls without a safe wrapper (Landlock), and
-//! work done in the child between `fork` and `exec`.
+//! The crate's only `unsafe`: raw system calls without a safe wrapper (Landlock,
+//! seccomp), and work done in the child between `fork` and `exec`.
 
 #![allow(unsafe_code)]
 
@@ -43,21 +43,24 @@ pub(crate) fn landlock_abi() -> Result<u32, Errno> {
     }
 }
 
-/// Creates a ruleset that handles the filesystem rights in `handled_access_fs`.
-pub(crate) fn landlock_create_ruleset(handled_access_fs: u64) -> Result<OwnedFd, Errno> {
-    // The first field of `struct landlock_ruleset_attr`; passing only its size is
-    // valid on every ABI version.
-    let attr: u64 = handled_access_fs;
-    // SAFETY: `attr` lives across the call and its size is passed exactly; the kernel
-    // returns a new descriptor we then own, or -1.
-    let r = unsafe {
-        libc::syscall(
-            SYS_LANDLOCK_CREATE_RULESET,
-            &attr as *const u64,
-            std::mem::size_of::<u64>(),
-            0u32,
-        )
+/// Creates a ruleset that handles the filesystem rights in `handled_access_fs` and,
+/// when `scoped` is not zero (ABI 6 and later), scopes the sandbox's IPC by it.
+pub(crate) fn landlock_create_ruleset(
+    handled_access_fs: u64,
+    scoped: u64,
+) -> Result<OwnedFd, Errno> {
+    // `struct landlock_ruleset_attr`: fs rights, net rights (ABI 4), scopes (ABI 6).
+    // Passing only the first field's size is valid on every ABI version; the whole
+    // struct only where the kernel knows its last field.
+    let attr: [u64; 3] = [handled_access_fs, 0, scoped];
+    let size = if scoped == 0 {
+        std::mem::size_of::<u64>()
+    } else {
+        std::mem::size_of_val(&attr)
     };
+    // SAFETY: `attr` lives across the call and the size passed is at most its own; the
+    // kernel returns a new descriptor we then own, or -1.
+    let r = unsafe { libc::syscall(SYS_LANDLOCK_CREATE_RULESET, attr.as_ptr(), size, 0u32) };
     if r < 0 {
         return Err(errno());
     }
@@ -102,7 +105,67 @@ pub(crate) struct ChildSetup {
     pub(crate) landlock: Option<std::sync::Arc<OwnedFd>>,
     /// Largest file the process may write (`RLIMIT_FSIZE`), from `Limits::disk_bytes`.
     pub(crate) max_file_bytes: Option<u64>,
+    /// Cut the process off the network with [`NO_NETWORK`] (for `Network::None`
+    /// below `Isolation::Namespaces`).
+    pub(crate) no_network: bool,
 }
+
+// The seccomp filter of `no_network`, in classic BPF over `struct seccomp_data`
+// (`nr` at offset 0, `arch` at 4, the first argument's low half at 16 on these
+// little-endian targets).
+#[cfg(target_arch = "x86_64")]
+const AUDIT_ARCH_NATIVE: u32 = 0xC000_003E;
+#[cfg(target_arch = "aarch64")]
+const AUDIT_ARCH_NATIVE: u32 = 0xC000_00B7;
+/// On x86_64, system call numbers from here up are the x32 ABI's.
+const X32_SYSCALL_BIT: u32 = 0x4000_0000;
+const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
+const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
+const DENY: u32 = SECCOMP_RET_ERRNO | libc::EACCES as u32;
+
+const fn stmt(code: u32, k: u32) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt: 0,
+        jf: 0,
+        k,
+    }
+}
+
+const fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
+    libc::sock_filter {
+        code: code as u16,
+        jt,
+        jf,
+        k,
+    }
+}
+
+/// Refuses (`EACCES`) `socket(2)` for IPv4, IPv6 and raw packets, and `io_uring_setup(2)`
+/// (whose socket operation would get past this filter); refuses every system call of a
+/// foreign ABI (x86's 32-bit entry, x32), which has socket calls of its own. Unix
+/// sockets stay, and Landlock's scoping keeps them off the host's abstract ones.
+static NO_NETWORK: [libc::sock_filter; 13] = {
+    const LD_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    const JGE: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+    const RET: u32 = libc::BPF_RET | libc::BPF_K;
+    [
+        /* 0 */ stmt(LD_ABS, 4),
+        /* 1 */ jump(JEQ, AUDIT_ARCH_NATIVE, 1, 0),
+        /* 2 */ stmt(RET, DENY),
+        /* 3 */ stmt(LD_ABS, 0),
+        /* 4 */ jump(JGE, X32_SYSCALL_BIT, 7, 0),
+        /* 5 */ jump(JEQ, libc::SYS_io_uring_setup as u32, 6, 0),
+        /* 6 */ jump(JEQ, libc::SYS_socket as u32, 0, 4),
+        /* 7 */ stmt(LD_ABS, 16),
+        /* 8 */ jump(JEQ, libc::AF_INET as u32, 3, 0),
+        /* 9 */ jump(JEQ, libc::AF_INET6 as u32, 2, 0),
+        /* 10 */ jump(JEQ, libc::AF_PACKET as u32, 1, 0),
+        /* 11 */ stmt(RET, SECCOMP_RET_ALLOW),
+        /* 12 */ stmt(RET, DENY),
+    ]
+};
 
 /// Makes the child join the sandbox's cgroups, drop core dumps and enforce its Landlock
 /// ruleset before it execs, so not even its first instruction runs outside them (moving
@@ -118,8 +181,8 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
     });
     // SAFETY: the closure runs in the forked child, where only async-signal-safe work is
     // allowed. It makes raw syscalls only — write(2) of a static buffer to descriptors
-    // the parent opened, setrlimit(2), prctl(2) and landlock_restrict_self(2) — and
-    // allocates nothing; errors convert from an errno without allocating.
+    // the parent opened, setrlimit(2), prctl(2), landlock_restrict_self(2) and
+    // seccomp(2) with a static filter — and allocates nothing; errors convert from an errno without allocating.
     unsafe {
         cmd.pre_exec(move || {
             for fd in &setup.cgroup_procs {
@@ -130,9 +193,22 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
             if let Some(limit) = file_size {
                 rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
             }
-            if let Some(ruleset) = &setup.landlock {
+            if setup.landlock.is_some() || setup.no_network {
                 rustix::thread::set_no_new_privs(true)?;
+            }
+            if let Some(ruleset) = &setup.landlock {
                 if libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if setup.no_network {
+                let program = libc::sock_fprog {
+                    len: NO_NETWORK.len() as u16,
+                    filter: NO_NETWORK.as_ptr().cast_mut(),
+                };
+                let set_filter = 1u32; // SECCOMP_SET_MODE_FILTER
+                let program: *const libc::sock_fprog = &program;
+                if libc::syscall(libc::SYS_seccomp, set_filter, 0u32, program) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }

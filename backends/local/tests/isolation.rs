@@ -33,12 +33,179 @@ fn fixture(make: fn(&std::path::Path) -> Option<LocalBackend>) -> Option<conform
     Some(conformance::Fixture::new(backend).guard(root))
 }
 
-/// The conformance suite at `Isolation::Landlock`, one test per case.
-mod landlock_conformance {
+/// A backend at the explicit opt-out, `Isolation::None`.
+fn unisolated_backend(root: &std::path::Path) -> Option<LocalBackend> {
+    Some(
+        LocalBackend::builder()
+            .root(root)
+            .isolation(Isolation::None)
+            .build()
+            .unwrap(),
+    )
+}
+
+/// The conformance suite at `Isolation::None` (the default, Landlock, runs it in
+/// `tests/conformance.rs`), one test per case.
+mod unisolated_conformance {
     async fn setup() -> Option<super::conformance::Fixture> {
-        super::fixture(super::landlock_backend)
+        super::fixture(super::unisolated_backend)
     }
     sandcell::conformance_tests!(setup);
+}
+
+/// What a default sandbox cannot touch (ADVERSARIAL.md 33 for the local backend): host
+/// files outside the system directories (`/etc/shadow`, the caller's home, another
+/// sandbox's workspace, anything in the host's `/tmp`), writes outside its workspace
+/// and tmp, and, without a network, TCP or UDP to the host's loopback. Each attack is
+/// checked on the host afterwards, and shown to work at `Isolation::None`, so the test
+/// can tell containment from a broken command.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_hides_the_host() {
+    use std::io::Read;
+    let root = tempfile::tempdir().unwrap();
+    let default = match LocalBackend::builder().root(root.path()).build() {
+        Ok(b) => b,
+        Err(e) => {
+            // Where the kernel lacks Landlock the default cannot be built: that error
+            // must name the way out.
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+            assert!(e.to_string().contains("Isolation::None"), "{e}");
+            sandcell::testing::require_or_skip("LANDLOCK", "Landlock", Err(e.to_string()));
+            return;
+        }
+    };
+    assert_eq!(default.config().isolation, Isolation::Landlock);
+    let unisolated = LocalBackend::builder()
+        .root(root.path())
+        .isolation(Isolation::None)
+        .build()
+        .unwrap();
+
+    let host = tempfile::tempdir().unwrap();
+    let secret = host.path().join("secret.txt");
+    std::fs::write(&secret, "host secret").unwrap();
+    let home = std::env::var("HOME").unwrap_or_else(|_| "/root".to_owned());
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let (tcp_port, udp_port) = (
+        tcp.local_addr().unwrap().port(),
+        udp.local_addr().unwrap().port(),
+    );
+
+    let victim = default.create(&SandboxSpec::default()).await.unwrap();
+    default
+        .write_string(&victim.id, &"private.txt".parse().unwrap(), "victim's")
+        .await
+        .unwrap();
+    let victim_file = root
+        .path()
+        .canonicalize()
+        .unwrap()
+        .join("sandboxes")
+        .join(victim.id.as_str())
+        .join("workspace/private.txt");
+    assert!(victim_file.exists(), "the test knows where workspaces live");
+    let escape = host.path().join("escaped");
+
+    let attacks = [
+        ("host /tmp file", format!("cat {}", secret.display())),
+        ("/etc/shadow", "cat /etc/shadow".to_owned()),
+        ("home directory", format!("ls -a {home}")),
+        ("another sandbox", format!("cat {}", victim_file.display())),
+        ("write outside", format!("echo x > {}", escape.display())),
+        (
+            "host loopback (TCP)",
+            format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{tcp_port}'"),
+        ),
+        (
+            "host loopback (UDP)",
+            format!("bash -c 'echo hi > /dev/udp/127.0.0.1/{udp_port}'"),
+        ),
+    ];
+    let run_all = |backend: LocalBackend| {
+        let attacks = attacks.clone();
+        async move {
+            let sb = backend.create(&SandboxSpec::default()).await.unwrap();
+            let mut outcomes = Vec::new();
+            for (what, command) in &attacks {
+                let out = backend.run_shell(&sb.id, command).await.unwrap();
+                outcomes.push((*what, out.success(), out.stdout_str().to_string()));
+            }
+            // A default sandbox still runs system programs and reads system config.
+            let works = backend
+                .run_shell(&sb.id, "cat /etc/hostname >/dev/null && ls /usr/bin >/dev/null && echo ok > tmp.txt && cat tmp.txt")
+                .await
+                .unwrap();
+            assert_eq!(works.stdout_str(), "ok\n", "{}", works.stderr_str());
+            backend.destroy(&sb.id).await.unwrap();
+            outcomes
+        }
+    };
+
+    for (what, succeeded, stdout) in run_all(default.clone()).await {
+        assert!(!succeeded, "a default sandbox reached the {what}: {stdout}");
+        assert!(!stdout.contains("host secret") && !stdout.contains("victim"));
+    }
+    assert!(!escape.exists(), "nothing was written outside");
+    let mut buf = [0u8; 16];
+    assert!(tcp.accept().is_err(), "no TCP connection reached the host");
+    assert!(
+        udp.recv(&mut buf).is_err(),
+        "no UDP datagram reached the host"
+    );
+
+    // The same attacks work without isolation: the test can tell.
+    let open: Vec<_> = run_all(unisolated)
+        .await
+        .into_iter()
+        .filter(|(what, ..)| *what != "/etc/shadow" || rustix::process::geteuid().is_root())
+        .collect();
+    for (what, succeeded, _) in &open {
+        assert!(succeeded, "at Isolation::None the {what} is reachable");
+    }
+    let (mut stream, _) = tcp.accept().unwrap();
+    let mut got = String::new();
+    stream.set_nonblocking(false).unwrap();
+    stream.read_to_string(&mut got).unwrap();
+    assert_eq!(got, "hi\n");
+    std::fs::remove_file(&escape).unwrap();
+    default.destroy(&victim.id).await.unwrap();
+}
+
+/// A sandbox given the network keeps it at the default level: Landlock's filter
+/// applies only to `Network::None`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_default_sandbox_with_the_network_reaches_the_host_loopback() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(backend) = landlock_backend(root.path()) else {
+        return;
+    };
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let spec = SandboxSpec::default().network(sandcell::Network::Full);
+    let sb = backend.create(&spec).await.unwrap();
+    let out = backend
+        .run_shell(
+            &sb.id,
+            &format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'"),
+        )
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr_str());
+    assert!(tcp.accept().is_ok());
+    let offline = backend.create(&SandboxSpec::default()).await.unwrap();
+    assert_eq!(
+        offline.network,
+        sandcell::Network::None,
+        "the default policy"
+    );
+    let publish = backend.publish_port(&offline.id, 8080).await.unwrap_err();
+    assert_eq!(publish.kind(), ErrorKind::Unsupported);
+    backend.publish_port(&sb.id, 8080).await.unwrap();
+    backend.destroy(&sb.id).await.unwrap();
+    backend.destroy(&offline.id).await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -83,12 +83,13 @@ async fn large_files_and_archives_cross_in_bounded_chunks_and_leave_nothing() {
         RemoteBackend::connect(RemoteConfig::new(proxy.url(), common::TOKEN).rate_limits(limits))
             .await
             .unwrap();
-    // The machine's temporary files go to a directory this test watches.
-    let machine_tmp = tempfile::tempdir().unwrap();
-    let spec = SandboxSpec::new("default").env("TMPDIR", machine_tmp.path().to_str().unwrap());
-    let sandbox = backend.create(&spec).await.unwrap();
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
     let local = server.local.inspect(&sandbox.id).await.unwrap();
     let workspace = std::path::PathBuf::from(&local.details["host_path"]);
+    // The machine's temporary files go to its TMPDIR, the sandbox's own tmp beside its
+    // workspace (the only other place a default local sandbox may write).
+    let machine_tmp = workspace.parent().unwrap().join("tmp");
+    assert!(machine_tmp.is_dir());
 
     // 1.5 MiB that is not text: three or more chunks each way.
     let data: Vec<u8> = (0..1_572_864u32).map(|i| (i * 7 % 251) as u8).collect();
@@ -139,12 +140,8 @@ async fn large_files_and_archives_cross_in_bounded_chunks_and_leave_nothing() {
     );
 
     assert_eq!(leftovers(&workspace), Vec::<String>::new(), "workspace");
-    assert_eq!(
-        leftovers(machine_tmp.path()),
-        Vec::<String>::new(),
-        "TMPDIR"
-    );
-    assert_eq!(std::fs::read_dir(machine_tmp.path()).unwrap().count(), 0);
+    assert_eq!(leftovers(&machine_tmp), Vec::<String>::new(), "TMPDIR");
+    assert_eq!(std::fs::read_dir(&machine_tmp).unwrap().count(), 0);
     backend.destroy(&sandbox.id).await.unwrap();
 }
 

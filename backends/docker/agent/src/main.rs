@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sandcell::{SandboxBackend, SandboxSpec};
-use sandcell_local::{LocalBackend, WorkspaceStrategy};
+use sandcell_local::{Isolation, LocalBackend, WorkspaceStrategy};
 
 const DEFAULT_WORKSPACE: &str = "/workspace";
 const DEFAULT_STATE: &str = "/.sandcell/state";
@@ -85,9 +85,13 @@ fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(
         .build()
         .map_err(|e| format!("starting the runtime: {e}"))?;
     runtime.block_on(async {
+        // The container is the sandbox: its engine isolates it, and the spec the
+        // engine applied (network included) is the one commands must see, so the
+        // agent adds no isolation of its own.
         let backend = LocalBackend::builder()
             .root(state)
             .template("workspace", workspace)
+            .isolation(Isolation::None)
             .workspace(WorkspaceStrategy::InPlace)
             .kill_grace(Duration::from_millis(500))
             .build()
