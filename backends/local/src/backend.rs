@@ -524,6 +524,8 @@ impl SandboxBackend for LocalBackend {
                 max_file_bytes: meta.spec.limits.disk_bytes,
                 // Namespaced sandboxes have a network namespace of their own instead.
                 no_network: meta.spec.network == sandcell::Network::None && meta.ns_init.is_none(),
+                // Without a cgroup, what leaves the group stays beneath the command.
+                subreaper: meta.cgroups.is_none() && meta.ns_init.is_none(),
             },
             cgroup: command_cgroup,
         })?;
@@ -644,6 +646,7 @@ async fn start_namespaces(
             landlock: None,
             max_file_bytes: None,
             no_network: false,
+            subreaper: false,
         },
     );
     let mut child = cmd

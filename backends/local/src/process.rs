@@ -1,7 +1,8 @@
 //! Running commands: a process group per exec (and a cgroup of its own where the
 //! sandbox has cgroups), a clean environment, timeouts and kills that take the whole
 //! tree (SIGTERM, grace period, SIGKILL) — what left the group with `setsid`, `nohup` or
-//! a double fork included, through the command's cgroup — and output that drains.
+//! a double fork included, through the command's cgroup or, without one, because the
+//! command is a child subreaper that orphans stay beneath — and output that drains.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -56,6 +57,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(false);
+    let subreaper = launch.setup.subreaper;
     crate::sys::before_exec(&mut cmd, launch.setup);
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::not_found(format!(
@@ -94,6 +96,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         child,
         Tree {
             pgid,
+            subreaper,
             cgroup: launch.cgroup.map(std::sync::Arc::new),
         },
         launch.timeout,
@@ -164,9 +167,13 @@ type Drains = (
 );
 
 /// Everything one command started: its process group, and its cgroup where there is
-/// one (which holds what left the group too).
+/// one (which holds what left the group too), else the leader's descendants (the
+/// leader, a subreaper, keeps what its children orphan).
 struct Tree {
+    /// The group, whose leader is the command's first process.
     pgid: i32,
+    /// Whether the leader is a child subreaper.
+    subreaper: bool,
     cgroup: Option<std::sync::Arc<crate::cgroup::CommandCgroup>>,
 }
 
@@ -223,8 +230,12 @@ fn convert(status: std::process::ExitStatus) -> ExitStatus {
 }
 
 /// SIGTERM to everything the command started, up to `grace` for it to go, then
-/// SIGKILL: the process group, and the command's cgroup (what left the group).
+/// SIGKILL: the process group, and the command's cgroup (what left the group) or,
+/// without one, the subreaper leader's descendants.
 async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Child) {
+    if tree.cgroup.is_none() && tree.subreaper {
+        return kill_descendants(tree.pgid, grace, child).await;
+    }
     signal_group(tree.pgid, Signal::TERM);
     if let Some(cgroup) = &tree.cgroup {
         cgroup.signal_all(Signal::TERM);
@@ -241,6 +252,105 @@ async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Chi
     if let Some(cgroup) = tree.cgroup.clone() {
         let _ = tokio::task::spawn_blocking(move || cgroup.kill_all(Duration::from_secs(5))).await;
     }
+}
+
+/// [`kill_tree`] without a cgroup. The leader is stopped first and kept stopped while
+/// its descendants are signalled: a stopped subreaper cannot exit, so everything its
+/// tree orphans stays beneath it, where the next scan of `/proc` finds it. Its own
+/// SIGTERM waits (pending) until its descendants are gone or the grace period is over.
+async fn kill_descendants(leader: i32, grace: Duration, child: &mut tokio::process::Child) {
+    let deadline = tokio::time::Instant::now() + grace;
+    let signal = |pid: i32, signal: Signal| {
+        if let Some(pid) = Pid::from_raw(pid) {
+            let _ = rustix::process::kill_process(pid, signal);
+        }
+    };
+    // Stopped before anything else reaches it: a pending SIGTERM would be taken before
+    // the SIGSTOP (lower numbers first), and its orphans would go up to init.
+    signal(leader, Signal::STOP);
+    stopped(leader).await;
+    signal_group(leader, Signal::TERM);
+    for pid in living_descendants(leader) {
+        signal(pid, Signal::TERM);
+    }
+    let _ = tokio::time::timeout_at(deadline, async {
+        while !living_descendants(leader).is_empty() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Nothing left beneath it: the leader may take its SIGTERM now.
+        signal(leader, Signal::CONT);
+        let _ = child.wait().await;
+    })
+    .await;
+    // Whatever is left (the leader stopped again, so it cannot orphan anything), killed
+    // scan by scan until a scan finds nothing: a process may fork between two.
+    signal(leader, Signal::STOP);
+    stopped(leader).await;
+    for _ in 0..100 {
+        let left = living_descendants(leader);
+        if left.is_empty() {
+            break;
+        }
+        for pid in left {
+            signal(pid, Signal::KILL);
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    signal(leader, Signal::KILL);
+    signal_group(leader, Signal::KILL);
+}
+
+/// Waits (up to a second) until `pid` is stopped, or gone.
+async fn stopped(pid: i32) {
+    for _ in 0..1000 {
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|stat| {
+                let rest = &stat[stat.rfind(')')? + 1..];
+                rest.split_whitespace().next().map(str::to_owned)
+            });
+        match state.as_deref() {
+            None | Some("T" | "t" | "Z" | "X") => return,
+            Some(_) => tokio::time::sleep(Duration::from_millis(1)).await,
+        }
+    }
+}
+
+/// The processes beneath `leader` that have not exited (zombies left out), from
+/// `/proc/*/stat` (fields 3 and 4: state and parent).
+fn living_descendants(leader: i32) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let mut children: std::collections::HashMap<i32, Vec<(i32, bool)>> = Default::default();
+    for pid in entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+    {
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The command name may hold spaces and parentheses; fields follow the last ')'.
+        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
+            continue;
+        };
+        let mut fields = rest.split_whitespace();
+        let zombie = fields.next() == Some("Z");
+        if let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) {
+            children.entry(ppid).or_default().push((pid, zombie));
+        }
+    }
+    let mut found = Vec::new();
+    let mut queue = vec![leader];
+    while let Some(parent) = queue.pop() {
+        for &(pid, zombie) in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+            queue.push(pid);
+            if !zombie {
+                found.push(pid);
+            }
+        }
+    }
+    found
 }
 
 /// Sends `signal` to every process of the group; a group that is gone is not an error.

@@ -108,6 +108,10 @@ pub(crate) struct ChildSetup {
     /// Cut the process off the network with [`NO_NETWORK`] (for `Network::None`
     /// below `Isolation::Namespaces`).
     pub(crate) no_network: bool,
+    /// Make the command a child subreaper, so what it starts and then orphans (a double
+    /// fork, `setsid ... &` whose parent exits) stays beneath it while it runs, where a
+    /// timeout or kill finds it. For sandboxes without cgroups.
+    pub(crate) subreaper: bool,
 }
 
 // The seccomp filter of `no_network`, in classic BPF over `struct seccomp_data`
@@ -181,7 +185,8 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
     });
     // SAFETY: the closure runs in the forked child, where only async-signal-safe work is
     // allowed. It makes raw syscalls only — write(2) of a static buffer to descriptors
-    // the parent opened, setrlimit(2), prctl(2), landlock_restrict_self(2) and
+    // the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper),
+    // landlock_restrict_self(2) and
     // seccomp(2) with a static filter — and allocates nothing; errors convert from an errno without allocating.
     unsafe {
         cmd.pre_exec(move || {
@@ -192,6 +197,9 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
             rustix::process::setrlimit(rustix::process::Resource::Core, no_core)?;
             if let Some(limit) = file_size {
                 rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
+            }
+            if setup.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
             }
             if setup.landlock.is_some() || setup.no_network {
                 rustix::thread::set_no_new_privs(true)?;

@@ -207,6 +207,61 @@ pub async fn background_processes_live_until_reset(b: &dyn SandboxBackend) {
     .await;
 }
 
+/// A timeout ends everything its command started, including what left the command's
+/// process group: a `setsid` child (where the sandbox has `setsid`), a `nohup` one and
+/// a double fork's orphan. (A command that exits on its own may leave background
+/// processes running: [`background_processes_live_until_reset`] pins that half.)
+/// Needs a shell.
+pub async fn timeouts_end_every_descendant(b: &dyn SandboxBackend) {
+    if !b.capabilities().shell {
+        return shell_is_refused(b, "timeouts_end_every_descendant").await;
+    }
+    let marker = format!("sandcell-esc-{}", uuid::Uuid::new_v4().simple());
+    with_sandbox(b, spec(), |id| {
+        let marker = marker.clone();
+        async move {
+            // Each escapee's `$0` is the marker, a whole NUL-separated argument, so it
+            // matches a line below while the checking script's own text never does.
+            let idle = format!("sh -c 'sleep 1000; :' {marker} >/dev/null 2>&1 </dev/null");
+            let script = format!(
+                "if command -v setsid >/dev/null; then setsid {idle} & fi; \
+                 nohup {idle} & ({idle} &); sleep 1000"
+            );
+            let count = format!(
+                "cat /proc/[0-9]*/cmdline 2>/dev/null | tr '\\000' '\\n' | grep -c '^{marker}$'"
+            );
+            let request = ExecRequest::shell(script).timeout(Duration::from_secs(2));
+            let out = b.run(&id, request).await.expect("the command runs");
+            assert!(
+                out.status.timed_out,
+                "the command timed out: {:?}",
+                out.status
+            );
+            let mut left = String::new();
+            for _ in 0..100 {
+                left = b
+                    .run_shell(&id, &count)
+                    .await
+                    .map(|o| o.stdout_str().trim().to_owned())
+                    .unwrap_or_default();
+                if left == "0" {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            if left != "0" {
+                let ps = b
+                    .run_shell(&id, "for s in /proc/[0-9]*/stat; do cat $s; echo; done")
+                    .await
+                    .map(|o| o.stdout_str().to_string())
+                    .unwrap_or_default();
+                panic!("escapees outlived the timeout of their command ({left} left):\n{ps}");
+            }
+        }
+    })
+    .await;
+}
+
 /// Background processes by id ([`crate::background::Background`]): output so far and
 /// then live, input, signals (where the backend has them), kill, wait, a late attach that
 /// replays everything, and processes ending with their sandbox. Needs a shell.
