@@ -203,6 +203,13 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let routes = if extensions { fly.merge(extended) } else { fly };
     routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })
+        .method_not_allowed_fallback(|| async {
+            let mut response =
+                ApiError(Error::invalid_input("this route does not take that method"))
+                    .into_response();
+            *response.status_mut() = StatusCode::METHOD_NOT_ALLOWED;
+            response
+        })
         .layer(DefaultBodyLimit::max(json_limit))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&state),
