@@ -1,11 +1,14 @@
-//! What tracking every descendant of a command costs on the local backend: each command
-//! runs in a cgroup of its own (so a timeout or kill reaches what left its process
-//! group), made before it starts and removed after it ends.
+//! What a command costs on the local backend at each isolation level, against a raw
+//! spawn: each command runs in a cgroup of its own (so a timeout or kill reaches what
+//! left its process group), made before it starts and removed after it ends; at the
+//! default level, `Landlock`, it also enforces its ruleset and, without a network, a
+//! seccomp filter before it execs.
 //!
 //! Run: `cargo bench --bench exec_tree` (as root, where sandboxes get cgroups).
 //! `SANDCELL_BENCH_ROUNDS` (default 200) rounds, the backend and a raw tokio
 //! spawn-and-wait of the same command alternating. Prints p50s and the time the
-//! backend adds, for `true` and for a shell that forks 100 children and waits for them.
+//! backend adds, for `true` and for a shell that forks 100 children and waits for them,
+//! at `Landlock` (the default; where the kernel has it) and at `None`.
 
 // A bench is a test-like program: a failed step should stop it loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -15,7 +18,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
-use sandcell_local::LocalBackend;
+use sandcell_local::{Isolation, LocalBackend};
 
 const FORK_100: &str = "i=0; while [ $i -lt 100 ]; do true & i=$((i+1)); done; wait";
 
@@ -30,11 +33,24 @@ async fn main() {
         return;
     }
     let rounds = common::env_u64("SANDCELL_BENCH_ROUNDS", 200).max(3);
-    let root = tempfile::tempdir().unwrap();
-    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    for isolation in [Isolation::Landlock, Isolation::None] {
+        let root = tempfile::tempdir().unwrap();
+        let Ok(backend) = LocalBackend::builder()
+            .root(root.path())
+            .isolation(isolation)
+            .build()
+        else {
+            println!("isolation {isolation:?}: not available here");
+            continue;
+        };
+        measure(&backend, rounds, &format!("{isolation:?}")).await;
+    }
+}
+
+async fn measure(backend: &LocalBackend, rounds: u64, level: &str) {
     let sb = backend.create(&SandboxSpec::default()).await.unwrap();
     let tracked = sb.details.contains_key("cgroup");
-    println!("{rounds} rounds; per-command cgroups: {tracked}");
+    println!("isolation {level}, {rounds} rounds; per-command cgroups: {tracked}");
     for (name, argv) in [
         ("true", vec!["true"]),
         ("sh forking 100 children", vec!["sh", "-c", FORK_100]),
