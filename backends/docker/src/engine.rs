@@ -7,7 +7,10 @@
 //! exists, prints its own pid on the first stdout line (read and removed here), then
 //! `exec`s the command, so the pid is the command's. Kills walk `/proc` inside the
 //! container from that pid, stopping each process before killing it so none can fork
-//! away meanwhile. Images without `/bin/sh` need the agent.
+//! away meanwhile; then they kill every process that inherited the command's
+//! `SANDCELL_EXEC` tag from its environment, which catches what a double fork orphaned
+//! to the container's init (a process that clears its environment loses the tag: the
+//! agent path has no such gap). Images without `/bin/sh` need the agent.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -34,7 +37,11 @@ const WRAPPER: &str =
     r#"command -v "$1" >/dev/null 2>&1 || exit 127; echo "sandcell-exec $$"; exec "$@""#;
 /// Sends `$2` to the tree rooted at `$1`, parents first.
 const SIGNAL_TREE: &str = r#"t() { kill "$2" "$1" 2>/dev/null; for s in /proc/[0-9]*/status; do case "$(grep '^PPid:' "$s" 2>/dev/null)" in *"	$1") c=${s#/proc/}; t "${c%/status}" "$2";; esac; done; }; t "$1" "$2""#;
-const KILL_TREE: &str = r#"t() { kill -STOP "$1" 2>/dev/null; for s in /proc/[0-9]*/status; do case "$(grep '^PPid:' "$s" 2>/dev/null)" in *"	$1") c=${s#/proc/}; t "${c%/status}";; esac; done; kill -KILL "$1" 2>/dev/null; kill -CONT "$1" 2>/dev/null; }; t "$1""#;
+/// Kills the tree rooted at `$1`, then (twice, for what forked meanwhile) every process
+/// whose environment holds `SANDCELL_EXEC=$3`.
+const KILL_TREE: &str = r#"t() { kill -STOP "$1" 2>/dev/null; for s in /proc/[0-9]*/status; do case "$(grep '^PPid:' "$s" 2>/dev/null)" in *"	$1") c=${s#/proc/}; t "${c%/status}";; esac; done; kill -KILL "$1" 2>/dev/null; kill -CONT "$1" 2>/dev/null; }; t "$1"; for r in 1 2; do for e in /proc/[0-9]*/environ; do if tr '\000' '\n' < "$e" 2>/dev/null | grep -qx "SANDCELL_EXEC=$3"; then p=${e#/proc/}; kill -KILL "${p%/environ}" 2>/dev/null; fi; done; done"#;
+/// The environment variable tagging everything one command started.
+const TAG_VAR: &str = "SANDCELL_EXEC";
 
 type Output = BoxStream<'static, std::result::Result<LogOutput, bollard::errors::Error>>;
 type Status = Option<std::result::Result<ExitStatus, String>>;
@@ -57,11 +64,13 @@ pub(crate) async fn exec(
         "sh".to_owned(),
     ];
     cmd.extend(request.argv.iter().cloned());
-    let env: Vec<String> = request
+    let tag = uuid::Uuid::new_v4().simple().to_string();
+    let mut env: Vec<String> = request
         .env
         .iter()
         .map(|(k, v)| format!("{k}={v}"))
         .collect();
+    env.push(format!("{TAG_VAR}={tag}"));
     let created = docker
         .create_exec(
             id.as_str(),
@@ -177,6 +186,7 @@ pub(crate) async fn exec(
         container: id.as_str().to_owned(),
         user: request.user.clone(),
         pid,
+        tag,
         state: Arc::new(Mutex::new(KillState::default())),
     };
     tokio::spawn(route(
@@ -281,6 +291,8 @@ struct Killer {
     container: String,
     user: Option<String>,
     pid: u32,
+    /// The command's `SANDCELL_EXEC` tag.
+    tag: String,
     state: Arc<Mutex<KillState>>,
 }
 
@@ -313,6 +325,7 @@ impl Killer {
                         "sh".to_owned(),
                         self.pid.to_string(),
                         signal.to_owned(),
+                        self.tag.clone(),
                     ]),
                     attach_stdout: Some(true),
                     attach_stderr: Some(true),
