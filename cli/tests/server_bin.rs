@@ -213,6 +213,35 @@ async fn the_local_backend_is_served_isolated_unless_the_operator_opts_out() {
         out.stdout_str()
     );
     assert!(!out.stdout_str().contains("host secret"));
+    // Nor /etc/shadow, the server's data dir, the host's loopback services, or the
+    // host's processes (the server's own among them).
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let server_pid = server.0.id();
+    for (what, attack) in [
+        ("/etc/shadow", "cat /etc/shadow".to_owned()),
+        ("the data dir", format!("ls {}", root.path().display())),
+        (
+            "host loopback",
+            format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'"),
+        ),
+        (
+            "the server's process",
+            format!("cat /proc/{server_pid}/cmdline"),
+        ),
+    ] {
+        let out = backend.run_shell(&sandbox.id, &attack).await.unwrap();
+        assert!(
+            !out.success(),
+            "a served sandbox reached {what}: {}",
+            out.stdout_str()
+        );
+    }
+    assert!(
+        tcp.accept().is_err(),
+        "nothing connected to the host's loopback"
+    );
     backend.destroy(&sandbox.id).await.unwrap();
     drop(server);
 

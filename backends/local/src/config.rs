@@ -85,7 +85,8 @@ pub struct LocalConfig {
     /// [`SYSTEM_READABLE`](crate::SYSTEM_READABLE); paths this host lacks are skipped).
     /// Add a directory here to let sandboxes run programs installed in it.
     pub readable: Vec<PathBuf>,
-    /// At `Isolation::Landlock`, what stays unreadable beneath `readable` (default:
+    /// What stays unreadable beneath `readable` at `Isolation::Landlock`, and beneath
+    /// the system directories a sandbox sees at `Isolation::Namespaces` (default:
     /// [`SYSTEM_HIDDEN`](crate::SYSTEM_HIDDEN)).
     pub hidden: Vec<PathBuf>,
     /// Limits applied where a spec leaves one unset.
@@ -195,7 +196,9 @@ impl LocalBackendBuilder {
                 probed.read_rules =
                     crate::landlock::ReadRules::new(&config.readable, &config.hidden);
             }
-            Isolation::Namespaces => probed.namespace_tools = Some(crate::namespace::probe()?),
+            Isolation::Namespaces => {
+                probed.namespace_tools = Some(crate::namespace::probe(&config.hidden)?)
+            }
         }
         std::fs::create_dir_all(config.root.join("sandboxes")).map_err(|e| {
             Error::io(

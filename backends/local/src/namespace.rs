@@ -35,11 +35,14 @@ pub(crate) struct Tools {
     bwrap: PathBuf,
     nsenter: PathBuf,
     setpriv: PathBuf,
+    /// What stays unreadable beneath the bound system directories
+    /// ([`LocalConfig::hidden`](crate::LocalConfig::hidden)).
+    hidden: Vec<PathBuf>,
 }
 
 /// Finds the tools this level needs and checks that bubblewrap can create user, pid
 /// and network namespaces on this kernel.
-pub(crate) fn probe() -> Result<Tools> {
+pub(crate) fn probe(hidden: &[PathBuf]) -> Result<Tools> {
     let bwrap = find("bwrap").ok_or_else(|| {
         Error::unsupported(
             "isolation level Namespaces needs bubblewrap: install it (apt-get install bubblewrap)",
@@ -56,12 +59,13 @@ pub(crate) fn probe() -> Result<Tools> {
         nsenter: util_linux("nsenter")?,
         setpriv: util_linux("setpriv")?,
         bwrap,
+        hidden: hidden.to_vec(),
     };
     // Only the system directories, as a sandbox sees them: binding all of `/` would copy
     // every mount on the host, and one that disappears meanwhile (another sandbox's
     // workspace being destroyed) fails the probe.
     let mut args = vec!["--unshare-all".to_owned()];
-    args.extend(system_binds());
+    args.extend(system_binds(&tools.hidden));
     args.extend(["--proc", "/proc", "--dev", "/dev", "--", "true"].map(String::from));
     let out = std::process::Command::new(&tools.bwrap)
         .args(args)
@@ -78,12 +82,35 @@ pub(crate) fn probe() -> Result<Tools> {
     Ok(tools)
 }
 
-/// bubblewrap arguments that give a sandbox the host's system directories, read-only.
-fn system_binds() -> Vec<String> {
+/// The system directories a namespaced sandbox sees, read-only.
+const SYSTEM_BINDS: [&str; 3] = ["/usr", "/etc", "/opt"];
+
+/// bubblewrap arguments that give a sandbox the host's system directories, read-only,
+/// with each `hidden` path beneath them covered: a file by an empty one (`/dev/null`),
+/// a directory by an empty read-only tmpfs.
+fn system_binds(hidden: &[PathBuf]) -> Vec<String> {
     let mut args: Vec<String> = Vec::new();
-    for system in ["/usr", "/etc", "/opt"] {
+    for system in SYSTEM_BINDS {
         if Path::new(system).is_dir() {
             args.extend(["--ro-bind".into(), system.into(), system.into()]);
+        }
+    }
+    for path in hidden {
+        if !SYSTEM_BINDS.iter().any(|dir| path.starts_with(dir)) {
+            continue;
+        }
+        let shown = path.display().to_string();
+        match std::fs::symlink_metadata(path) {
+            Ok(meta) if meta.is_dir() => args.extend([
+                "--tmpfs".into(),
+                shown.clone(),
+                "--remount-ro".into(),
+                shown,
+            ]),
+            Ok(meta) if meta.is_file() => {
+                args.extend(["--ro-bind".into(), "/dev/null".into(), shown])
+            }
+            _ => {}
         }
     }
     for top in ["/bin", "/sbin", "/lib", "/lib32", "/lib64"] {
@@ -117,7 +144,7 @@ pub(crate) fn init_command(
             )))
         }
     }
-    args.extend(system_binds());
+    args.extend(system_binds(&tools.hidden));
     args.extend([
         "--proc".into(),
         "/proc".into(),

@@ -345,6 +345,17 @@ async fn namespaces_hide_the_host_and_the_network() {
                 "only loopback; stderr: {}",
                 out.stderr_str()
             );
+            // The host's secrets beneath its system directories are covered.
+            let secrets = backend
+                .run_shell(&id, "cat /etc/shadow; ls /etc/ssh 2>/dev/null | wc -l")
+                .await
+                .unwrap();
+            assert!(
+                !secrets.stdout_str().contains("root:"),
+                "/etc/shadow is empty in a sandbox: {}",
+                secrets.stdout_str()
+            );
+            assert_eq!(secrets.stdout_str().trim(), "0", "/etc/ssh is empty");
             let probe = format!(
                 "test -e {} && echo visible || echo hidden",
                 outside_path.display()
