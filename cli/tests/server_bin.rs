@@ -373,15 +373,17 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
     assert_eq!(out.stdout_str(), "alive\n");
 
     // A client's own server labels are dropped: beta cannot claim alpha's tenancy.
-    let claimed = http
-        .post(format!("{url}/v1/apps/sandcell/machines"))
-        .bearer_auth("token-beta")
-        .json(&serde_json::json!({
-            "config": {"image": "default", "metadata": {"sandcell.server.tenant": "alpha"}}
-        }))
-        .send()
-        .await
-        .unwrap();
+    let claim_alpha = || async {
+        http.post(format!("{url}/v1/apps/sandcell/machines"))
+            .bearer_auth("token-beta")
+            .json(&serde_json::json!({
+                "config": {"image": "default", "metadata": {"sandcell.server.tenant": "alpha"}}
+            }))
+            .send()
+            .await
+            .unwrap()
+    };
+    let claimed = claim_alpha().await;
     assert_eq!(
         claimed.status(),
         403,
@@ -399,15 +401,7 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
         "nothing landed in alpha"
     );
     beta.destroy(&b.id).await.unwrap();
-    let claimed = http
-        .post(format!("{url}/v1/apps/sandcell/machines"))
-        .bearer_auth("token-beta")
-        .json(&serde_json::json!({
-            "config": {"image": "default", "metadata": {"sandcell.server.tenant": "alpha"}}
-        }))
-        .send()
-        .await
-        .unwrap();
+    let claimed = claim_alpha().await;
     assert_eq!(claimed.status(), 200);
     assert_eq!(
         alpha.list(&all).await.unwrap().len(),
