@@ -168,6 +168,9 @@ impl DirWriter {
                 fs::remove_dir_all(full)
                     .map_err(|e| Error::io(format_args!("replacing {}", rel.display()), e))?;
                 self.known_dirs.retain(|d| !d.starts_with(rel));
+                // Its mode and time are no longer ours to set: what takes its place may
+                // be a symlink, and `finish` would follow it out of the tree.
+                self.dir_modes.retain(|(p, _, _)| !p.starts_with(full));
             }
             Ok(_) => fs::remove_file(full)
                 .map_err(|e| Error::io(format_args!("replacing {}", rel.display()), e))?,
@@ -261,6 +264,11 @@ impl DirWriter {
         self.dir_modes
             .sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
         for (path, mode, mtime_secs) in self.dir_modes.drain(..) {
+            // Only a directory this unpack made and nothing replaced (`clear` drops the
+            // replaced); checked again so a link is never followed.
+            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+                continue;
+            }
             fs::set_permissions(&path, fs::Permissions::from_mode(mode))
                 .map_err(|e| Error::io(format_args!("setting mode of {}", path.display()), e))?;
             if let Ok(dir) = File::open(&path) {
