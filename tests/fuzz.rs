@@ -75,6 +75,9 @@ fn import_and_check(tar: &[u8]) {
         "something changed outside the destination"
     );
     assert_eq!(std::fs::read(canary.join("keep.txt")).unwrap(), b"keep");
+    let canary_now =
+        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&canary).unwrap().permissions());
+    assert_eq!(canary_now, canary_mode, "the canary's mode changed");
     match result {
         Ok(_) => {
             // Every entry is beneath the destination, and a link there is a link, never
