@@ -250,7 +250,16 @@ impl DirWriter {
             EntryKind::HardLink(target) => {
                 self.clear(&full, rel)?;
                 fs::hard_link(self.root.join(target.to_relative_path()), &full).map_err(|e| {
-                    Error::io(format_args!("creating hard link {}", rel.display()), e)
+                    if e.kind() == std::io::ErrorKind::NotFound {
+                        // A link to itself, or to an entry a later one replaced.
+                        Error::invalid_input(format!(
+                            "archive hard link {} points at {target}, which the archive no \
+                             longer holds",
+                            entry.path
+                        ))
+                    } else {
+                        Error::io(format_args!("creating hard link {}", rel.display()), e)
+                    }
                 })?;
             }
         }
