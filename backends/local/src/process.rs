@@ -303,50 +303,59 @@ async fn kill_descendants(leader: i32, grace: Duration, child: &mut tokio::proce
 /// Waits (up to a second) until `pid` is stopped, or gone.
 async fn stopped(pid: i32) {
     for _ in 0..1000 {
-        let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let rest = &stat[stat.rfind(')')? + 1..];
-                rest.split_whitespace().next().map(str::to_owned)
-            });
-        match state.as_deref() {
-            None | Some("T" | "t" | "Z" | "X") => return,
+        match proc_stat(pid).map(|s| s.state) {
+            None | Some('T' | 't' | 'Z' | 'X') => return,
             Some(_) => tokio::time::sleep(Duration::from_millis(1)).await,
         }
     }
 }
 
-/// The processes beneath `leader` that have not exited (zombies left out), from
-/// `/proc/*/stat` (fields 3 and 4: state and parent).
-fn living_descendants(leader: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut children: std::collections::HashMap<i32, Vec<(i32, bool)>> = Default::default();
-    for pid in entries
+/// What `/proc/<pid>/stat` says of a process that matters here.
+struct ProcStat {
+    pid: i32,
+    /// Field 3: `R`, `S`, `T` (stopped), `Z` (zombie) ...
+    state: char,
+    /// Field 4.
+    ppid: i32,
+    /// Field 5.
+    pgrp: i32,
+}
+
+fn proc_stat(pid: i32) -> Option<ProcStat> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses; fields follow the last ')'.
+    let mut fields = stat[stat.rfind(')')? + 1..].split_whitespace();
+    Some(ProcStat {
+        pid,
+        state: fields.next()?.chars().next()?,
+        ppid: fields.next()?.parse().ok()?,
+        pgrp: fields.next()?.parse().ok()?,
+    })
+}
+
+/// Every process this host (or container) shows in `/proc`.
+fn all_processes() -> impl Iterator<Item = ProcStat> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-    {
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-            continue;
-        };
-        // The command name may hold spaces and parentheses; fields follow the last ')'.
-        let Some(rest) = stat.rfind(')').map(|i| &stat[i + 1..]) else {
-            continue;
-        };
-        let mut fields = rest.split_whitespace();
-        let zombie = fields.next() == Some("Z");
-        if let Some(ppid) = fields.next().and_then(|p| p.parse::<i32>().ok()) {
-            children.entry(ppid).or_default().push((pid, zombie));
-        }
+        .filter_map(proc_stat)
+}
+
+/// The processes beneath `leader` that have not exited (zombies left out).
+fn living_descendants(leader: i32) -> Vec<i32> {
+    let mut children: std::collections::HashMap<i32, Vec<ProcStat>> = Default::default();
+    for process in all_processes() {
+        children.entry(process.ppid).or_default().push(process);
     }
     let mut found = Vec::new();
     let mut queue = vec![leader];
     while let Some(parent) = queue.pop() {
-        for &(pid, zombie) in children.get(&parent).map_or(&[][..], Vec::as_slice) {
-            queue.push(pid);
-            if !zombie {
-                found.push(pid);
+        for child in children.get(&parent).map_or(&[][..], Vec::as_slice) {
+            queue.push(child.pid);
+            if child.state != 'Z' {
+                found.push(child.pid);
             }
         }
     }
@@ -360,24 +369,11 @@ pub(crate) fn signal_group(pgid: i32, signal: Signal) {
     }
 }
 
-/// The processes of group `pgid`, from `/proc/*/stat` (field 5).
+/// The processes of group `pgid`.
 fn group_members(pgid: i32) -> Vec<i32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|pid| {
-            std::fs::read_to_string(format!("/proc/{pid}/stat"))
-                .ok()
-                .and_then(|stat| {
-                    // The command name may hold spaces and parentheses; fields follow the last ')'.
-                    let rest = &stat[stat.rfind(')')? + 1..];
-                    rest.split_whitespace().nth(2)?.parse::<i32>().ok()
-                })
-                == Some(pgid)
-        })
+    all_processes()
+        .filter(|p| p.pgrp == pgid)
+        .map(|p| p.pid)
         .collect()
 }
 

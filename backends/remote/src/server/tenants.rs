@@ -238,11 +238,9 @@ pub(crate) async fn check_quota(
         .list(&selector(tenant))
         .await
         .map_err(|e| super::ApiError(e).into_response())?;
-    let counted = |info: &sandcell::SandboxInfo, label: &str| -> u64 {
-        info.labels
-            .get(label)
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
+    // What each sandbox counts was recorded in its labels by `claim`, `spec`'s too.
+    let counted = |labels: &std::collections::BTreeMap<String, String>, label: &str| -> u64 {
+        labels.get(label).and_then(|v| v.parse().ok()).unwrap_or(0)
     };
     let name = &tenant.name;
     if let Some(max) = tenant.max_sandboxes {
@@ -253,19 +251,19 @@ pub(crate) async fn check_quota(
         }
     }
     if let Some(max) = tenant.max_cpus {
-        let used: u64 = owned.iter().map(|i| counted(i, CPU_LABEL)).sum();
-        let asked = spec.limits.cpu_millis.map_or(UNSET_CPU_MILLIS, |m| m);
-        if used + u64::from(asked) > u64::from(max) * 1000 {
+        let used: u64 = owned.iter().map(|i| counted(&i.labels, CPU_LABEL)).sum();
+        let asked = counted(&spec.labels, CPU_LABEL);
+        if used + asked > u64::from(max) * 1000 {
             return Err(refuse(format!(
                 "tenant {name} would exceed its limit max_cpus ({max}): {} in use, {} asked",
                 cores(used),
-                cores(u64::from(asked))
+                cores(asked)
             )));
         }
     }
     if let Some(max) = tenant.max_memory_mb {
-        let used: u64 = owned.iter().map(|i| counted(i, MEMORY_LABEL)).sum();
-        let asked = spec.limits.memory_bytes.unwrap_or(UNSET_MEMORY_BYTES);
+        let used: u64 = owned.iter().map(|i| counted(&i.labels, MEMORY_LABEL)).sum();
+        let asked = counted(&spec.labels, MEMORY_LABEL);
         if used.saturating_add(asked) > max.saturating_mul(1 << 20) {
             return Err(refuse(format!(
                 "tenant {name} would exceed its limit max_memory_mb ({max}): {} MiB in use, \
