@@ -6,105 +6,14 @@
 #![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::path::Path;
 
 use proptest::prelude::*;
-use sandcell::archive::ArchiveLimits;
 use sandcell::raw::archive::unpack_to_dir;
 use sandcell::snapshot::SnapshotManifest;
-use sandcell::testing::{MockBackend, RawTar};
-use sandcell::{SandboxBackend, SandboxPath, SandboxSpec};
-
-/// Every path beneath `root` (links not followed), sorted.
-fn tree(root: &Path) -> Vec<PathBuf> {
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = std::fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            out.push(path.clone());
-            if entry.file_type().is_ok_and(|t| t.is_dir()) {
-                walk(&path, out);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(root, &mut out);
-    out.sort();
-    out
-}
-
-/// Small limits, so a case that tries to exhaust them is cheap.
-fn limits() -> ArchiveLimits {
-    ArchiveLimits::default()
-        .max_bytes(256 << 10)
-        .max_entries(64)
-        .max_depth(8)
-        .max_name_len(64)
-}
-
-/// Unpacks `tar` into a destination that already holds a file, beside a canary, and
-/// checks the outcome: on success only the destination changed; on failure nothing
-/// did. Either way nothing appeared outside the destination.
-fn import_and_check(tar: &[u8]) {
-    let scratch = tempfile::tempdir().unwrap();
-    let dest = scratch.path().join("dest");
-    let canary = scratch.path().join("canary");
-    std::fs::create_dir(&dest).unwrap();
-    std::fs::write(dest.join("before.txt"), "before").unwrap();
-    std::fs::create_dir(&canary).unwrap();
-    std::fs::write(canary.join("keep.txt"), "keep").unwrap();
-    let canary_mode =
-        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&canary).unwrap().permissions());
-    let outside_before: Vec<_> = tree(scratch.path())
-        .into_iter()
-        .filter(|p| !p.starts_with(&dest))
-        .collect();
-
-    let result = unpack_to_dir(tar, &dest, &limits());
-
-    let outside_after: Vec<_> = tree(scratch.path())
-        .into_iter()
-        .filter(|p| !p.starts_with(&dest))
-        .collect();
-    assert_eq!(
-        outside_before, outside_after,
-        "something changed outside the destination"
-    );
-    assert_eq!(std::fs::read(canary.join("keep.txt")).unwrap(), b"keep");
-    let canary_now =
-        std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&canary).unwrap().permissions());
-    assert_eq!(canary_now, canary_mode, "the canary's mode changed");
-    match result {
-        Ok(_) => {
-            // Every entry is beneath the destination, and a link there is a link, never
-            // a way out that was followed.
-            for path in tree(&dest) {
-                assert!(path.starts_with(&dest));
-            }
-        }
-        Err(e) => {
-            assert!(
-                matches!(
-                    e.kind(),
-                    sandcell::ErrorKind::InvalidInput
-                        | sandcell::ErrorKind::PermissionDenied
-                        | sandcell::ErrorKind::LimitExceeded
-                        | sandcell::ErrorKind::Corrupt
-                ),
-                "an untyped refusal: {e:?}"
-            );
-            assert_eq!(
-                tree(&dest),
-                [dest.join("before.txt")],
-                "a refused archive left the destination as it was"
-            );
-        }
-    }
-}
+use sandcell::testing::fuzz::{check_unpack, check_wire_server, small_limits};
+use sandcell::testing::RawTar;
+use sandcell::SandboxPath;
 
 /// Found by the long run: a directory entry, then a symlink of the same name leading
 /// out, used to have the directory's mode applied through the link at the end.
@@ -120,7 +29,7 @@ fn a_directory_replaced_by_a_link_out_keeps_its_mode_to_itself() {
         .finish();
     let dest = scratch.path().join("dest");
     std::fs::create_dir(&dest).unwrap();
-    let _ = unpack_to_dir(&tar[..], &dest, &limits());
+    let _ = unpack_to_dir(&tar[..], &dest, &small_limits());
     let mode =
         std::os::unix::fs::PermissionsExt::mode(&std::fs::metadata(&victim).unwrap().permissions());
     assert_eq!(mode & 0o777, 0o755, "the outside directory's mode changed");
@@ -180,7 +89,7 @@ proptest! {
     /// Any bytes at all: a typed error or a tree beneath the destination.
     #[test]
     fn archive_import_of_any_bytes(bytes in proptest::collection::vec(any::<u8>(), 0..8192)) {
-        import_and_check(&bytes);
+        check_unpack(&bytes);
     }
 
     /// Well-formed tar framing around hostile entries: names with `..` and absolute
@@ -188,7 +97,7 @@ proptest! {
     /// entry type byte.
     #[test]
     fn archive_import_of_hostile_entries(entries in proptest::collection::vec(entry(), 0..12)) {
-        import_and_check(&build(&entries));
+        check_unpack(&build(&entries));
     }
 
     /// A hostile tar cut short or with bytes flipped.
@@ -205,7 +114,7 @@ proptest! {
         }
         let keep = cut.index(tar.len() + 1);
         tar.truncate(keep);
-        import_and_check(&tar);
+        check_unpack(&tar);
     }
 
     /// Any text as a manifest: refused as `Corrupt`, or a manifest that survives its
@@ -350,34 +259,6 @@ proptest! {
     /// still answers for the sandbox.
     #[test]
     fn the_wire_server_survives_any_client(frames in proptest::collection::vec(frame(), 0..8)) {
-        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-        runtime.block_on(async {
-            let backend = Arc::new(MockBackend::new());
-            let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
-            let input: Vec<u8> = frames.concat();
-            let (server_end, mut client_end) = tokio::io::duplex(1 << 16);
-            let (read, write) = tokio::io::split(server_end);
-            let served = tokio::spawn(sandcell::raw::wire::serve(
-                backend.clone() as Arc<dyn SandboxBackend>,
-                sandbox.id.clone(),
-                read,
-                write,
-            ));
-            use tokio::io::{AsyncReadExt, AsyncWriteExt};
-            let _ = client_end.write_all(&input).await;
-            let _ = client_end.shutdown().await;
-            // Drain what the server answers until it closes.
-            let drained = tokio::time::timeout(Duration::from_secs(10), async {
-                let mut sink = Vec::new();
-                let _ = client_end.read_to_end(&mut sink).await;
-            })
-            .await;
-            drop(client_end);
-            let outcome = tokio::time::timeout(Duration::from_secs(10), served).await;
-            assert!(drained.is_ok(), "the server kept the connection open");
-            let joined = outcome.expect("the server ended once the client went");
-            assert!(joined.is_ok(), "the server task panicked: {joined:?}");
-            backend.list_dir(&sandbox.id, &SandboxPath::root()).await.unwrap();
-        });
+        check_wire_server(&frames.concat());
     }
 }

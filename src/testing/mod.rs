@@ -34,6 +34,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod conformance;
+pub mod fuzz;
 mod hostile;
 mod mock;
 mod require;
