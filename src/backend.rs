@@ -6,6 +6,7 @@
 //! in [`SandboxBackendExt`](crate::SandboxBackendExt). Each `# Behavior` item is checked
 //! by the conformance suite in [`testing`](crate::testing) (feature `testing`).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -17,10 +18,12 @@ use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::exec::ExecRequest;
 use crate::fs::{DirEntry, FileInfo};
+use crate::metrics::SandboxMetrics;
 use crate::path::SandboxPath;
 use crate::process::Process;
 use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo};
 use crate::spec::SandboxSpec;
+use crate::watch::{WatchOptions, WatchStream};
 
 /// A stream of bytes, used for tar archives in and out of sandboxes.
 pub type ByteStream = BoxStream<'static, Result<Bytes>>;
@@ -251,6 +254,71 @@ pub trait SandboxBackend: Send + Sync + 'static {
         )))
     }
 
+    /// Watches the directory `path` of the workspace (and, with
+    /// `options.recursive`, every directory beneath it). Needs [`Capabilities::watch`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`. A missing directory is `NotFound`; a
+    ///   file is `InvalidInput`.
+    /// - The stream is live when this returns: every change made afterwards beneath
+    ///   `path` arrives as a [`WatchEvent`](crate::WatchEvent), in the order it
+    ///   happened, with a workspace-relative path. A rename within the watch is one
+    ///   `Renamed` event; a move out is `Removed`, a move in `Created`.
+    /// - Nothing outside the workspace is reported, and symlinks are not followed.
+    /// - A consumer that falls behind by more than
+    ///   [`WATCH_BUFFER`](crate::watch::WATCH_BUFFER) events gets one `Overflow` event in
+    ///   place of those lost; memory stays bounded.
+    /// - Dropping the stream ends the watch and frees what it held. The stream ends
+    ///   when the sandbox is destroyed.
+    async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
+        let _ = (id, path, options);
+        Err(crate::Error::unsupported(format!(
+            "backend {} cannot watch files",
+            self.name()
+        )))
+    }
+
+    /// Reads the sandbox's resource use now. Needs [`Capabilities::metrics`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`.
+    /// - Fields the backend cannot know are `None`; `disk_bytes` counts at least the
+    ///   bytes of the files written into the workspace.
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
+        let _ = id;
+        Err(crate::Error::unsupported(format!(
+            "backend {} does not report metrics",
+            self.name()
+        )))
+    }
+
+    /// Copies a running sandbox into a new, independent one carrying `labels` (not the
+    /// source's). Needs [`Capabilities::clone`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`.
+    /// - The clone's workspace holds what the source's held at the call; afterwards
+    ///   writes to either are not seen by the other.
+    /// - The clone is `Running`, has its own id, and has the source's template, env,
+    ///   limits and network. Processes are not copied.
+    /// - Destroying either leaves the other as it is.
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        let _ = (id, labels);
+        Err(crate::Error::unsupported(format!(
+            "backend {} cannot clone a sandbox",
+            self.name()
+        )))
+    }
+
     /// Imports an uncompressed tar stream into the directory `path` (created if missing).
     ///
     /// # Behavior
@@ -359,6 +427,24 @@ macro_rules! forward_backend {
                 options: ImportOptions,
             ) -> Result<()> {
                 (**self).import_tar(id, path, tar, options).await
+            }
+            async fn watch(
+                &self,
+                id: &SandboxId,
+                path: &SandboxPath,
+                options: WatchOptions,
+            ) -> Result<WatchStream> {
+                (**self).watch(id, path, options).await
+            }
+            async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
+                (**self).metrics(id).await
+            }
+            async fn clone_sandbox(
+                &self,
+                id: &SandboxId,
+                labels: BTreeMap<String, String>,
+            ) -> Result<SandboxInfo> {
+                (**self).clone_sandbox(id, labels).await
             }
         }
     };

@@ -8,7 +8,8 @@ use serde::{Deserialize, Serialize};
 ///
 /// | group | fields | enforced by |
 /// |---|---|---|
-/// | gate **calls** | `pause`, `reset`, `port_exposure`, `incremental_snapshot`, `interactive_exec`, `files_while_paused`, `shell`, `python`, `symlinks` | the method itself answers [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (or `InvalidState` for `files_while_paused`) when the field is false, and the conformance case `claimed_capabilities_work` checks every field that is true has a working method |
+/// | gate **calls** | `pause`, `reset`, `port_exposure`, `incremental_snapshot`, `interactive_exec`, `files_while_paused`, `shell`, `python`, `symlinks`, `watch`, `metrics`, `clone` | the method itself answers [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (or `InvalidState` for `files_while_paused`) when the field is false, and the conformance case `claimed_capabilities_work` checks every field that is true has a working method |
+/// | gate **request fields** | `pty` | [`ExecRequest::check_supported`](crate::ExecRequest::check_supported), called by every backend's `exec`: a terminal the backend cannot give is `Unsupported` and nothing runs |
 /// | gate **spec fields** | `network_isolation`, `network_full`, `network_allowlist`, `host_mounts`, `cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`, `choose_user` | [`SandboxSpec::check_supported`](crate::SandboxSpec::check_supported), called by every backend's `create` and by the manager before it: a spec asking for what the backend cannot honour is `Unsupported`, naming the field, and nothing is created |
 /// | inform | `read_only_mounts_enforced` | nothing: it says how strong a read-only mount is |
 ///
@@ -78,6 +79,18 @@ pub struct Capabilities {
     /// the command to its end (bounded by its timeout) before answering, with only
     /// `request.stdin` as input; background processes need this capability.
     pub interactive_exec: bool,
+    /// `exec` can run a command on a terminal
+    /// ([`ExecRequest::pty`](crate::ExecRequest::pty)), and
+    /// [`Process::resize`](crate::Process::resize) resizes it.
+    pub pty: bool,
+    /// [`watch`](crate::SandboxBackend::watch) reports changes beneath a workspace
+    /// directory as they happen.
+    pub watch: bool,
+    /// [`metrics`](crate::SandboxBackend::metrics) reads a sandbox's resource use.
+    pub metrics: bool,
+    /// [`clone_sandbox`](crate::SandboxBackend::clone_sandbox) copies a running sandbox
+    /// into an independent one.
+    pub clone: bool,
 }
 
 impl Capabilities {
@@ -103,6 +116,10 @@ impl Capabilities {
             symlinks: false,
             files_while_paused: false,
             interactive_exec: false,
+            pty: false,
+            watch: false,
+            metrics: false,
+            clone: false,
         }
     }
 

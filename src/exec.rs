@@ -54,6 +54,47 @@ pub struct ExecRequest {
     /// Cap on collected output per stream; see [`DEFAULT_OUTPUT_LIMIT`].
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_limit: Option<usize>,
+    /// Run the command on a terminal of this size (needs
+    /// [`Capabilities::pty`](crate::Capabilities::pty)): its stdin, stdout and stderr
+    /// are the terminal, so all output arrives on the stdout stream, and stdin bytes are
+    /// typed at it (`0x03` interrupts the foreground job).
+    /// [`Process::resize`](crate::Process::resize) changes the size while it runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<TerminalSize>,
+}
+
+/// The size of a terminal, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TerminalSize {
+    /// Lines.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
+
+impl TerminalSize {
+    /// A size of `rows` lines by `cols` columns.
+    pub const fn new(rows: u16, cols: u16) -> Self {
+        TerminalSize { rows, cols }
+    }
+
+    /// Checks the size: both sides at least 1.
+    pub fn validate(&self) -> Result<()> {
+        if self.rows == 0 || self.cols == 0 {
+            return Err(Error::invalid_input(format!(
+                "a terminal needs at least one row and one column, not {}x{}",
+                self.rows, self.cols
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Default for TerminalSize {
+    /// 24 rows by 80 columns.
+    fn default() -> Self {
+        TerminalSize::new(24, 80)
+    }
 }
 
 impl ExecRequest {
@@ -71,6 +112,7 @@ impl ExecRequest {
             timeout: None,
             user: None,
             output_limit: None,
+            pty: None,
         }
     }
 
@@ -115,9 +157,41 @@ impl ExecRequest {
         self
     }
 
-    /// Checks the request: a non-empty program, no NUL bytes, valid env names.
-    /// Backends call this at the top of `exec`.
+    /// Runs the command on a terminal of `size`; see [`ExecRequest::pty`](Self#structfield.pty).
+    pub fn pty(mut self, size: TerminalSize) -> Self {
+        self.pty = Some(size);
+        self
+    }
+
+    /// [`validate`](Self::validate), then refuses what the backend cannot do: a
+    /// terminal without [`Capabilities::pty`](crate::Capabilities::pty) is
+    /// `Unsupported`. Backends call this at the top of `exec`.
+    ///
+    /// ```
+    /// use sandcell::{Capabilities, ErrorKind, ExecRequest, TerminalSize};
+    /// let request = ExecRequest::shell("stty size").pty(TerminalSize::new(40, 120));
+    /// let mut caps = Capabilities::none();
+    /// assert_eq!(request.check_supported(&caps).unwrap_err().kind(), ErrorKind::Unsupported);
+    /// caps.pty = true;
+    /// assert!(request.check_supported(&caps).is_ok());
+    /// ```
+    pub fn check_supported(&self, caps: &crate::Capabilities) -> Result<()> {
+        self.validate()?;
+        if self.pty.is_some() && !caps.pty {
+            return Err(Error::unsupported(
+                "this backend cannot run a command on a terminal (pty)",
+            ));
+        }
+        Ok(())
+    }
+
+    /// Checks the request: a non-empty program, no NUL bytes, valid env names, a
+    /// terminal size of at least 1x1. [`check_supported`](Self::check_supported) calls
+    /// it.
     pub fn validate(&self) -> Result<()> {
+        if let Some(size) = &self.pty {
+            size.validate()?;
+        }
         match self.argv.first() {
             None => return Err(Error::invalid_input("exec needs a program: argv is empty")),
             Some(p) if p.is_empty() => {

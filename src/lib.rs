@@ -75,6 +75,7 @@ mod ext;
 mod fs;
 pub mod json_lines;
 pub mod manager;
+mod metrics;
 mod path;
 mod process;
 pub mod raw;
@@ -85,23 +86,26 @@ mod spec;
 pub mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
+pub mod watch;
 
 pub use backend::{ByteStream, Changes, SandboxBackend};
 pub use capabilities::Capabilities;
 pub use config::{BackendRegistry, SandboxConfig};
 pub use error::{Error, ErrorKind, Result};
-pub use exec::{ExecOutput, ExecRequest, ExitStatus, DEFAULT_OUTPUT_LIMIT};
+pub use exec::{ExecOutput, ExecRequest, ExitStatus, TerminalSize, DEFAULT_OUTPUT_LIMIT};
 pub use ext::{EditOutcome, GrepMatch, Language, SandboxBackendExt, GREP_MAX_FILE_BYTES};
 pub use fs::{DirEntry, FileInfo, FileKind};
 pub use manager::{
     EventKind, ManagerBuilder, ManagerEvent, ManagerSettings, ReleaseMode, SandboxHandle,
     SandboxManager,
 };
+pub use metrics::SandboxMetrics;
 pub use path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
 pub use process::{Process, ProcessEvent, ProcessStdin};
 pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 pub use spec::{Limits, Mount, Network, SandboxSpec};
 pub use store::SessionKey;
+pub use watch::{WatchEvent, WatchEventKind, WatchOptions, WatchSender, WatchStream};
 
 /// Locks a std mutex, ignoring poison: every critical section in this crate swaps whole,
 /// finished values, so the data behind a poisoned lock is still consistent.

@@ -15,7 +15,7 @@ use tokio::io::AsyncWrite;
 
 use crate::backend::ByteStream;
 use crate::error::Result;
-use crate::exec::{ExecOutput, ExitStatus};
+use crate::exec::{ExecOutput, ExitStatus, TerminalSize};
 
 /// A writer to the process's stdin. Dropping it (or `shutdown`) closes stdin.
 pub type ProcessStdin = Pin<Box<dyn AsyncWrite + Send + Sync>>;
@@ -35,6 +35,14 @@ pub trait ProcessControl: Send + Sync {
         Err(crate::Error::unsupported(format!(
             "this backend cannot send signal {signal} to a process"
         )))
+    }
+    /// Changes the size of the process's terminal. `InvalidInput` for a process
+    /// started without one (the default); no error if it already ended.
+    async fn resize(&mut self, size: TerminalSize) -> Result<()> {
+        let _ = size;
+        Err(crate::Error::invalid_input(
+            "the process has no terminal: exec it with ExecRequest::pty",
+        ))
     }
 }
 
@@ -141,6 +149,15 @@ impl Process {
     /// children; `Unsupported` where the backend cannot.
     pub async fn signal(&mut self, signal: i32) -> Result<()> {
         self.control.signal(signal).await
+    }
+
+    /// Changes the size of the terminal of a process started with
+    /// [`ExecRequest::pty`](crate::ExecRequest::pty): the process sees the new size and
+    /// gets `SIGWINCH`. `InvalidInput` for a process without a terminal or a size below
+    /// 1x1; no error if the process already ended.
+    pub async fn resize(&mut self, size: TerminalSize) -> Result<()> {
+        size.validate()?;
+        self.control.resize(size).await
     }
 
     /// The combined output as one stream in arrival order, ending with

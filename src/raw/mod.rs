@@ -62,3 +62,11 @@ pub fn limit_output(process: Process, limit: Option<usize>) -> Process {
 pub fn changes(tar: ByteStream, deleted: Vec<SandboxPath>) -> Changes {
     Changes::new(tar, deleted)
 }
+
+/// A watch's two ends, for backends implementing
+/// [`SandboxBackend::watch`](crate::SandboxBackend::watch): the [`WatchSender`](crate::WatchSender)
+/// to feed (bounded, with overflow) and the stream to return. `root` is the watched
+/// directory.
+pub fn watch_channel(root: crate::SandboxPath) -> (crate::WatchSender, crate::WatchStream) {
+    crate::watch::channel(root)
+}

@@ -188,4 +188,25 @@ impl SandboxBackend for WireLoop {
     ) -> Result<()> {
         self.live(id).await?.import_tar(path, tar, options).await
     }
+
+    async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        options: crate::WatchOptions,
+    ) -> Result<crate::WatchStream> {
+        self.live(id).await?.watch(path, options).await
+    }
+
+    async fn metrics(&self, id: &SandboxId) -> Result<crate::SandboxMetrics> {
+        self.live(id).await?.metrics().await
+    }
+
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        self.inner.clone_sandbox(id, labels).await
+    }
 }

@@ -444,7 +444,7 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
-        request.validate()?;
+        request.check_supported(&self.capabilities())?;
         let (dir, meta) = self.meta(id)?;
         if meta.status == SandboxStatus::Paused {
             return Err(Error::new(

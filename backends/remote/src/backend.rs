@@ -480,7 +480,7 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
-        request.validate()?;
+        request.check_supported(&self.capabilities())?;
         if let Route::Wire(wire) = self.route(id).await? {
             return wire.exec(request).await;
         }

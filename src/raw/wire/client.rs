@@ -18,10 +18,12 @@ use super::proto::{self, Call, Reply, WireError};
 use crate::archive::ImportOptions;
 use crate::backend::{ByteStream, Changes};
 use crate::error::{Error, Result};
-use crate::exec::{ExecRequest, ExitStatus};
+use crate::exec::{ExecRequest, ExitStatus, TerminalSize};
 use crate::fs::{DirEntry, FileInfo};
+use crate::metrics::SandboxMetrics;
 use crate::path::SandboxPath;
 use crate::process::{Process, ProcessControl, ProcessStdin};
+use crate::watch::{WatchEvent, WatchOptions, WatchStream};
 
 /// The calling side of the wire protocol: every per-sandbox operation of
 /// [`SandboxBackend`](crate::SandboxBackend), sent over one connection to an agent that
@@ -79,6 +81,7 @@ impl WireClient {
     /// Starts a command; see [`SandboxBackend::exec`](crate::SandboxBackend::exec).
     pub async fn exec(&self, mut request: ExecRequest) -> Result<Process> {
         request.validate()?;
+        let pty = request.pty.is_some();
         let stdin_bytes = request.stdin.take();
         let mut req = self.call(&Call::Exec { request })?;
         let output_limit: Option<usize> = req.reply().await?.into_result()?;
@@ -104,6 +107,7 @@ impl WireClient {
             mux: Arc::clone(&mux),
             id,
             status: status_rx,
+            pty,
         };
         Ok(Process::new(
             Box::new(control),
@@ -191,6 +195,55 @@ impl WireClient {
         let mut request = self.call(&Call::ExportChanges)?;
         let deleted: Vec<SandboxPath> = request.reply().await?.into_result()?;
         Ok(Changes::new(request.into_data_stream(), deleted))
+    }
+
+    /// Watches a directory; dropping the stream ends the watch on the agent.
+    pub async fn watch(&self, path: &SandboxPath, options: WatchOptions) -> Result<WatchStream> {
+        let mut request = self.call(&Call::Watch {
+            path: path.clone(),
+            options,
+        })?;
+        request.reply().await?.into_result::<()>()?;
+        let guard = WatchGuard {
+            mux: Arc::clone(&request.mux),
+            id: request.id,
+        };
+        let lines = request.into_data_stream();
+        // Events arrive as JSON lines, possibly split across frames.
+        let events = futures::stream::unfold(
+            (lines, BytesMut::new(), guard),
+            |(mut lines, mut pending, guard)| async move {
+                loop {
+                    if let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                        let line = pending.split_to(end + 1);
+                        let event = proto::decode::<WatchEvent>(&line[..end], "watch event");
+                        return Some((event, (lines, pending, guard)));
+                    }
+                    match lines.next().await? {
+                        Ok(chunk) if pending.len() + chunk.len() > frame::MAX_PAYLOAD => {
+                            let e = frame::protocol("a watch event longer than a frame");
+                            return Some((
+                                Err(e),
+                                (futures::stream::empty().boxed(), BytesMut::new(), guard),
+                            ));
+                        }
+                        Ok(chunk) => pending.extend_from_slice(&chunk),
+                        Err(e) => {
+                            return Some((
+                                Err(e),
+                                (futures::stream::empty().boxed(), BytesMut::new(), guard),
+                            ))
+                        }
+                    }
+                }
+            },
+        );
+        Ok(events.boxed())
+    }
+
+    /// A resource reading of the sandbox.
+    pub async fn metrics(&self) -> Result<SandboxMetrics> {
+        self.simple(Call::Metrics).await
     }
 }
 
@@ -453,6 +506,8 @@ struct WireProcess {
     mux: Arc<Mux>,
     id: u64,
     status: watch::Receiver<Option<std::result::Result<ExitStatus, String>>>,
+    /// Whether it runs on a terminal (resizes are sent without an answer).
+    pty: bool,
 }
 
 #[async_trait]
@@ -486,5 +541,31 @@ impl ProcessControl for WireProcess {
             ))?;
         }
         Ok(())
+    }
+
+    async fn resize(&mut self, size: TerminalSize) -> Result<()> {
+        if !self.pty {
+            return Err(Error::invalid_input(
+                "the process has no terminal: exec it with ExecRequest::pty",
+            ));
+        }
+        if self.status.borrow().is_none() {
+            let mut payload = size.rows.to_be_bytes().to_vec();
+            payload.extend_from_slice(&size.cols.to_be_bytes());
+            self.mux.send(Frame::new(Kind::Resize, self.id, payload))?;
+        }
+        Ok(())
+    }
+}
+
+/// Ends a watch on the agent when its stream is dropped.
+struct WatchGuard {
+    mux: Arc<Mux>,
+    id: u64,
+}
+
+impl Drop for WatchGuard {
+    fn drop(&mut self) {
+        let _ = self.mux.send(Frame::new(Kind::Kill, self.id, Bytes::new()));
     }
 }

@@ -42,6 +42,9 @@ pub(crate) enum Kind {
     Abort = 9,
     /// Client → server: send a signal (a big-endian `i32`) to the process of request `id`.
     Signal = 10,
+    /// Client → server: resize the terminal of the process of request `id` to a
+    /// big-endian `u16` of rows and one of columns.
+    Resize = 11,
 }
 
 impl Kind {
@@ -57,6 +60,7 @@ impl Kind {
             8 => Kind::Credit,
             9 => Kind::Abort,
             10 => Kind::Signal,
+            11 => Kind::Resize,
             _ => return None,
         })
     }

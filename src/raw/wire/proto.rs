@@ -52,6 +52,15 @@ pub(crate) enum Call {
     },
     /// The changes since the template; the reply lists deletions, the tar follows it.
     ExportChanges,
+    /// Watch a directory; the reply is followed by the events as JSON lines in data
+    /// frames, until the client's `Kill` or the end of the watch.
+    Watch {
+        path: SandboxPath,
+        #[serde(default)]
+        options: crate::WatchOptions,
+    },
+    /// A resource reading of the sandbox.
+    Metrics,
 }
 
 /// A call's result: `{"ok": value}` or `{"err": {...}}`.

@@ -197,6 +197,63 @@ async fn handle(
             }
             Err(e) => reply(Err(e)),
         },
+        Call::Watch {
+            path,
+            options: watch,
+        } => match backend.watch(sandbox, &path, watch).await {
+            Ok(events) => {
+                reply(Ok(serde_json::Value::Null));
+                send_events(mux, id, events, rx).await;
+            }
+            Err(e) => reply(Err(e)),
+        },
+        Call::Metrics => reply(value(backend.metrics(sandbox).await)),
+    }
+}
+
+/// Sends a watch's events as JSON lines until the watch ends (then `End`, or `Abort` on
+/// an error) or the client sends `Kill` or goes. While the client does not read, the
+/// credit runs out and the backend's own bounded buffer overflows, not this one.
+async fn send_events(
+    mux: &Mux,
+    id: u64,
+    mut events: crate::WatchStream,
+    mut rx: mpsc::UnboundedReceiver<Frame>,
+) {
+    // Any frame from the client (its `Kill`) or its going away ends the watch.
+    let mut stopped = std::pin::pin!(async move {
+        let _ = rx.recv().await;
+    });
+    loop {
+        let next = tokio::select! {
+            next = events.next() => next,
+            () = &mut stopped => return,
+        };
+        let sent = match next {
+            Some(Ok(event)) => {
+                let mut line = proto::encode(&event);
+                line.push(b'\n');
+                tokio::select! {
+                    sent = mux.send_data(id, MAIN, Bytes::from(line)) => sent,
+                    () = &mut stopped => return,
+                }
+            }
+            Some(Err(e)) => {
+                let _ = mux.send(Frame::new(
+                    Kind::Abort,
+                    id,
+                    proto::encode(&WireError::from(&e)),
+                ));
+                return;
+            }
+            None => {
+                let _ = mux.send_end(id, MAIN);
+                return;
+            }
+        };
+        if sent.is_err() {
+            return;
+        }
     }
 }
 
@@ -309,6 +366,15 @@ async fn exec(
                 Some(f) if f.kind == Kind::End || f.kind == Kind::Abort => stdin_tx = None,
                 Some(f) if f.kind == Kind::Kill => {
                     let _ = process.kill().await;
+                }
+                Some(f) if f.kind == Kind::Resize && f.payload.len() == 4 => {
+                    let size = crate::TerminalSize::new(
+                        u16::from_be_bytes([f.payload[0], f.payload[1]]),
+                        u16::from_be_bytes([f.payload[2], f.payload[3]]),
+                    );
+                    if let Err(e) = process.resize(size).await {
+                        tracing::debug!(error = %e, "resize not applied");
+                    }
                 }
                 Some(f) if f.kind == Kind::Signal && f.payload.len() == 4 => {
                     let mut n = [0u8; 4];

@@ -15,12 +15,15 @@
 
 mod archives;
 mod capabilities;
+mod clone;
 mod exec;
 mod ext;
 mod files;
 mod fixture;
 mod lifecycle;
 mod manager;
+mod observe;
+mod pty;
 mod snapshots;
 
 use std::future::Future;
@@ -37,6 +40,7 @@ use crate::{
 
 pub use archives::{archive_round_trip, hostile_archives_are_rejected};
 pub use capabilities::{claimed_capabilities_work, create_refuses_what_it_cannot_honour};
+pub use clone::clone_is_independent;
 pub use exec::{
     background_processes_by_id, background_processes_live_until_reset, exec_basics,
     exec_missing_program_is_not_found, timeouts_end_every_descendant,
@@ -52,6 +56,8 @@ pub use lifecycle::{
     unknown_sandbox_is_not_found,
 };
 pub use manager::manager_sessions;
+pub use observe::{metrics_report_use, watch_reports_changes_in_order};
+pub use pty::pty_terminal;
 pub use snapshots::{
     hostile_snapshots_are_rejected, incremental_snapshot_round_trip, snapshot_round_trip,
 };
@@ -206,6 +212,10 @@ macro_rules! __conformance_cases {
             background_processes_live_until_reset
             timeouts_end_every_descendant
             background_processes_by_id
+            pty_terminal
+            watch_reports_changes_in_order
+            metrics_report_use
+            clone_is_independent
         }
     };
 }

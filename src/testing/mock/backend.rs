@@ -16,6 +16,9 @@ use crate::process::Process;
 use crate::raw::archive::{read_entries_with, EntryChecker};
 use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 use crate::spec::SandboxSpec;
+use crate::watch::{WatchOptions, WatchStream};
+use crate::SandboxMetrics;
+use std::collections::BTreeMap;
 
 use super::process::*;
 use super::tree::*;
@@ -47,6 +50,7 @@ impl SandboxBackend for MockBackend {
                 info: info.clone(),
                 spec: spec.clone(),
                 files: template.clone(),
+                watches: Vec::new(),
             },
         );
         Ok(info)
@@ -95,7 +99,7 @@ impl SandboxBackend for MockBackend {
     }
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
-        request.validate()?;
+        request.check_supported(&self.capabilities)?;
         let (spec, cwd) = self.with_sandbox(id, |sb| {
             if sb.info.status == SandboxStatus::Paused {
                 return Err(Error::new(
@@ -224,7 +228,7 @@ impl SandboxBackend for MockBackend {
                 _ => 0o644,
             };
             files.insert(real, Node::File { data, mode });
-            sb.files = files;
+            sb.commit(files);
             Ok(())
         })
     }
@@ -276,10 +280,14 @@ impl SandboxBackend for MockBackend {
                             "{path} is a non-empty directory; remove it recursively"
                         )));
                     }
-                    sb.files.retain(|p, _| !p.starts_with(&real));
+                    let mut files = sb.files.clone();
+                    files.retain(|p, _| !p.starts_with(&real));
+                    sb.commit(files);
                 }
                 Some(_) => {
-                    sb.files.remove(&real);
+                    let mut files = sb.files.clone();
+                    files.remove(&real);
+                    sb.commit(files);
                 }
             }
             Ok(())
@@ -302,7 +310,7 @@ impl SandboxBackend for MockBackend {
             add_parents(&mut files, &real)
                 .map_err(|e| Error::new(ErrorKind::AlreadyExists, e.to_string()))?;
             files.insert(real, Node::Dir { mode: 0o755 });
-            sb.files = files;
+            sb.commit(files);
             Ok(())
         })
     }
@@ -350,7 +358,7 @@ impl SandboxBackend for MockBackend {
                 };
                 files.insert(new_path, node);
             }
-            sb.files = files;
+            sb.commit_rename(files, &src, &dst);
             Ok(())
         })
     }
@@ -401,6 +409,74 @@ impl SandboxBackend for MockBackend {
             futures::stream::once(async move { Ok(Bytes::from(data)) }).boxed(),
             deleted,
         ))
+    }
+
+    async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
+        self.with_sandbox(id, |sb| {
+            let real = resolve(&sb.files, path, true)?;
+            if !is_dir(&sb.files, &real) {
+                return Err(match sb.files.get(&real) {
+                    Some(_) => Error::invalid_input(format!("{path} is not a directory")),
+                    None => not_found(path),
+                });
+            }
+            let (sender, stream) = crate::raw::watch_channel(real.clone());
+            sb.watches.push(super::watch::MockWatch {
+                dir: real,
+                recursive: options.recursive,
+                sender,
+            });
+            Ok(stream)
+        })
+    }
+
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
+        self.with_sandbox(id, |sb| {
+            let mut metrics = SandboxMetrics::now();
+            metrics.disk_bytes = Some(
+                sb.files
+                    .values()
+                    .map(|node| match node {
+                        Node::File { data, .. } => data.len() as u64,
+                        _ => 0,
+                    })
+                    .sum(),
+            );
+            metrics.memory_limit_bytes = sb.spec.limits.memory_bytes;
+            Ok(metrics)
+        })
+    }
+
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        let mut state = self.lock();
+        let source = state
+            .sandboxes
+            .get(id)
+            .ok_or_else(|| Error::not_found(format!("sandbox {id} does not exist")))?;
+        let mut spec = source.spec.clone();
+        spec.labels = labels;
+        let files = source.files.clone();
+        let new_id = SandboxId::generate("mock");
+        let info = SandboxInfo::new(new_id.clone(), "mock", &spec, SandboxStatus::Running);
+        state.sandboxes.insert(
+            new_id,
+            MockSandbox {
+                info: info.clone(),
+                spec,
+                files,
+                watches: Vec::new(),
+            },
+        );
+        Ok(info)
     }
 
     async fn import_tar(
@@ -491,7 +567,7 @@ impl SandboxBackend for MockBackend {
                 &options.limits,
                 &mut apply,
             )?;
-            sb.files = files;
+            sb.commit(files);
             Ok(())
         })
     }

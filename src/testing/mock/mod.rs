@@ -82,6 +82,7 @@ struct MockSandbox {
     info: SandboxInfo,
     spec: SandboxSpec,
     files: Tree,
+    watches: Vec<watch::MockWatch>,
 }
 
 #[derive(Default)]
@@ -152,6 +153,9 @@ impl MockBackend {
                 files_while_paused: true,
                 interactive_exec: true,
                 incremental_snapshot: true,
+                watch: true,
+                metrics: true,
+                clone: true,
                 ..Capabilities::none()
             },
         }
@@ -250,6 +254,7 @@ impl MockBackend {
 mod backend;
 mod process;
 mod tree;
+mod watch;
 
 use self::tree::{add_parents, Node, Tree};
 

@@ -48,8 +48,8 @@ impl DockerBackend {
     /// services are committed to images and started afresh, on a network of their own.
     /// Writes to either afterwards do not reach the other. The clone carries `labels`
     /// instead of the source's (so a manager's session labels are not copied by
-    /// accident); destroying it removes its images too.
-    pub async fn clone_sandbox(
+    /// accident); destroying it removes its images too. [`SandboxBackend::clone_sandbox`].
+    pub(super) async fn clone_task(
         &self,
         id: &SandboxId,
         labels: BTreeMap<String, String>,

@@ -389,6 +389,7 @@ impl SandboxBackend for DockerBackend {
         caps.files_while_paused = false;
         caps.interactive_exec = true;
         caps.port_exposure = true;
+        caps.clone = true;
         // Known once every template's image is prepared (`prepare_images`, or the
         // creates that needed them): true when each has python3 on its PATH.
         let python = lock(&self.inner.python);
@@ -585,7 +586,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn exec(&self, id: &SandboxId, mut request: ExecRequest) -> Result<Process> {
-        request.validate()?;
+        request.check_supported(&self.capabilities())?;
         let settings = self.settings(id).await?;
         self.check_not_paused(id)?;
         if request.timeout.is_none() {
@@ -652,6 +653,14 @@ impl SandboxBackend for DockerBackend {
         Err(Error::unsupported(
             "backend docker does not support incremental snapshots",
         ))
+    }
+
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        self.clone_task(id, labels).await
     }
 
     async fn import_tar(

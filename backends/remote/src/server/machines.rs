@@ -35,6 +35,12 @@ pub(crate) fn served_capabilities(state: &Shared) -> sandcell::Capabilities {
     let mut caps = state.backend.capabilities();
     caps.port_exposure = false;
     caps.host_mounts &= !state.config.host_paths.is_empty();
+    // Not served yet: terminals, watches, metrics and clones have no route or wire
+    // call on this server.
+    caps.pty = false;
+    caps.watch = false;
+    caps.metrics = false;
+    caps.clone = false;
     caps
 }
 
