@@ -12,8 +12,8 @@ use rustix::process::Signal;
 use sandcell::archive::ImportOptions;
 use sandcell::{
     ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo,
-    LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath,
-    SandboxSpec, SandboxStatus,
+    LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxMetrics,
+    SandboxPath, SandboxSpec, SandboxStatus,
 };
 
 use crate::cgroup::CgroupRoots;
@@ -103,6 +103,8 @@ impl LocalBackend {
         capabilities.symlinks = true;
         capabilities.files_while_paused = true;
         capabilities.interactive_exec = true;
+        capabilities.metrics = true;
+        capabilities.clone = !matches!(config.workspace, WorkspaceStrategy::InPlace);
         // Bind mounts (like overlay mounts and cgroups) need root.
         capabilities.host_mounts = rustix::process::geteuid().is_root();
         // Landlocked or capability-less namespaced processes cannot mount or remount,
@@ -197,6 +199,59 @@ impl LocalBackend {
             .ok_or_else(|| Error::new(ErrorKind::Backend, "namespace tools were not probed"))
     }
 
+    /// Makes a sandbox of `spec` (limits already resolved): its cgroups, its directory,
+    /// a workspace from `fill` (which answers the strategy it used), the spec's host
+    /// mounts, its metadata, and at `Isolation::Namespaces` its namespaces. On any
+    /// failure nothing is left: no cgroup, no mount, no directory.
+    async fn provision<F>(&self, spec: SandboxSpec, fill: F) -> Result<SandboxMeta>
+    where
+        F: FnOnce(&SandboxDir) -> Result<&'static str> + Send + 'static,
+    {
+        let id = SandboxId::generate("local");
+        let dir = self.dir(&id);
+        let roots = self.inner.cgroups.clone();
+        let (dir, mut meta) = blocking(move || {
+            let mut cgroups = None;
+            let result = (|| {
+                cgroups = roots.create(&id, &spec.limits)?;
+                std::fs::create_dir_all(dir.tmp())
+                    .map_err(|e| Error::io("creating the sandbox directory", e))?;
+                let used = fill(&dir)?;
+                materialize::attach_mounts(&dir, &spec.mounts)?;
+                let meta = SandboxMeta {
+                    id: id.clone(),
+                    spec,
+                    status: SandboxStatus::Running,
+                    created_at: chrono::Utc::now(),
+                    workspace: used.to_owned(),
+                    cgroups: cgroups.clone(),
+                    ns_init: None,
+                    ns_user: false,
+                };
+                dir.write_meta(&meta)?;
+                Ok((dir.clone(), meta))
+            })();
+            if result.is_err() {
+                if let Some(cg) = &cgroups {
+                    cg.remove();
+                }
+                if materialize::unmount_all(&dir).is_ok() {
+                    let _ = std::fs::remove_dir_all(dir.path());
+                }
+            }
+            result
+        })
+        .await?;
+        if self.inner.config.isolation == Isolation::Namespaces {
+            let tools = self.namespace_tools()?;
+            if let Err(e) = start_namespaces(tools, &dir, &mut meta).await {
+                let _ = self.destroy(&meta.id).await;
+                return Err(e);
+            }
+        }
+        Ok(meta)
+    }
+
     fn set_status(&self, id: &SandboxId, status: SandboxStatus) -> Result<()> {
         let (dir, mut meta) = self.meta(id)?;
         meta.status = status;
@@ -258,53 +313,14 @@ impl SandboxBackend for LocalBackend {
         limits.pids = limits.pids.or(defaults.pids);
         limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
         limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
-        let id = SandboxId::generate("local");
-        let dir = self.dir(&id);
         let strategy = self.inner.config.workspace;
-        let roots = self.inner.cgroups.clone();
-        let meta = blocking(move || {
-            let mut cgroups = None;
-            let result = (|| {
-                cgroups = roots.create(&id, &spec.limits)?;
-                std::fs::create_dir_all(dir.tmp())
-                    .map_err(|e| Error::io("creating the sandbox directory", e))?;
-                let used = materialize::materialize(&dir, &template, strategy)?;
-                materialize::attach_mounts(&dir, &spec.mounts)?;
-                let meta = SandboxMeta {
-                    id: id.clone(),
-                    spec,
-                    status: SandboxStatus::Running,
-                    created_at: chrono::Utc::now(),
-                    workspace: used.to_owned(),
-                    cgroups: cgroups.clone(),
-                    ns_init: None,
-                    ns_user: false,
-                };
-                dir.write_meta(&meta)?;
-                Ok((dir.clone(), meta))
-            })();
-            if result.is_err() {
-                // Leave nothing behind: no cgroup, no mount, no directory.
-                if let Some(cg) = &cgroups {
-                    cg.remove();
-                }
-                if materialize::unmount_all(&dir).is_ok() {
-                    let _ = std::fs::remove_dir_all(dir.path());
-                }
-            }
-            result
-        })
-        .await?;
-        let (dir, mut meta) = meta;
-        if self.inner.config.isolation == Isolation::Namespaces {
-            let tools = self.namespace_tools()?;
-            if let Err(e) = start_namespaces(tools, &dir, &mut meta).await {
-                let _ = self.destroy(&meta.id).await;
-                return Err(e);
-            }
-        }
+        let meta = self
+            .provision(spec, move |dir| {
+                materialize::materialize(dir, &template, strategy)
+            })
+            .await?;
         tracing::debug!(sandbox = %meta.id, workspace = %meta.workspace, "created local sandbox");
-        Ok(meta.info(&dir))
+        Ok(meta.info(&self.dir(&meta.id)))
     }
 
     async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
@@ -441,6 +457,93 @@ impl SandboxBackend for LocalBackend {
             start_namespaces(self.namespace_tools()?, &dir, &mut meta).await?;
         }
         self.set_status(id, SandboxStatus::Running)
+    }
+
+    /// An overlay workspace's clone copies only its upper layer (the changes) onto a
+    /// new overlay over the same template; a copied workspace is copied whole. The
+    /// source's processes are frozen during the copy where it has a cgroup, so the
+    /// clone is one moment of it.
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        let (source_dir, source) = self.meta(id)?;
+        let template = self
+            .inner
+            .config
+            .templates
+            .get(&source.spec.template)
+            .cloned()
+            .ok_or_else(|| {
+                Error::not_found(format!(
+                    "template {:?} of sandbox {id} is no longer registered",
+                    source.spec.template
+                ))
+            })?;
+        let strategy = source.workspace.clone();
+        if strategy == "in_place" {
+            return Err(Error::unsupported(format!(
+                "sandbox {id} works in its template's directory; there is no copy of it to clone"
+            )));
+        }
+        let mut spec = source.spec.clone();
+        spec.labels = labels;
+        let frozen = source.status == SandboxStatus::Running;
+        let source_cgroups = source.cgroups.clone();
+        let meta = self
+            .provision(spec, move |dir| {
+                let freeze = |on: bool| {
+                    if let (true, Some(cg)) = (frozen, &source_cgroups) {
+                        let _ = cg.freeze(on);
+                    }
+                };
+                freeze(true);
+                let copied = if strategy == "overlay" {
+                    crate::contained::copy_tree(&source_dir.upper(), &dir.upper(), true)
+                        .map(|()| "overlay")
+                } else {
+                    crate::contained::copy_tree(&source_dir.workspace(), &dir.workspace(), false)
+                        .map(|()| "copy")
+                };
+                freeze(false);
+                let used = copied?;
+                if used == "overlay" {
+                    materialize::materialize(dir, &template, WorkspaceStrategy::Overlay)?;
+                }
+                Ok(used)
+            })
+            .await?;
+        Ok(meta.info(&self.dir(&meta.id)))
+    }
+
+    async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
+        let (dir, meta) = self.meta(id)?;
+        blocking(move || {
+            let mut metrics = SandboxMetrics::now();
+            match &meta.cgroups {
+                Some(cg) => {
+                    let usage = cg.usage();
+                    metrics.cpu_time = usage.cpu_time;
+                    metrics.memory_bytes = usage.memory_bytes;
+                    metrics.processes = Some(usage.processes);
+                }
+                // Without a cgroup the sandbox's processes are those of its recorded
+                // groups (what left them with setsid is not counted).
+                None => {
+                    let members: usize = dir
+                        .groups()
+                        .into_iter()
+                        .map(|g| process::group_members(g).len())
+                        .sum();
+                    metrics.processes = Some(members as u64);
+                }
+            }
+            metrics.memory_limit_bytes = meta.spec.limits.memory_bytes;
+            metrics.disk_bytes = Some(Workspace::open(&dir.workspace())?.disk_usage()?);
+            Ok(metrics)
+        })
+        .await
     }
 
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {

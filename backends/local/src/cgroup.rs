@@ -225,6 +225,33 @@ impl SandboxCgroups {
         kill_tree(&self.unified, wait);
     }
 
+    /// What the cgroups account for now: CPU time (v2 `cpu.stat`, kept for processes
+    /// that ended), memory in use (v2 `memory.current` or v1 `memory.usage_in_bytes`,
+    /// where a memory controller is on) and the processes in them.
+    pub(crate) fn usage(&self) -> Usage {
+        let cpu_time = std::fs::read_to_string(self.unified.join("cpu.stat"))
+            .ok()
+            .and_then(|stat| {
+                stat.lines().find_map(|line| {
+                    let micros = line.strip_prefix("usage_usec ")?.trim().parse().ok()?;
+                    Some(Duration::from_micros(micros))
+                })
+            });
+        let read_u64 = |path: PathBuf| -> Option<u64> {
+            std::fs::read_to_string(path).ok()?.trim().parse().ok()
+        };
+        let memory_bytes = read_u64(self.unified.join("memory.current")).or_else(|| {
+            self.memory
+                .as_ref()
+                .and_then(|dir| read_u64(dir.join("memory.usage_in_bytes")))
+        });
+        Usage {
+            cpu_time,
+            memory_bytes,
+            processes: subtree_pids(&self.unified).len() as u64,
+        }
+    }
+
     /// Freezes (`true`) or thaws the cgroup; `false` if this kernel has no v2 freezer.
     pub(crate) fn freeze(&self, frozen: bool) -> Result<bool> {
         let file = self.unified.join("cgroup.freeze");
@@ -257,6 +284,14 @@ impl SandboxCgroups {
             }
         }
     }
+}
+
+/// A reading of [`SandboxCgroups::usage`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Usage {
+    pub(crate) cpu_time: Option<Duration>,
+    pub(crate) memory_bytes: Option<u64>,
+    pub(crate) processes: u64,
 }
 
 /// One command's cgroup (see [`SandboxCgroups::command`]).

@@ -370,7 +370,7 @@ pub(crate) fn signal_group(pgid: i32, signal: Signal) {
 }
 
 /// The processes of group `pgid`.
-fn group_members(pgid: i32) -> Vec<i32> {
+pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
     all_processes()
         .filter(|p| p.pgrp == pgid)
         .map(|p| p.pid)

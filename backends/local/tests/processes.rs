@@ -449,3 +449,58 @@ async fn timeouts_and_kills_end_what_left_the_process_group() {
     assert_eq!(settled(&f.workspace).await, Vec::<i32>::new());
     assert!(!std::path::Path::new(&info.details["cgroup"]).exists());
 }
+
+/// Metrics from the sandbox's cgroup: CPU time that grows with work (and stays after
+/// the work ended), memory in use under the limit set, every process counted
+/// (`setsid` ones too), and the workspace's bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_come_from_the_cgroup() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let limit = 512 << 20;
+    let spec = SandboxSpec::default().limits(sandcell::Limits::new().memory_bytes(limit));
+    let info = match backend.create(&spec).await {
+        Ok(info) => info,
+        Err(e) if e.kind() == sandcell::ErrorKind::Unsupported => {
+            sandcell::testing::require_or_skip("CGROUPS", "cgroup limits", Err(e.to_string()));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let id = info.id.clone();
+    let idle = backend.metrics(&id).await.unwrap();
+    assert_eq!(idle.processes, Some(0));
+    assert_eq!(idle.memory_limit_bytes, Some(limit));
+    let out = backend
+        .run_shell(
+            &id,
+            "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; \
+             head -c 300000 /dev/zero > data.bin; \
+             setsid sleep 60 >/dev/null 2>&1 < /dev/null & sleep 60 >/dev/null 2>&1 & echo ok",
+        )
+        .await
+        .unwrap();
+    assert!(out.success(), "{out:?}");
+    let busy = backend.metrics(&id).await.unwrap();
+    let cpu = busy.cpu_time.expect("cpu.stat is read");
+    assert!(
+        cpu > idle.cpu_time.unwrap_or_default() + Duration::from_millis(20),
+        "the loop's CPU time is counted after it ended: {cpu:?}"
+    );
+    assert_eq!(busy.processes, Some(2), "both sleepers, setsid or not");
+    if let Some(memory) = busy.memory_bytes {
+        assert!(memory > 0 && memory < limit, "memory in use: {memory}");
+    }
+    let disk = busy.disk_bytes.unwrap();
+    assert!(
+        (300_000..400_000).contains(&disk),
+        "the workspace's bytes: {disk}"
+    );
+    backend.reset(&id).await.unwrap();
+    assert_eq!(backend.metrics(&id).await.unwrap().processes, Some(0));
+    backend.destroy(&id).await.unwrap();
+    assert_eq!(
+        backend.metrics(&id).await.unwrap_err().kind(),
+        sandcell::ErrorKind::NotFound
+    );
+}

@@ -521,3 +521,89 @@ async fn a_template_directory_renames_on_an_overlay_workspace() {
     assert_eq!(deleted, ["lib"]);
     backend.destroy(&sb.id).await.unwrap();
 }
+
+/// An overlay clone copies the source's upper layer only: what it changed, whiteouts
+/// of what it deleted and opaque directories included, over the same template, which is
+/// not copied. A copy clone copies the workspace whole, and neither follows a link out.
+#[tokio::test]
+async fn an_overlay_clone_copies_only_the_changes() {
+    if !common::overlay_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let tpl = template();
+    std::fs::create_dir(tpl.path().join("docs")).unwrap();
+    std::fs::write(tpl.path().join("docs/old.md"), "old").unwrap();
+    for n in 0..200 {
+        std::fs::write(tpl.path().join(format!("src/f{n}.rs")), "// template file\n").unwrap();
+    }
+    let secret = tempfile::tempdir().unwrap();
+    std::fs::write(secret.path().join("secret"), "host secret").unwrap();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .template("t", tpl.path())
+        .workspace(WorkspaceStrategy::Overlay)
+        .build()
+        .unwrap();
+    let source = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    let id = &source.id;
+    backend
+        .write_string(id, &"src/lib.rs".parse().unwrap(), "// changed\n")
+        .await
+        .unwrap();
+    backend.remove(id, &"src/f7.rs".parse().unwrap(), false).await.unwrap();
+    // Replaced whole: an opaque directory in the upper layer.
+    backend.remove(id, &"docs".parse().unwrap(), true).await.unwrap();
+    backend
+        .write_string(id, &"docs/new.md".parse().unwrap(), "new")
+        .await
+        .unwrap();
+    let out = backend
+        .run_shell(id, &format!("ln -s {} leak", secret.path().display()))
+        .await
+        .unwrap();
+    assert!(out.success(), "{out:?}");
+
+    let clone = backend
+        .clone_sandbox(id, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(clone.details["workspace"], "overlay");
+    let read = |path: &str| {
+        let (backend, clone) = (backend.clone(), clone.id.clone());
+        let path: SandboxPath = path.parse().unwrap();
+        async move { backend.read_to_string(&clone, &path).await }
+    };
+    assert_eq!(read("src/lib.rs").await.unwrap(), "// changed\n");
+    assert_eq!(read("src/f8.rs").await.unwrap(), "// template file\n");
+    assert_eq!(read("src/f7.rs").await.unwrap_err().kind(), sandcell::ErrorKind::NotFound);
+    assert_eq!(read("docs/new.md").await.unwrap(), "new");
+    assert_eq!(read("docs/old.md").await.unwrap_err().kind(), sandcell::ErrorKind::NotFound);
+    let link = backend
+        .stat(&clone.id, &"leak".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(link.kind, sandcell::FileKind::Symlink, "a link is copied as a link");
+
+    // Only the changes were copied: the clone's upper layer holds a handful of entries,
+    // not the template's two hundred files.
+    let upper = root
+        .path()
+        .join("sandboxes")
+        .join(clone.id.as_str())
+        .join("upper");
+    let mut count = 0;
+    let mut stack = vec![upper];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            count += 1;
+            if entry.file_type().unwrap().is_dir() {
+                stack.push(entry.path());
+            }
+        }
+    }
+    assert!(count <= 8, "the clone's upper layer holds {count} entries");
+    backend.destroy(id).await.unwrap();
+    backend.destroy(&clone.id).await.unwrap();
+    assert_eq!(std::fs::read_dir(root.path().join("sandboxes")).unwrap().count(), 0);
+}

@@ -86,14 +86,9 @@ pub async fn watch_reports_changes_in_order(b: &dyn SandboxBackend) {
             // w/link leads to a directory outside the watched one: writes there are
             // not reported as w/link/...
             let tar = RawTar::new().symlink("link", "../outside").finish();
-            b.import_tar(
-                &id,
-                &p("w"),
-                stream(tar),
-                ImportOptions::merge(),
-            )
-            .await
-            .unwrap();
+            b.import_tar(&id, &p("w"), stream(tar), ImportOptions::merge())
+                .await
+                .unwrap();
         }
         assert_kind(
             b.watch(&id, &p("missing"), WatchOptions::new())
