@@ -149,6 +149,31 @@ impl WatchSender {
         }
     }
 
+    /// Whether events were lost and the consumer has not been told yet.
+    pub fn has_pending(&self) -> bool {
+        self.lost
+    }
+
+    /// Waits for room, then queues the pending `Overflow` (at once if none is
+    /// pending): a backend with nothing more to report still tells a consumer that
+    /// caught up what it missed. `false` once the consumer is gone.
+    pub async fn flush(&mut self) -> bool {
+        if !self.lost {
+            return !self.tx.is_closed();
+        }
+        match self.tx.reserve().await {
+            Ok(permit) => {
+                permit.send(Ok(WatchEvent::new(
+                    WatchEventKind::Overflow,
+                    self.root.clone(),
+                )));
+                self.lost = false;
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     /// Ends the stream with `error` (waiting for room, so it is not lost).
     pub async fn fail(self, error: crate::Error) {
         let _ = self.tx.send(Err(error)).await;

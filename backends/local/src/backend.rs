@@ -13,7 +13,7 @@ use sandcell::archive::ImportOptions;
 use sandcell::{
     ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, FileInfo,
     LabelSelector, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxMetrics,
-    SandboxPath, SandboxSpec, SandboxStatus,
+    SandboxPath, SandboxSpec, SandboxStatus, WatchOptions, WatchStream,
 };
 
 use crate::cgroup::CgroupRoots;
@@ -104,6 +104,7 @@ impl LocalBackend {
         capabilities.files_while_paused = true;
         capabilities.interactive_exec = true;
         capabilities.metrics = true;
+        capabilities.watch = true;
         capabilities.clone = !matches!(config.workspace, WorkspaceStrategy::InPlace);
         // Bind mounts (like overlay mounts and cgroups) need root.
         capabilities.host_mounts = rustix::process::geteuid().is_root();
@@ -515,6 +516,27 @@ impl SandboxBackend for LocalBackend {
             })
             .await?;
         Ok(meta.info(&self.dir(&meta.id)))
+    }
+
+    async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        options: WatchOptions,
+    ) -> Result<WatchStream> {
+        let (dir, _) = self.meta(id)?;
+        let (sender, stream) = sandcell::raw::watch_channel(path.clone());
+        let path = path.clone();
+        // The initial walk of a recursive watch reads directories: off the runtime.
+        let watcher = blocking(move || {
+            let workspace = Workspace::open(&dir.workspace())?;
+            crate::watch::Watcher::start(&workspace, path, options.recursive, sender)
+        });
+        // AsyncFd registers with the runtime of the task that made it, so it is made
+        // on a blocking thread inside this runtime's context.
+        let watcher = watcher.await?;
+        tokio::spawn(watcher.run());
+        Ok(stream)
     }
 
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {

@@ -69,6 +69,7 @@ mod materialize;
 mod namespace;
 mod process;
 mod sys;
+mod watch;
 
 pub use backend::LocalBackend;
 pub use config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};

@@ -224,3 +224,11 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
         });
     }
 }
+
+/// Registers `fd` (non-blocking) with the tokio reactor of the current runtime.
+pub(crate) fn async_fd(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<OwnedFd>> {
+    // SAFETY: the `OwnedFd` owns an open descriptor, and the `AsyncFd` owns the
+    // `OwnedFd` until it deregisters it: nothing can close or replace the descriptor
+    // while it is registered.
+    unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(std::io::Error::from)
+}

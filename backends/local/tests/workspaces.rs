@@ -535,7 +535,11 @@ async fn an_overlay_clone_copies_only_the_changes() {
     std::fs::create_dir(tpl.path().join("docs")).unwrap();
     std::fs::write(tpl.path().join("docs/old.md"), "old").unwrap();
     for n in 0..200 {
-        std::fs::write(tpl.path().join(format!("src/f{n}.rs")), "// template file\n").unwrap();
+        std::fs::write(
+            tpl.path().join(format!("src/f{n}.rs")),
+            "// template file\n",
+        )
+        .unwrap();
     }
     let secret = tempfile::tempdir().unwrap();
     std::fs::write(secret.path().join("secret"), "host secret").unwrap();
@@ -551,9 +555,15 @@ async fn an_overlay_clone_copies_only_the_changes() {
         .write_string(id, &"src/lib.rs".parse().unwrap(), "// changed\n")
         .await
         .unwrap();
-    backend.remove(id, &"src/f7.rs".parse().unwrap(), false).await.unwrap();
+    backend
+        .remove(id, &"src/f7.rs".parse().unwrap(), false)
+        .await
+        .unwrap();
     // Replaced whole: an opaque directory in the upper layer.
-    backend.remove(id, &"docs".parse().unwrap(), true).await.unwrap();
+    backend
+        .remove(id, &"docs".parse().unwrap(), true)
+        .await
+        .unwrap();
     backend
         .write_string(id, &"docs/new.md".parse().unwrap(), "new")
         .await
@@ -564,10 +574,7 @@ async fn an_overlay_clone_copies_only_the_changes() {
         .unwrap();
     assert!(out.success(), "{out:?}");
 
-    let clone = backend
-        .clone_sandbox(id, Default::default())
-        .await
-        .unwrap();
+    let clone = backend.clone_sandbox(id, Default::default()).await.unwrap();
     assert_eq!(clone.details["workspace"], "overlay");
     let read = |path: &str| {
         let (backend, clone) = (backend.clone(), clone.id.clone());
@@ -576,14 +583,24 @@ async fn an_overlay_clone_copies_only_the_changes() {
     };
     assert_eq!(read("src/lib.rs").await.unwrap(), "// changed\n");
     assert_eq!(read("src/f8.rs").await.unwrap(), "// template file\n");
-    assert_eq!(read("src/f7.rs").await.unwrap_err().kind(), sandcell::ErrorKind::NotFound);
+    assert_eq!(
+        read("src/f7.rs").await.unwrap_err().kind(),
+        sandcell::ErrorKind::NotFound
+    );
     assert_eq!(read("docs/new.md").await.unwrap(), "new");
-    assert_eq!(read("docs/old.md").await.unwrap_err().kind(), sandcell::ErrorKind::NotFound);
+    assert_eq!(
+        read("docs/old.md").await.unwrap_err().kind(),
+        sandcell::ErrorKind::NotFound
+    );
     let link = backend
         .stat(&clone.id, &"leak".parse().unwrap())
         .await
         .unwrap();
-    assert_eq!(link.kind, sandcell::FileKind::Symlink, "a link is copied as a link");
+    assert_eq!(
+        link.kind,
+        sandcell::FileKind::Symlink,
+        "a link is copied as a link"
+    );
 
     // Only the changes were copied: the clone's upper layer holds a handful of entries,
     // not the template's two hundred files.
@@ -605,5 +622,10 @@ async fn an_overlay_clone_copies_only_the_changes() {
     assert!(count <= 8, "the clone's upper layer holds {count} entries");
     backend.destroy(id).await.unwrap();
     backend.destroy(&clone.id).await.unwrap();
-    assert_eq!(std::fs::read_dir(root.path().join("sandboxes")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(root.path().join("sandboxes"))
+            .unwrap()
+            .count(),
+        0
+    );
 }

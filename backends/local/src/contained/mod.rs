@@ -531,7 +531,7 @@ impl Workspace {
     }
 }
 
-fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
+pub(crate) fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
     rustix::fs::openat(
         parent,
         name,
@@ -543,7 +543,7 @@ fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedF
 /// The names in directory `dir` (any descriptor of it, `O_PATH` too), sorted by bytes,
 /// without `.` and `..`. Read in full before the caller changes the directory, since
 /// deleting while reading may skip entries on some file systems.
-fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
+pub(crate) fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
     let fd = rustix::fs::openat(
         dir,
         c".",

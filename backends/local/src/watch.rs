@@ -1,0 +1,402 @@
+//! File watching with inotify: one inotify instance per watch, a kernel watch per
+//! directory (every directory beneath, for a recursive watch, added as they appear),
+//! and events turned into workspace-relative [`WatchEvent`]s.
+//!
+//! Directories are resolved inside the workspace by the contained operations and
+//! watched through their open descriptor (`/proc/self/fd/N`), so the kernel watches the
+//! directory that was resolved, never one a link leads to; subdirectories are opened
+//! with `O_NOFOLLOW`. Names come from the kernel and are joined to the watched path,
+//! so an event can only name something beneath it.
+
+use std::collections::HashMap;
+use std::ffi::{CStr, CString};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::time::Duration;
+
+use std::path::PathBuf;
+
+use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::fs::{Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
+use sandcell::{Error, Result, SandboxPath, WatchEvent, WatchEventKind, WatchSender};
+use tokio::io::unix::AsyncFd;
+
+use crate::contained::{list_names, open_subdir, Workspace};
+
+/// What every kernel watch reports.
+const MASK: WatchFlags = WatchFlags::CREATE
+    .union(WatchFlags::MODIFY)
+    .union(WatchFlags::DELETE)
+    .union(WatchFlags::ATTRIB)
+    .union(WatchFlags::MOVED_FROM)
+    .union(WatchFlags::MOVED_TO)
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::ONLYDIR)
+    .union(WatchFlags::EXCL_UNLINK);
+
+/// How long a rename's first half waits for its second in a later read. The kernel
+/// queues both halves in one rename, but a reader can come between them, and the
+/// renaming thread can be preempted there on a busy host; a move out of the watch is
+/// reported this much later.
+const RENAME_PAIRING: Duration = Duration::from_millis(50);
+
+/// One watch: its inotify instance and which directory each kernel watch is on.
+pub(crate) struct Watcher {
+    inotify: AsyncFd<OwnedFd>,
+    /// Kernel watch descriptor → the directory's path in the workspace.
+    dirs: HashMap<i32, SandboxPath>,
+    /// The watched directory's kernel watch.
+    root_wd: i32,
+    /// The watched directory as the caller named it (events are named beneath it).
+    root: SandboxPath,
+    /// Where it really is in the workspace (links in `root` resolved).
+    real_root: SandboxPath,
+    /// The workspace's host path.
+    workspace: PathBuf,
+    recursive: bool,
+    sender: WatchSender,
+}
+
+/// One inotify event, owned.
+struct Raw {
+    wd: i32,
+    mask: ReadFlags,
+    cookie: u32,
+    name: Option<CString>,
+}
+
+impl Watcher {
+    /// Starts watching the directory open as `dir` (at workspace path `root`); with
+    /// `recursive`, every directory beneath it too. Events made after this returns are
+    /// reported.
+    pub(crate) fn start(
+        workspace: &Workspace,
+        root: SandboxPath,
+        recursive: bool,
+        sender: WatchSender,
+    ) -> Result<Self> {
+        let dir = workspace.open_dir(&root)?;
+        let real = workspace.resolve_dir(&root)?;
+        let real_root = real
+            .strip_prefix(workspace.root_path())
+            .ok()
+            .and_then(|rel| SandboxPath::new(&rel.to_string_lossy()).ok())
+            .ok_or_else(|| {
+                Error::permission_denied(format!("{root} resolves outside the workspace"))
+            })?;
+        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
+            .map_err(|e| Error::io("starting a file watch", e.into()))?;
+        let inotify =
+            crate::sys::async_fd(fd).map_err(|e| Error::io("starting a file watch", e))?;
+        let mut watcher = Watcher {
+            inotify,
+            dirs: HashMap::new(),
+            root_wd: -1,
+            root: root.clone(),
+            real_root,
+            workspace: workspace.root_path().to_path_buf(),
+            recursive,
+            sender,
+        };
+        watcher.root_wd = watcher
+            .add(dir.as_fd(), root.clone())
+            .map_err(|e| Error::io(format_args!("watching {root}"), e.into()))?;
+        if recursive {
+            watcher.add_beneath(dir.as_fd(), &root, false);
+        }
+        Ok(watcher)
+    }
+
+    /// Adds a kernel watch on the directory open as `dir`.
+    fn add(&mut self, dir: BorrowedFd<'_>, path: SandboxPath) -> rustix::io::Result<i32> {
+        let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
+        let wd = inotify::add_watch(self.inotify.get_ref(), proc_path, MASK)?;
+        self.dirs.insert(wd, path);
+        Ok(wd)
+    }
+
+    /// Watches every directory beneath `dir` (at `path`). With `report`, everything
+    /// found is also reported as created: it appeared in a directory that was not
+    /// watched yet, and the events of its making were never seen.
+    fn add_beneath(&mut self, dir: BorrowedFd<'_>, path: &SandboxPath, report: bool) {
+        let mut pending: Vec<(OwnedFd, SandboxPath)> = Vec::new();
+        let mut current: Option<(OwnedFd, SandboxPath)> = None;
+        loop {
+            let (fd_ref, at) = match &current {
+                Some((fd, at)) => (fd.as_fd(), at.clone()),
+                None => (dir, path.clone()),
+            };
+            for name in list_names(fd_ref).unwrap_or_default() {
+                let Some(child) = join(&at, &name) else {
+                    continue;
+                };
+                match open_subdir(fd_ref, &name) {
+                    Ok(sub) => {
+                        if self.add(sub.as_fd(), child.clone()).is_ok() {
+                            if report {
+                                self.emit(WatchEvent::new(WatchEventKind::Created, child.clone()));
+                            }
+                            pending.push((sub, child));
+                        }
+                    }
+                    // Not a directory (or a link, not followed): a file.
+                    Err(_) if report => {
+                        self.emit(WatchEvent::new(WatchEventKind::Created, child));
+                    }
+                    Err(_) => {}
+                }
+            }
+            match pending.pop() {
+                Some(next) => current = Some(next),
+                None => break,
+            }
+        }
+    }
+
+    /// Forgets the kernel watches on `path` and beneath it.
+    fn forget_beneath(&mut self, path: &SandboxPath) {
+        let gone: Vec<i32> = self
+            .dirs
+            .iter()
+            .filter(|(_, p)| p.starts_with(path))
+            .map(|(wd, _)| *wd)
+            .collect();
+        for wd in gone {
+            self.dirs.remove(&wd);
+            let _ = inotify::remove_watch(self.inotify.get_ref(), wd);
+        }
+    }
+
+    /// Renames the watches on `from` and beneath it to lie beneath `to`.
+    fn move_beneath(&mut self, from: &SandboxPath, to: &SandboxPath) {
+        for path in self.dirs.values_mut() {
+            if let Some(rest) = path.strip_prefix(from) {
+                let moved = if rest.is_root() {
+                    Some(to.clone())
+                } else {
+                    to.join(rest.as_str()).ok()
+                };
+                if let Some(moved) = moved {
+                    *path = moved;
+                }
+            }
+        }
+    }
+
+    fn emit(&mut self, event: WatchEvent) {
+        let _ = self.sender.send(event);
+    }
+
+    /// Reports events until the consumer drops the stream or the watched directory
+    /// goes (removed, or unmounted with its sandbox).
+    pub(crate) async fn run(mut self) {
+        let mut pending_from: Option<(u32, SandboxPath, bool)> = None;
+        loop {
+            let batch = if self.sender.has_pending() {
+                tokio::select! {
+                    batch = read(&self.inotify) => batch,
+                    alive = self.sender.flush() => {
+                        if !alive {
+                            return;
+                        }
+                        continue;
+                    }
+                }
+            } else {
+                tokio::select! {
+                    batch = read(&self.inotify) => batch,
+                    () = self.sender.closed() => return,
+                }
+            };
+            let batch = match batch {
+                Ok(batch) => batch,
+                Err(e) => {
+                    self.sender.fail(e).await;
+                    return;
+                }
+            };
+            let mut root_gone = false;
+            for raw in batch {
+                root_gone |= self.handle(raw, &mut pending_from);
+            }
+            if let Some((cookie, from, is_dir)) = pending_from.take() {
+                // The other half of a rename may be in the next read.
+                match tokio::time::timeout(RENAME_PAIRING, read(&self.inotify)).await {
+                    Ok(Ok(batch)) => {
+                        pending_from = Some((cookie, from, is_dir));
+                        for raw in batch {
+                            root_gone |= self.handle(raw, &mut pending_from);
+                        }
+                        if let Some((_, from, is_dir)) = pending_from.take() {
+                            self.moved_out(from, is_dir);
+                        }
+                    }
+                    _ => self.moved_out(from, is_dir),
+                }
+            }
+            if !self.sender.send_pending() || root_gone {
+                return;
+            }
+        }
+    }
+
+    /// Turns one kernel event into watch events; `true` once the watched directory
+    /// itself is gone.
+    fn handle(&mut self, raw: Raw, pending_from: &mut Option<(u32, SandboxPath, bool)>) -> bool {
+        if raw.mask.contains(ReadFlags::QUEUE_OVERFLOW) {
+            let _ = self.sender.overflowed();
+            return false;
+        }
+        if raw.mask.contains(ReadFlags::IGNORED) || raw.mask.contains(ReadFlags::UNMOUNT) {
+            self.dirs.remove(&raw.wd);
+            return raw.wd == self.root_wd;
+        }
+        if raw.mask.contains(ReadFlags::DELETE_SELF) {
+            return raw.wd == self.root_wd;
+        }
+        let (Some(dir), Some(name)) = (self.dirs.get(&raw.wd), raw.name.as_deref()) else {
+            return false;
+        };
+        let Some(path) = join(dir, name) else {
+            return false;
+        };
+        let is_dir = raw.mask.contains(ReadFlags::ISDIR);
+        if raw.mask.contains(ReadFlags::MOVED_TO) {
+            match pending_from.take() {
+                Some((cookie, from, _)) if cookie == raw.cookie => {
+                    if is_dir {
+                        self.move_beneath(&from, &path);
+                    }
+                    self.emit(WatchEvent::renamed(from, path));
+                    return false;
+                }
+                Some((_, from, from_dir)) => self.moved_out(from, from_dir),
+                None => {}
+            }
+            self.created(path, is_dir, raw.wd);
+            return false;
+        }
+        if let Some((_, from, from_dir)) = pending_from.take() {
+            self.moved_out(from, from_dir);
+        }
+        if raw.mask.contains(ReadFlags::MOVED_FROM) {
+            *pending_from = Some((raw.cookie, path, is_dir));
+        } else if raw.mask.contains(ReadFlags::CREATE) {
+            self.created(path, is_dir, raw.wd);
+        } else if raw.mask.contains(ReadFlags::DELETE) {
+            if is_dir {
+                self.forget_beneath(&path);
+            }
+            self.emit(WatchEvent::new(WatchEventKind::Removed, path));
+        } else if raw.mask.contains(ReadFlags::MODIFY) {
+            self.emit(WatchEvent::new(WatchEventKind::Modified, path));
+        } else if raw.mask.contains(ReadFlags::ATTRIB) {
+            self.emit(WatchEvent::new(WatchEventKind::Attributes, path));
+        }
+        false
+    }
+
+    /// Something appeared at `path` (made, or moved in); a directory is watched too in
+    /// a recursive watch, and what it already holds reported.
+    fn created(&mut self, path: SandboxPath, is_dir: bool, parent_wd: i32) {
+        self.emit(WatchEvent::new(WatchEventKind::Created, path.clone()));
+        if !(is_dir && self.recursive) {
+            return;
+        }
+        let Some(name) = path.file_name().and_then(|n| CString::new(n).ok()) else {
+            return;
+        };
+        // Opened through the parent's watch path, itself resolved from the root with
+        // O_NOFOLLOW at each step.
+        let Some(parent) = self.dirs.get(&parent_wd).cloned() else {
+            return;
+        };
+        if let Some(parent_fd) = self.reopen(&parent) {
+            if let Ok(sub) = open_subdir(parent_fd.as_fd(), &name) {
+                if self.add(sub.as_fd(), path.clone()).is_ok() {
+                    self.add_beneath(sub.as_fd(), &path, true);
+                }
+            }
+        }
+    }
+
+    /// Something left the watch by a rename whose other half is outside it.
+    fn moved_out(&mut self, path: SandboxPath, is_dir: bool) {
+        if is_dir {
+            self.forget_beneath(&path);
+        }
+        self.emit(WatchEvent::new(WatchEventKind::Removed, path));
+    }
+
+    /// Opens the watched directory at `path` again: from the workspace root (a host
+    /// path no sandbox process controls), beneath it and without following any link,
+    /// so a directory swapped for a link since is not followed.
+    fn reopen(&self, path: &SandboxPath) -> Option<OwnedFd> {
+        let rest = path.strip_prefix(&self.root)?;
+        let real = if rest.is_root() {
+            self.real_root.clone()
+        } else if self.real_root.is_root() {
+            rest
+        } else {
+            self.real_root.join(rest.as_str()).ok()?
+        };
+        let workspace = rustix::fs::open(
+            &self.workspace,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .ok()?;
+        let rel = if real.is_root() { "." } else { real.as_str() };
+        rustix::fs::openat2(
+            &workspace,
+            rel,
+            OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
+        )
+        .ok()
+    }
+}
+
+/// Waits for events and reads every one available.
+async fn read(fd: &AsyncFd<OwnedFd>) -> Result<Vec<Raw>> {
+    loop {
+        let mut guard = fd
+            .readable()
+            .await
+            .map_err(|e| Error::io("reading file events", e))?;
+        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
+        let mut reader = inotify::Reader::new(fd.get_ref(), &mut buf);
+        let mut out = Vec::new();
+        loop {
+            match reader.next() {
+                Ok(event) => out.push(Raw {
+                    wd: event.wd(),
+                    mask: event.events(),
+                    cookie: event.cookie(),
+                    name: event.file_name().map(CStr::to_owned),
+                }),
+                Err(Errno::AGAIN) => break,
+                Err(e) => return Err(Error::io("reading file events", e.into())),
+            }
+            if reader.is_buffer_empty() && out.len() >= 4096 {
+                break;
+            }
+        }
+        if out.is_empty() {
+            guard.clear_ready();
+            continue;
+        }
+        return Ok(out);
+    }
+}
+
+/// `dir` joined with a kernel-given name, if the name makes a valid workspace path.
+fn join(dir: &SandboxPath, name: &CStr) -> Option<SandboxPath> {
+    let name = name.to_str().ok()?;
+    if dir.is_root() {
+        SandboxPath::new(name).ok()
+    } else {
+        dir.join(name).ok()
+    }
+}

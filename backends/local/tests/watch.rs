@@ -1,0 +1,151 @@
+//! File watching on the local backend: a flood stays bounded and says it overflowed,
+//! and a dropped watch gives its kernel watches back.
+
+// Test helpers outside #[test] fns report failures by panicking too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use sandcell::watch::WATCH_BUFFER;
+use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec, WatchEventKind, WatchOptions};
+use sandcell_local::LocalBackend;
+
+/// This process's inotify instances, with how many kernel watches each holds.
+fn inotify_watches() -> Vec<usize> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let is_inotify = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().contains("inotify"));
+        if is_inotify {
+            let info = std::fs::read_to_string(format!(
+                "/proc/self/fdinfo/{}",
+                entry.file_name().to_string_lossy()
+            ))
+            .unwrap_or_default();
+            out.push(
+                info.lines()
+                    .filter(|l| l.starts_with("inotify wd:"))
+                    .count(),
+            );
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_overflows_within_the_buffer_and_the_watch_goes_on() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let id = &sandbox.id;
+    let mut events = backend
+        .watch(
+            id,
+            &"".parse().unwrap(),
+            WatchOptions::new().recursive(true),
+        )
+        .await
+        .unwrap();
+    // 100,000 files made while nobody reads the watch.
+    let out = backend
+        .run_shell(
+            id,
+            "mkdir flood && cd flood && seq 1 100000 | xargs touch && echo done",
+        )
+        .await
+        .unwrap();
+    assert!(out.success(), "{out:?}");
+    let mut before_overflow = 0;
+    let mut overflowed = false;
+    while let Ok(Some(event)) = tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+        let event = event.unwrap();
+        if event.kind == WatchEventKind::Overflow {
+            overflowed = true;
+            break;
+        }
+        before_overflow += 1;
+    }
+    assert!(overflowed, "the flood is reported as an overflow");
+    assert!(
+        before_overflow <= WATCH_BUFFER,
+        "at most the buffer was held: {before_overflow} events before the overflow"
+    );
+    // Drain what is left, then the watch still reports what happens next.
+    while let Ok(Some(_)) = tokio::time::timeout(Duration::from_millis(500), events.next()).await {}
+    backend
+        .write(id, &"after.txt".parse().unwrap(), "after".into())
+        .await
+        .unwrap();
+    let next = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let event = events.next().await.unwrap().unwrap();
+            if event.path.as_str() == "after.txt" {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("the watch goes on after an overflow");
+    assert_eq!(next.kind, WatchEventKind::Created);
+    drop(events);
+    backend.destroy(id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dropped_watch_gives_back_its_kernel_watches() {
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let id = &sandbox.id;
+    for n in 0..20 {
+        backend
+            .mkdir(id, &format!("d{n}/sub").parse().unwrap())
+            .await
+            .unwrap();
+    }
+    let before = inotify_watches();
+    let events = backend
+        .watch(
+            id,
+            &"".parse().unwrap(),
+            WatchOptions::new().recursive(true),
+        )
+        .await
+        .unwrap();
+    let during = inotify_watches();
+    assert_eq!(
+        during.len(),
+        before.len() + 1,
+        "one inotify instance per watch"
+    );
+    assert!(
+        during.contains(&41),
+        "one kernel watch per directory (root, 20, 20 beneath): {during:?}"
+    );
+    drop(events);
+    let mut released = false;
+    for _ in 0..200 {
+        if inotify_watches().len() == before.len() {
+            released = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        released,
+        "the inotify instance is closed once the stream is dropped"
+    );
+    // A watch whose sandbox is destroyed ends, and frees its instance too.
+    let mut events = backend
+        .watch(id, &"".parse().unwrap(), WatchOptions::new())
+        .await
+        .unwrap();
+    backend.destroy(id).await.unwrap();
+    let ended = tokio::time::timeout(Duration::from_secs(5), async {
+        while let Some(Ok(_)) = events.next().await {}
+    })
+    .await;
+    assert!(ended.is_ok(), "the watch ends with its sandbox");
+    assert_eq!(inotify_watches().len(), before.len());
+}
