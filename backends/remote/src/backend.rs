@@ -600,6 +600,29 @@ impl SandboxBackend for RemoteBackend {
         }
     }
 
+    async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        options: sandcell::WatchOptions,
+    ) -> Result<sandcell::WatchStream> {
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.watch(path, options).await,
+            Route::Exec(_) => Err(Error::unsupported(
+                "a plain Fly endpoint cannot watch a machine's files",
+            )),
+        }
+    }
+
+    async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.metrics().await,
+            Route::Exec(_) => Err(Error::unsupported(
+                "a plain Fly endpoint does not report a machine's metrics",
+            )),
+        }
+    }
+
     async fn import_tar(
         &self,
         id: &SandboxId,

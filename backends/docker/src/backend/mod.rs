@@ -390,6 +390,9 @@ impl SandboxBackend for DockerBackend {
         caps.interactive_exec = true;
         caps.port_exposure = true;
         caps.clone = true;
+        // Watches and the workspace's bytes come from the agent.
+        caps.watch = self.inner.config.agent.is_some();
+        caps.metrics = self.inner.config.agent.is_some();
         // Known once every template's image is prepared (`prepare_images`, or the
         // creates that needed them): true when each has python3 on its PATH.
         let python = lock(&self.inner.python);
@@ -661,6 +664,55 @@ impl SandboxBackend for DockerBackend {
         labels: BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
         self.clone_task(id, labels).await
+    }
+
+    /// Through the agent, which watches with inotify inside the container.
+    async fn watch(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        options: sandcell::WatchOptions,
+    ) -> Result<sandcell::WatchStream> {
+        self.client(id).await?.watch(path, options).await
+    }
+
+    /// CPU time, memory and processes from the engine's one-shot stats (the
+    /// container's own keep-alive process, the agent, is counted), the memory limit
+    /// from its host config, and the workspace's bytes from the agent.
+    async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {
+        let client = self.client(id).await?;
+        let docker = &self.inner.docker;
+        let options = bollard::query_parameters::StatsOptions {
+            stream: false,
+            one_shot: true,
+        };
+        let stats = futures::StreamExt::next(&mut docker.stats(id.as_str(), Some(options)))
+            .await
+            .ok_or_else(|| {
+                Error::new(
+                    ErrorKind::Backend,
+                    format!("the engine sent no stats for {id}"),
+                )
+            })?
+            .map_err(|e| engine(format_args!("reading the stats of {id}"), e))?;
+        let host = docker
+            .inspect_container(id.as_str(), None)
+            .await
+            .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?
+            .host_config;
+        let mut metrics = client.metrics().await?;
+        metrics.cpu_time = stats
+            .cpu_stats
+            .and_then(|c| c.cpu_usage)
+            .and_then(|u| u.total_usage)
+            .map(std::time::Duration::from_nanos);
+        metrics.memory_bytes = stats.memory_stats.and_then(|m| m.usage);
+        metrics.processes = stats.pids_stats.and_then(|p| p.current);
+        metrics.memory_limit_bytes = host
+            .and_then(|h| h.memory)
+            .filter(|m| *m > 0)
+            .and_then(|m| u64::try_from(m).ok());
+        Ok(metrics)
     }
 
     async fn import_tar(

@@ -35,11 +35,9 @@ pub(crate) fn served_capabilities(state: &Shared) -> sandcell::Capabilities {
     let mut caps = state.backend.capabilities();
     caps.port_exposure = false;
     caps.host_mounts &= !state.config.host_paths.is_empty();
-    // Not served yet: terminals, watches, metrics and clones have no route or wire
-    // call on this server.
+    // Watches and metrics cross the wire protocol; terminals need the remote client's
+    // resize and clones a route, neither served yet.
     caps.pty = false;
-    caps.watch = false;
-    caps.metrics = false;
     caps.clone = false;
     caps
 }
