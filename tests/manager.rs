@@ -1012,3 +1012,35 @@ async fn every_destroy_forgets_the_sandboxs_background_processes() {
     );
     assert!(manager.background().list(None).is_empty());
 }
+
+/// A session's handle reads its sandbox's metrics and watches its files, naming the
+/// operation and session on an error.
+#[tokio::test]
+async fn a_handle_reads_metrics_and_watches_files() {
+    let backend = MockBackend::new();
+    let manager = memory_manager(&backend).await;
+    let handle = manager.acquire(&key("observed"), &spec()).await.unwrap();
+    let mut events = handle
+        .watch(&path(""), sandcell::WatchOptions::new())
+        .await
+        .unwrap();
+    let seen = path("seen.txt");
+    handle
+        .call("write", |b, id| b.write(id, &seen, "12345".into()))
+        .await
+        .unwrap();
+    let event = events.next().await.unwrap().unwrap();
+    assert_eq!(
+        (event.kind, event.path.as_str()),
+        (sandcell::WatchEventKind::Created, "seen.txt")
+    );
+    assert_eq!(handle.metrics().await.unwrap().disk_bytes, Some(5));
+    let Err(err) = handle
+        .watch(&path("missing"), sandcell::WatchOptions::new())
+        .await
+    else {
+        panic!("watching a missing directory succeeded");
+    };
+    assert_eq!(err.operation(), Some("watch"));
+    assert_eq!(err.session(), Some(&key("observed")));
+}

@@ -168,6 +168,23 @@ impl<B: SandboxBackend> SandboxHandle<B> {
             .await
     }
 
+    /// A resource reading of this sandbox; see
+    /// [`SandboxBackend::metrics`](crate::SandboxBackend::metrics).
+    pub async fn metrics(&self) -> Result<crate::SandboxMetrics> {
+        self.call("metrics", |b, id| b.metrics(id)).await
+    }
+
+    /// Watches a directory of this sandbox; see
+    /// [`SandboxBackend::watch`](crate::SandboxBackend::watch). Activity is recorded
+    /// when the watch starts, not for each event.
+    pub async fn watch(
+        &self,
+        path: &crate::SandboxPath,
+        options: crate::WatchOptions,
+    ) -> Result<crate::WatchStream> {
+        self.call("watch", |b, id| b.watch(id, path, options)).await
+    }
+
     /// The services of this sandbox.
     pub fn services(&self) -> Vec<crate::services::ServiceInfo> {
         self.inner.services.list(Some(&self.info.id))
