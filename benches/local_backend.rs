@@ -6,7 +6,9 @@
 //!
 //! Prints p50s and ratios:
 //! - create with a 20,000-file template: overlay vs copy;
-//! - exec round trip of `true`: `SandboxBackendExt::run` vs a raw tokio spawn-and-wait.
+//! - exec round trip of `true`: `SandboxBackendExt::run` vs a raw tokio spawn-and-wait;
+//! - clone of a sandbox with 100 changed files vs a fresh create;
+//! - watch latency, from a write's start to its event.
 
 // A bench is a test-like program: a failed step should stop it loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -134,6 +136,56 @@ async fn main() {
         inc_times.push(start.elapsed());
         inc_bytes = inc.size_bytes;
     }
+    // Clone of a sandbox whose upper layer holds 100 changed files, against a fresh
+    // create from the same template.
+    for n in 0..100 {
+        let path: sandcell::SandboxPath = format!("changed/file{n:03}.txt").parse().unwrap();
+        overlay
+            .write_string(&sb.id, &path, &"changed\n".repeat(50))
+            .await
+            .unwrap();
+    }
+    let mut clone_times = Vec::new();
+    for _ in 0..rounds {
+        let start = Instant::now();
+        let clone = overlay
+            .clone_sandbox(&sb.id, Default::default())
+            .await
+            .unwrap();
+        clone_times.push(start.elapsed());
+        overlay.destroy(&clone.id).await.unwrap();
+    }
+    let clone_p50 = common::median(clone_times);
+
+    // Watch latency: from the start of a write to its event arriving.
+    let mut events = overlay
+        .watch(
+            &sb.id,
+            &sandcell::SandboxPath::root(),
+            sandcell::WatchOptions::new(),
+        )
+        .await
+        .unwrap();
+    let mut watch_times = Vec::new();
+    for round in 0..rounds * 4 {
+        let name = format!("watched{round}.txt");
+        let path: sandcell::SandboxPath = name.parse().unwrap();
+        let start = Instant::now();
+        overlay.write_string(&sb.id, &path, "x").await.unwrap();
+        loop {
+            let event = futures::StreamExt::next(&mut events)
+                .await
+                .unwrap()
+                .unwrap();
+            if event.path.as_str() == name {
+                break;
+            }
+        }
+        watch_times.push(start.elapsed());
+    }
+    drop(events);
+    let watch_p50 = common::median(watch_times);
+
     overlay.destroy(&sb.id).await.unwrap();
     let (ours, raw) = (common::median(ours), common::median(raw));
     let inc_p50 = common::median(inc_times);
@@ -160,5 +212,15 @@ async fn main() {
         ms(full_time),
         full.size_bytes,
         100.0 * inc_bytes as f64 / full.size_bytes as f64
+    );
+    println!(
+        "| clone, 20,000-file template + 100 changed files (p50) | {:.2} ms | fresh create {:.2} ms | {:.2} |",
+        ms(clone_p50),
+        ms(overlay_p50),
+        clone_p50.as_secs_f64() / overlay_p50.as_secs_f64()
+    );
+    println!(
+        "| watch: write to event (p50) | {:.3} ms | | |",
+        ms(watch_p50)
     );
 }
