@@ -42,6 +42,10 @@ fn route() -> impl Strategy<Value = (String, String)> {
         "/v1/apps/[a-z%./]{0,12}/machines(/[a-z0-9%.-]{0,20}){0,3}",
         Just("/v1/apps/fuzz/machines/../../sandcell/capabilities".to_owned()),
         Just("/v1/apps/fuzz/machines/%00/exec".to_owned()),
+        // Percent-encoding that decodes to invalid UTF-8, in each path parameter.
+        Just("/v1/apps//machines/%a0".to_owned()),
+        Just("/v1/apps/%ff/machines".to_owned()),
+        Just("/v1/apps/fuzz/machines/%c3%28/exec".to_owned()),
         "/\\PC{0,30}",
     ];
     (method.prop_map(str::to_owned), path)

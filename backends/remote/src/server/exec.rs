@@ -3,18 +3,18 @@
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::extract::{Extension, Path, State};
+use axum::extract::{Extension, State};
 use axum::Json;
 use sandcell::ExecRequest;
 
-use super::{machine, ApiResult, AppState, Caller, JsonBody};
+use super::{machine, ApiResult, AppState, Caller, JsonBody, PathParams};
 use crate::protocol::{ExecBody, ExecResponse};
 
 /// `POST .../exec`: runs to the end and answers everything at once.
 pub(super) async fn buffered(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
     JsonBody(body): JsonBody<ExecBody>,
 ) -> ApiResult<Json<ExecResponse>> {
     let info = machine(&state, &caller, &app, &id).await?;

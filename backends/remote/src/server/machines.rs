@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use axum::extract::{Extension, Path, Query, State};
+use axum::extract::{Extension, Query, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -11,8 +11,8 @@ use sandcell::{Error, ErrorKind, SandboxInfo, SandboxSpec, SandboxStatus};
 use serde::Deserialize;
 
 use super::{
-    machine, tenants, ApiError, ApiResult, AppState, Caller, JsonBody, Shared, APP_LABEL,
-    NAME_LABEL, REGION_LABEL,
+    machine, tenants, ApiError, ApiResult, AppState, Caller, JsonBody, PathParams, Shared,
+    APP_LABEL, NAME_LABEL, REGION_LABEL,
 };
 use crate::protocol::{
     CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody, WaitResponse, SPEC_METADATA,
@@ -79,7 +79,7 @@ fn check_host_mounts(spec: &SandboxSpec, allowed: &[super::HostPath]) -> Result<
 pub(super) async fn create(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(app): Path<String>,
+    PathParams(app): PathParams<String>,
     JsonBody(request): JsonBody<CreateMachineRequest>,
 ) -> ApiResult<Response> {
     let mut spec = spec_from(&request)?;
@@ -202,7 +202,7 @@ fn version_of(info: &SandboxInfo) -> String {
 pub(super) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path(app): Path<String>,
+    PathParams(app): PathParams<String>,
 ) -> ApiResult<Json<Vec<Machine>>> {
     let selector = tenants::selector(&caller.0).label(APP_LABEL, &app);
     let infos = state.backend.list(&selector).await?;
@@ -212,7 +212,7 @@ pub(super) async fn list(
 pub(super) async fn get(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<Machine>> {
     let info = machine(&state, &caller, &app, &id).await?;
     Ok(Json(machine_of(&state, &info)))
@@ -229,7 +229,7 @@ pub(super) struct WaitQuery {
 pub(super) async fn wait(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
     Query(query): Query<WaitQuery>,
 ) -> ApiResult<Response> {
     let wanted: Vec<MachineState> = query
@@ -283,7 +283,7 @@ pub(super) async fn wait(
 pub(super) async fn suspend(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let info = machine(&state, &caller, &app, &id).await?;
     pause(&state, &info).await?;
@@ -293,7 +293,7 @@ pub(super) async fn suspend(
 pub(super) async fn stop(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
     body: axum::body::Bytes,
 ) -> ApiResult<Json<serde_json::Value>> {
     // The body is optional; a malformed one is still refused.
@@ -317,7 +317,7 @@ async fn pause(state: &Shared, info: &SandboxInfo) -> ApiResult<()> {
 pub(super) async fn start(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let info = machine(&state, &caller, &app, &id).await?;
     state.backend.resume(&info.id).await?;
@@ -328,7 +328,7 @@ pub(super) async fn start(
 pub(super) async fn restart(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let info = machine(&state, &caller, &app, &id).await?;
     state.backend.reset(&info.id).await?;
@@ -339,7 +339,7 @@ pub(super) async fn restart(
 pub(super) async fn destroy(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
     let info = machine(&state, &caller, &app, &id).await?;
     state.backend.destroy(&info.id).await?;

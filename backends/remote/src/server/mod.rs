@@ -340,6 +340,28 @@ where
     }
 }
 
+/// Path parameters, with undecodable ones (bad percent-encoding, invalid UTF-8)
+/// answered as `InvalidInput` in the API's shape rather than axum's plain text.
+pub(crate) struct PathParams<T>(pub(crate) T);
+
+impl<T, S> axum::extract::FromRequestParts<S> for PathParams<T>
+where
+    T: serde::de::DeserializeOwned + Send,
+    S: Send + Sync,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match axum::extract::Path::<T>::from_request_parts(parts, state).await {
+            Ok(axum::extract::Path(value)) => Ok(PathParams(value)),
+            Err(rejection) => Err(ApiError(Error::invalid_input(rejection.body_text()))),
+        }
+    }
+}
+
 /// The sandbox behind `app`'s machine `id`; `NotFound` if it is another app's or
 /// another tenant's, exactly as if it did not exist.
 pub(crate) async fn machine(

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::{Extension, Path, Request, State};
+use axum::extract::{Extension, Request, State};
 use axum::http::{header, StatusCode};
 use axum::response::Response;
 use hyper_util::rt::TokioIo;
@@ -16,7 +16,7 @@ use sandcell::archive::ArchiveLimits;
 use sandcell::raw::wire::ServeOptions;
 use sandcell::{Error, ErrorKind};
 
-use super::{machine, ApiError, ApiResult, AppState, Caller};
+use super::{machine, ApiError, ApiResult, AppState, Caller, PathParams};
 use crate::protocol::WIRE_UPGRADE;
 
 /// Answers `101 Switching Protocols` and serves the machine on the upgraded connection
@@ -25,7 +25,7 @@ use crate::protocol::WIRE_UPGRADE;
 pub(super) async fn upgrade(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
-    Path((app, id)): Path<(String, String)>,
+    PathParams((app, id)): PathParams<(String, String)>,
     mut request: Request,
 ) -> ApiResult<Response> {
     let info = machine(&state, &caller, &app, &id).await?;
