@@ -18,14 +18,15 @@ use std::task::{Context, Poll};
 
 use async_trait::async_trait;
 use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecResults};
+use bollard::exec::{CreateExecOptions, ResizeExecOptions, StartExecOptions, StartExecResults};
 use bollard::Docker;
 use bytes::{Bytes, BytesMut};
 use futures::stream::BoxStream;
 use futures::StreamExt;
 use sandcell::raw::ProcessControl;
 use sandcell::{
-    ByteStream, Error, ErrorKind, ExecRequest, ExitStatus, Process, ProcessStdin, Result, SandboxId,
+    ByteStream, Error, ErrorKind, ExecRequest, ExitStatus, Process, ProcessStdin, Result,
+    SandboxId, TerminalSize,
 };
 use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, watch};
@@ -57,10 +58,20 @@ pub(crate) async fn exec(
         Some(cwd) if !cwd.is_root() => format!("{workspace}/{}", cwd.as_str()),
         _ => workspace.to_owned(),
     };
+    let tty = request.pty.is_some();
+    let wrapper = match request.pty {
+        // The terminal's size is set before the command runs: this engine version's
+        // exec has no initial console size, and a resize after start would race it.
+        Some(size) => format!(
+            "stty rows {} cols {} 2>/dev/null; {WRAPPER}",
+            size.rows, size.cols
+        ),
+        None => WRAPPER.to_owned(),
+    };
     let mut cmd = vec![
         "/bin/sh".to_owned(),
         "-c".to_owned(),
-        WRAPPER.to_owned(),
+        wrapper,
         "sh".to_owned(),
     ];
     cmd.extend(request.argv.iter().cloned());
@@ -79,7 +90,7 @@ pub(crate) async fn exec(
                 attach_stdin: Some(true),
                 attach_stdout: Some(true),
                 attach_stderr: Some(true),
-                tty: Some(false),
+                tty: Some(tty),
                 env: Some(env),
                 working_dir: Some(cwd.clone()),
                 user: request.user.clone(),
@@ -93,12 +104,19 @@ pub(crate) async fn exec(
                 e,
             )
         })?;
-    let started = docker.start_exec(&created.id, None).await.map_err(|e| {
-        engine(
-            format_args!("starting {:?} in sandbox {id}", request.argv[0]),
-            e,
-        )
-    })?;
+    let options = StartExecOptions {
+        tty,
+        ..Default::default()
+    };
+    let started = docker
+        .start_exec(&created.id, Some(options))
+        .await
+        .map_err(|e| {
+            engine(
+                format_args!("starting {:?} in sandbox {id}", request.argv[0]),
+                e,
+            )
+        })?;
     let StartExecResults::Attached {
         mut output,
         mut input,
@@ -115,7 +133,8 @@ pub(crate) async fn exec(
     let mut early_err = BytesMut::new();
     let pid = loop {
         match output.next().await {
-            Some(Ok(LogOutput::StdOut { message })) => {
+            // A terminal's output is one raw stream.
+            Some(Ok(LogOutput::StdOut { message } | LogOutput::Console { message })) => {
                 early_out.extend_from_slice(&message);
                 if let Some(nl) = early_out.iter().position(|b| *b == b'\n') {
                     let line = early_out.split_to(nl + 1);
@@ -211,7 +230,10 @@ pub(crate) async fn exec(
         Some(data) => {
             tokio::spawn(async move {
                 let _ = input.write_all(&data).await;
-                let _ = input.shutdown().await;
+                // A terminal has no end of input; closing the stream would hang it up.
+                if !tty {
+                    let _ = input.shutdown().await;
+                }
             });
             None
         }
@@ -221,6 +243,7 @@ pub(crate) async fn exec(
         Box::new(EngineProcess {
             status: status_rx,
             killer,
+            terminal: tty.then(|| (docker.clone(), created.id.clone())),
         }),
         stdin,
         receiver(out_rx),
@@ -349,6 +372,8 @@ impl Killer {
 struct EngineProcess {
     status: watch::Receiver<Status>,
     killer: Killer,
+    /// The engine and exec id that resize the command's terminal, where it has one.
+    terminal: Option<(Docker, String)>,
 }
 
 #[async_trait]
@@ -378,6 +403,28 @@ impl ProcessControl for EngineProcess {
             self.killer.signal(signal).await;
         }
         Ok(())
+    }
+
+    async fn resize(&mut self, size: TerminalSize) -> Result<()> {
+        size.validate()?;
+        let Some((docker, exec_id)) = &self.terminal else {
+            return Err(Error::invalid_input(
+                "the process has no terminal: exec it with ExecRequest::pty",
+            ));
+        };
+        if self.status.borrow().is_some() {
+            return Ok(());
+        }
+        let options = ResizeExecOptions {
+            height: size.rows,
+            width: size.cols,
+        };
+        match docker.resize_exec(exec_id, options).await {
+            Ok(()) => Ok(()),
+            // It ended between the check and the call.
+            Err(_) if self.status.borrow().is_some() => Ok(()),
+            Err(e) => Err(engine("resizing a terminal", e)),
+        }
     }
 }
 

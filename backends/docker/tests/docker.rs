@@ -281,6 +281,8 @@ async fn exec_through_the_engine_keeps_the_same_contract() {
     // A timeout ends what left the group too, a double fork's orphan (re-parented to
     // the container's init) included.
     sandcell::testing::conformance::timeouts_end_every_descendant(&backend).await;
+    // A terminal from the engine's TTY exec, resized through its resize call.
+    sandcell::testing::conformance::pty_terminal(&backend).await;
     // Without the agent, files other than reads say why they are missing.
     let sandbox = backend.create(&spec("exec-engine-files")).await.unwrap();
     let _guard = common::Guard::new(&backend, &sandbox.id);

@@ -105,6 +105,7 @@ impl LocalBackend {
         capabilities.interactive_exec = true;
         capabilities.metrics = true;
         capabilities.watch = true;
+        capabilities.pty = true;
         capabilities.clone = !matches!(config.workspace, WorkspaceStrategy::InPlace);
         // Bind mounts (like overlay mounts and cgroups) need root.
         capabilities.host_mounts = rustix::process::geteuid().is_root();
@@ -605,7 +606,14 @@ impl SandboxBackend for LocalBackend {
                 let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
                 let rel = SandboxPath::new(&rel.to_string_lossy())?;
                 let tools = self.namespace_tools()?;
-                argv = crate::namespace::enter(tools, init, meta.ns_user, &rel, argv);
+                argv = crate::namespace::enter(
+                    tools,
+                    init,
+                    meta.ns_user,
+                    &rel,
+                    request.pty.is_some(),
+                    argv,
+                );
                 // --wdns sets the directory inside; the launcher itself needs none.
                 cwd = PathBuf::from("/");
                 (crate::namespace::WORKSPACE.to_owned(), "/tmp".to_owned())
@@ -641,6 +649,10 @@ impl SandboxBackend for LocalBackend {
             env,
             cwd,
             stdin: request.stdin,
+            terminal: request.pty,
+            ptmx: meta
+                .ns_init
+                .map(|init| PathBuf::from(format!("/proc/{init}/root/dev/pts/ptmx"))),
             timeout: request.timeout.or(meta.spec.command_timeout),
             grace: self.inner.grace,
             setup: crate::sys::ChildSetup {
@@ -651,6 +663,8 @@ impl SandboxBackend for LocalBackend {
                 no_network: meta.spec.network == sandcell::Network::None && meta.ns_init.is_none(),
                 // Without a cgroup, what leaves the group stays beneath the command.
                 subreaper: meta.cgroups.is_none() && meta.ns_init.is_none(),
+                // `process::spawn` sets the session up for a terminal.
+                ..Default::default()
             },
             cgroup: command_cgroup,
         })?;
@@ -770,8 +784,7 @@ async fn start_namespaces(
             cgroup_procs,
             landlock: None,
             max_file_bytes: None,
-            no_network: false,
-            subreaper: false,
+            ..Default::default()
         },
     );
     let mut child = cmd

@@ -69,6 +69,7 @@ mod materialize;
 mod namespace;
 mod process;
 mod sys;
+mod terminal;
 mod watch;
 
 pub use backend::LocalBackend;

@@ -35,6 +35,7 @@ pub(crate) struct Tools {
     bwrap: PathBuf,
     nsenter: PathBuf,
     setpriv: PathBuf,
+    setsid: PathBuf,
     /// What stays unreadable beneath the bound system directories
     /// ([`LocalConfig::hidden`](crate::LocalConfig::hidden)).
     hidden: Vec<PathBuf>,
@@ -58,6 +59,7 @@ pub(crate) fn probe(hidden: &[PathBuf]) -> Result<Tools> {
     let tools = Tools {
         nsenter: util_linux("nsenter")?,
         setpriv: util_linux("setpriv")?,
+        setsid: util_linux("setsid")?,
         bwrap,
         hidden: hidden.to_vec(),
     };
@@ -223,6 +225,7 @@ pub(crate) fn enter(
     init: i32,
     join_user_ns: bool,
     cwd: &SandboxPath,
+    terminal: bool,
     argv: Vec<String>,
 ) -> Vec<String> {
     let inside = if cwd.is_root() {
@@ -253,6 +256,18 @@ pub(crate) fn enter(
         "--no-new-privs".into(),
         "--".into(),
     ]);
+    if terminal {
+        // The command's own session, with the terminal as its controlling one, so
+        // Ctrl-C and SIGWINCH reach its jobs and never `nsenter` (which would die of
+        // them instead of reporting the command's exit). `--wait` keeps the exit status
+        // should setsid(1) have to fork.
+        out.extend([
+            tools.setsid.display().to_string(),
+            "--ctty".into(),
+            "--wait".into(),
+            "--".into(),
+        ]);
+    }
     out.extend(argv);
     out
 }

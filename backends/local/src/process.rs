@@ -36,6 +36,11 @@ pub(crate) struct Launch {
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: PathBuf,
     pub(crate) stdin: Option<Bytes>,
+    /// Run on a terminal of this size (stdin, stdout and stderr all the terminal).
+    pub(crate) terminal: Option<sandcell::TerminalSize>,
+    /// The multiplexer a terminal comes from, where not the host's (see
+    /// [`crate::terminal::open`]).
+    pub(crate) ptmx: Option<PathBuf>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) grace: Duration,
     /// What the child does before it execs (cgroups, Landlock).
@@ -45,21 +50,45 @@ pub(crate) struct Launch {
     pub(crate) cgroup: Option<crate::cgroup::CommandCgroup>,
 }
 
-/// Starts the command in its own process group and returns the handle and the group id.
-pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
+/// Starts the command in its own process group (on a terminal: its own session) and
+/// returns the handle and the group id.
+pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
     let mut cmd = tokio::process::Command::new(&launch.argv[0]);
     cmd.args(&launch.argv[1..])
         .env_clear()
         .envs(&launch.env)
         .current_dir(&launch.cwd)
-        .process_group(0)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
         .kill_on_drop(false);
+    let terminal = match launch.terminal {
+        Some(size) => {
+            let (terminal, slave) = crate::terminal::open(size, launch.ptmx.as_deref())?;
+            let dup = |fd: &std::os::fd::OwnedFd| {
+                fd.try_clone()
+                    .map_err(|e| Error::io("duplicating a terminal descriptor", e))
+            };
+            cmd.stdin(dup(&slave)?).stdout(dup(&slave)?).stderr(slave);
+            // A session of its own: setsid(2) makes its process group too, so the group
+            // id is its pid as with `process_group(0)`. Wrapped, the command takes the
+            // terminal inside (see `namespace::enter`) and the wrapper stays without one.
+            launch.setup.new_session = true;
+            launch.setup.controlling_terminal = !launch.wrapped;
+            Some(terminal)
+        }
+        None => {
+            cmd.process_group(0)
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped());
+            None
+        }
+    };
     let subreaper = launch.setup.subreaper;
     crate::sys::before_exec(&mut cmd, launch.setup);
-    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+    let spawned = cmd.spawn();
+    // The command's copies of the terminal's slave side go with `cmd`: the output ends
+    // (EIO on the master) once the command's own are closed.
+    drop(cmd);
+    let mut child = spawned.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::not_found(format!(
             "program {:?} was not found on the sandbox's PATH",
             launch.argv[0]
@@ -74,29 +103,55 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         .and_then(|id| i32::try_from(id).ok())
         .ok_or_else(|| Error::new(ErrorKind::Backend, "the started process has no id"))?;
 
-    let stdin_writer: Option<sandcell::ProcessStdin> = match (child.stdin.take(), launch.stdin) {
-        (Some(mut pipe), Some(data)) => {
-            tokio::spawn(async move {
-                // A command that exits without reading its input is not an error.
-                let _ = pipe.write_all(&data).await;
-            });
-            None
-        }
-        (Some(pipe), None) => Some(Box::pin(pipe)),
-        (None, _) => None,
-    };
-
     let (close_tx, close_rx) = watch::channel(false);
-    let (out_stream, out_done) = pump(child.stdout.take(), close_rx.clone());
-    let (err_stream, err_done) = pump(child.stderr.take(), close_rx);
+    let (stdin_writer, (out_stream, out_done), (err_stream, err_done)) = match &terminal {
+        Some(terminal) => {
+            let writer: Option<sandcell::ProcessStdin> = match launch.stdin {
+                Some(data) => {
+                    let mut typed = terminal.clone();
+                    tokio::spawn(async move {
+                        let _ = typed.write_all(&data).await;
+                    });
+                    None
+                }
+                None => Some(Box::pin(terminal.clone())),
+            };
+            (
+                writer,
+                pump(Some(terminal.clone()), close_rx.clone()),
+                // Everything is on the terminal; stderr ends at once.
+                pump(None::<crate::terminal::Terminal>, close_rx),
+            )
+        }
+        None => {
+            let writer: Option<sandcell::ProcessStdin> = match (child.stdin.take(), launch.stdin) {
+                (Some(mut pipe), Some(data)) => {
+                    tokio::spawn(async move {
+                        // A command that exits without reading its input is not an error.
+                        let _ = pipe.write_all(&data).await;
+                    });
+                    None
+                }
+                (Some(pipe), None) => Some(Box::pin(pipe)),
+                (None, _) => None,
+            };
+            (
+                writer,
+                pump(child.stdout.take(), close_rx.clone()),
+                pump(child.stderr.take(), close_rx),
+            )
+        }
+    };
     let (kill_tx, kill_rx) = mpsc::channel::<()>(1);
     let (status_tx, status_rx) = watch::channel::<Option<Result<ExitStatus, String>>>(None);
 
+    let wrapped_session = launch.wrapped && terminal.is_some();
     tokio::spawn(supervise(
         child,
         Tree {
             pgid,
             subreaper,
+            wrapped_session,
             cgroup: launch.cgroup.map(std::sync::Arc::new),
         },
         launch.timeout,
@@ -111,6 +166,7 @@ pub(crate) fn spawn(launch: Launch) -> Result<(Process, i32)> {
         status: status_rx,
         pgid,
         wrapped: launch.wrapped,
+        terminal,
     };
     Ok((
         sandcell::raw::process(Box::new(control), stdin_writer, out_stream, err_stream),
@@ -174,6 +230,9 @@ struct Tree {
     pgid: i32,
     /// Whether the leader is a child subreaper.
     subreaper: bool,
+    /// Whether the leader is a wrapper whose command runs in a session of its own (a
+    /// terminal inside the namespaces): its jobs are in groups of their own.
+    wrapped_session: bool,
     cgroup: Option<std::sync::Arc<crate::cgroup::CommandCgroup>>,
 }
 
@@ -236,6 +295,15 @@ async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Chi
     if tree.cgroup.is_none() && tree.subreaper {
         return kill_descendants(tree.pgid, grace, child).await;
     }
+    // Found before the wrapper goes: its command is then no longer its child.
+    let sessions = if tree.wrapped_session {
+        child_groups(tree.pgid)
+    } else {
+        Vec::new()
+    };
+    for group in &sessions {
+        signal_group(*group, Signal::TERM);
+    }
     signal_group(tree.pgid, Signal::TERM);
     if let Some(cgroup) = &tree.cgroup {
         cgroup.signal_all(Signal::TERM);
@@ -248,6 +316,9 @@ async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Chi
         }
     })
     .await;
+    for group in &sessions {
+        signal_group(*group, Signal::KILL);
+    }
     signal_group(tree.pgid, Signal::KILL);
     if let Some(cgroup) = tree.cgroup.clone() {
         let _ = tokio::task::spawn_blocking(move || cgroup.kill_all(Duration::from_secs(5))).await;
@@ -377,6 +448,17 @@ pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
         .collect()
 }
 
+/// The process groups of `leader`'s children other than its own.
+fn child_groups(leader: i32) -> Vec<i32> {
+    let mut groups: Vec<i32> = all_processes()
+        .filter(|p| p.ppid == leader && p.pgrp != leader)
+        .map(|p| p.pgrp)
+        .collect();
+    groups.sort_unstable();
+    groups.dedup();
+    groups
+}
+
 /// Whether any process of the group is still there (zombies included).
 pub(crate) fn group_alive(pgid: i32) -> bool {
     match Pid::from_raw(pgid) {
@@ -392,6 +474,8 @@ struct LocalControl {
     pgid: i32,
     /// See [`Launch::wrapped`].
     wrapped: bool,
+    /// The command's terminal, where it has one.
+    terminal: Option<crate::terminal::Terminal>,
 }
 
 #[async_trait]
@@ -422,7 +506,12 @@ impl ProcessControl for LocalControl {
         // An ended group is not an error; its pgid is not reused while the supervisor
         // has not reaped the leader, and afterwards the status says it ended.
         if self.status.borrow().is_none() {
-            if self.wrapped {
+            if self.wrapped && self.terminal.is_some() {
+                // The command is the session (and group) leader beneath the wrapper.
+                for group in child_groups(self.pgid) {
+                    signal_group(group, signal);
+                }
+            } else if self.wrapped {
                 for pid in group_members(self.pgid)
                     .into_iter()
                     .filter(|p| *p != self.pgid)
@@ -436,5 +525,14 @@ impl ProcessControl for LocalControl {
             }
         }
         Ok(())
+    }
+
+    async fn resize(&mut self, size: sandcell::TerminalSize) -> Result<()> {
+        match &self.terminal {
+            Some(terminal) => terminal.resize(size),
+            None => Err(Error::invalid_input(
+                "the process has no terminal: exec it with ExecRequest::pty",
+            )),
+        }
     }
 }

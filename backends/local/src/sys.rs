@@ -112,6 +112,11 @@ pub(crate) struct ChildSetup {
     /// fork, `setsid ... &` whose parent exits) stays beneath it while it runs, where a
     /// timeout or kill finds it. For sandboxes without cgroups.
     pub(crate) subreaper: bool,
+    /// Start a session of its own (and so a process group whose id is its pid) rather
+    /// than only a process group: what a command on a terminal needs.
+    pub(crate) new_session: bool,
+    /// Make stdin (a terminal) the controlling terminal of that session.
+    pub(crate) controlling_terminal: bool,
 }
 
 // The seccomp filter of `no_network`, in classic BPF over `struct seccomp_data`
@@ -184,12 +189,18 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
         maximum: Some(bytes),
     });
     // SAFETY: the closure runs in the forked child, where only async-signal-safe work is
-    // allowed. It makes raw syscalls only — write(2) of a static buffer to descriptors
+    // allowed. It makes raw syscalls only — setsid(2), ioctl(2) TIOCSCTTY on fd 0, write(2) of a static buffer to descriptors
     // the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper),
     // landlock_restrict_self(2) and
     // seccomp(2) with a static filter — and allocates nothing; errors convert from an errno without allocating.
     unsafe {
         cmd.pre_exec(move || {
+            if setup.new_session {
+                rustix::process::setsid()?;
+            }
+            if setup.controlling_terminal {
+                rustix::process::ioctl_tiocsctty(std::os::fd::BorrowedFd::borrow_raw(0))?;
+            }
             for fd in &setup.cgroup_procs {
                 // "0" means "the writing process".
                 rustix::io::write(fd, b"0")?;

@@ -390,6 +390,8 @@ impl SandboxBackend for DockerBackend {
         caps.interactive_exec = true;
         caps.port_exposure = true;
         caps.clone = true;
+        // On a terminal the agent allocates inside the container, or the engine's TTY exec.
+        caps.pty = true;
         // Watches and the workspace's bytes come from the agent.
         caps.watch = self.inner.config.agent.is_some();
         caps.metrics = self.inner.config.agent.is_some();

@@ -35,9 +35,8 @@ pub(crate) fn served_capabilities(state: &Shared) -> sandcell::Capabilities {
     let mut caps = state.backend.capabilities();
     caps.port_exposure = false;
     caps.host_mounts &= !state.config.host_paths.is_empty();
-    // Watches and metrics cross the wire protocol; terminals need the remote client's
-    // resize and clones a route, neither served yet.
-    caps.pty = false;
+    // Terminals, watches and metrics cross the wire protocol; clones need a route,
+    // not served yet.
     caps.clone = false;
     caps
 }

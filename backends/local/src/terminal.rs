@@ -1,0 +1,157 @@
+//! Pseudo-terminals for commands run with `ExecRequest::pty`: the master side the
+//! backend reads and writes without blocking, and the slave side the command gets as
+//! its stdin, stdout and stderr.
+
+use std::io;
+use std::os::fd::OwnedFd;
+use std::path::Path;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{ready, Context, Poll};
+
+use rustix::pty::OpenptFlags;
+use rustix::termios::Winsize;
+use sandcell::{Error, Result, TerminalSize};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+
+/// The backend's side of a terminal. Clones share one descriptor: one reads the
+/// command's output, one types its input, one resizes. The terminal hangs up when the
+/// last clone goes.
+#[derive(Clone)]
+pub(crate) struct Terminal {
+    master: Arc<AsyncFd<OwnedFd>>,
+}
+
+impl std::fmt::Debug for Terminal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Terminal").finish_non_exhaustive()
+    }
+}
+
+/// Opens a terminal of `size`: the master, registered with the reactor of the current
+/// runtime, and the slave for the command.
+///
+/// `ptmx` is the multiplexer to open it from: the host's (`None`), or the one of the
+/// `devpts` instance a sandbox's namespaces mount at `/dev/pts`, whose terminals the
+/// command can name from inside (`tty` finds `/dev/pts/N` there).
+pub(crate) fn open(size: TerminalSize, ptmx: Option<&Path>) -> Result<(Terminal, OwnedFd)> {
+    let failed = |step: &str, e: rustix::io::Errno| {
+        Error::io(format_args!("opening a terminal ({step})"), e.into())
+    };
+    let master = match ptmx {
+        None => rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY)
+            .map_err(|e| failed("posix_openpt", e))?,
+        Some(path) => open_ptmx(path).map_err(|e| failed("opening the sandbox's ptmx", e))?,
+    };
+    rustix::pty::grantpt(&master).map_err(|e| failed("grantpt", e))?;
+    rustix::pty::unlockpt(&master).map_err(|e| failed("unlockpt", e))?;
+    // The slave straight from the master (TIOCGPTPEER): no path in /dev/pts to look
+    // up, so it cannot be raced or swapped.
+    let slave = rustix::pty::ioctl_tiocgptpeer(&master, OpenptFlags::RDWR | OpenptFlags::NOCTTY)
+        .map_err(|e| failed("TIOCGPTPEER", e))?;
+    rustix::termios::tcsetwinsize(&master, winsize(size)).map_err(|e| failed("TIOCSWINSZ", e))?;
+    let flags = rustix::fs::fcntl_getfl(&master).map_err(|e| failed("F_GETFL", e))?;
+    rustix::fs::fcntl_setfl(&master, flags | rustix::fs::OFlags::NONBLOCK)
+        .map_err(|e| failed("F_SETFL", e))?;
+    let master = crate::sys::async_fd(master)
+        .map_err(|e| Error::io("registering a terminal with the runtime", e))?;
+    Ok((
+        Terminal {
+            master: Arc::new(master),
+        },
+        slave,
+    ))
+}
+
+/// Opens `path` if it is a pseudo-terminal multiplexer (character device 5:2): the
+/// path is beneath a tree the sandbox can see, so whatever is there is checked before
+/// it is used, and a FIFO put in its place cannot block the open.
+fn open_ptmx(path: &Path) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{FileType, Mode, OFlags};
+    let fd = rustix::fs::open(
+        path,
+        OFlags::RDWR | OFlags::NOCTTY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let stat = rustix::fs::fstat(&fd)?;
+    let is_ptmx = FileType::from_raw_mode(stat.st_mode) == FileType::CharacterDevice
+        && rustix::fs::major(stat.st_rdev) == 5
+        && rustix::fs::minor(stat.st_rdev) == 2;
+    if is_ptmx {
+        Ok(fd)
+    } else {
+        Err(rustix::io::Errno::NODEV)
+    }
+}
+
+fn winsize(size: TerminalSize) -> Winsize {
+    Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+impl Terminal {
+    /// Changes the size; the kernel sends `SIGWINCH` to the terminal's foreground job.
+    pub(crate) fn resize(&self, size: TerminalSize) -> Result<()> {
+        size.validate()?;
+        rustix::termios::tcsetwinsize(self.master.get_ref(), winsize(size))
+            .map_err(|e| Error::io("resizing a terminal", e.into()))
+    }
+}
+
+impl AsyncRead for Terminal {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        loop {
+            let mut guard = ready!(self.master.poll_read_ready(cx))?;
+            let unfilled = buf.initialize_unfilled();
+            match guard.try_io(|fd| {
+                rustix::io::read(fd.get_ref(), &mut *unfilled).map_err(io::Error::from)
+            }) {
+                Ok(Ok(n)) => {
+                    buf.advance(n);
+                    return Poll::Ready(Ok(()));
+                }
+                // Linux answers EIO once every slave descriptor is closed: the end of
+                // the output, not a failure.
+                Ok(Err(e)) if e.raw_os_error() == Some(libc::EIO) => return Poll::Ready(Ok(())),
+                Ok(Err(e)) => return Poll::Ready(Err(e)),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+}
+
+impl AsyncWrite for Terminal {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        loop {
+            let mut guard = ready!(self.master.poll_write_ready(cx))?;
+            match guard.try_io(|fd| rustix::io::write(fd.get_ref(), data).map_err(io::Error::from))
+            {
+                Ok(result) => return Poll::Ready(result),
+                Err(_would_block) => continue,
+            }
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    /// A terminal has no end of input to send: closing the master would hang up the
+    /// command. Typing `0x04` (Ctrl-D) at the start of a line is how a terminal says it.
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
