@@ -116,6 +116,22 @@ pub(crate) enum SessionCommand {
         #[arg(last = true, required = true, value_name = "ARGV")]
         argv: Vec<String>,
     },
+    /// An interactive terminal in the session's sandbox (bash, else sh, unless a command
+    /// is given): keys go to it raw (Ctrl-C included), size changes follow, and its exit
+    /// status is ours.
+    Shell {
+        #[command(flatten)]
+        session: SessionArgs,
+        /// Working directory, relative to the workspace.
+        #[arg(long, value_name = "PATH")]
+        cwd: Option<String>,
+        /// An environment variable for the shell.
+        #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
+        env: Vec<(String, String)>,
+        /// The program to run instead of a shell, and its arguments.
+        #[arg(last = true, value_name = "ARGV")]
+        argv: Vec<String>,
+    },
     /// Write a file from stdin.
     Write {
         #[command(flatten)]

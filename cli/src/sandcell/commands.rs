@@ -161,6 +161,32 @@ pub(crate) async fn run_session_command(
             let status = stream_process(process).await?;
             Ok(exit_code_of(&status))
         }
+        SessionCommand::Shell {
+            session,
+            cwd,
+            env,
+            argv,
+        } => {
+            let key = session.key()?;
+            let terminal = crate::shell::UserTerminal::open()?;
+            let mut request = if argv.is_empty() {
+                ExecRequest::shell(crate::shell::DEFAULT_SHELL)
+            } else {
+                ExecRequest::new(argv)
+            };
+            if let Some(cwd) = cwd {
+                request = request.cwd(parse_path(&cwd)?);
+            }
+            // Programs on the terminal need to know what it understands.
+            let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".to_owned());
+            request.env.insert("TERM".to_owned(), term);
+            request.env.extend(env);
+            let request = request.pty(terminal.size());
+            let handle = open_session(manager, &key).await?;
+            let process = handle.call("exec", |b, id| b.exec(id, request)).await?;
+            let status = crate::shell::attach(&terminal, process).await?;
+            Ok(exit_code_of(&status))
+        }
         SessionCommand::Write { session, path } => {
             let key = session.key()?;
             let path = parse_path(&path)?;

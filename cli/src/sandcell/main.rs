@@ -10,13 +10,14 @@
 //! sandcell acquire demo
 //! echo 'print(6 * 7)' | sandcell write demo main.py
 //! sandcell exec demo -- python3 main.py
+//! sandcell shell demo                 # an interactive terminal in the sandbox
 //! sandcell suspend demo
 //! sandcell read demo main.py        # restored from the snapshot
 //! ```
 //!
 //! Output is JSON (one object per line) wherever it is data; errors are one line on stderr.
 //! Exit status: 0 on success, 2 for bad input (bad path, unknown session or template, bad
-//! flag), 1 for other failures; `exec` exits with the command's status (124 when its
+//! flag), 1 for other failures; `exec` and `shell` exit with the command's status (124 when its
 //! timeout fired, 128 + N when signal N ended it).
 
 mod args;
@@ -25,6 +26,7 @@ mod error;
 mod exec;
 mod output;
 mod session;
+mod shell;
 mod templates;
 
 use std::process::ExitCode;
