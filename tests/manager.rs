@@ -1044,3 +1044,97 @@ async fn a_handle_reads_metrics_and_watches_files() {
     assert_eq!(err.operation(), Some("watch"));
     assert_eq!(err.session(), Some(&key("observed")));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fork_counts_against_the_tenant_limit_and_leaves_nothing_when_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend = MockBackend::new();
+    let manager = SandboxManager::builder(backend.clone())
+        .data_dir(dir.path())
+        .max_sandboxes_per_tenant(2)
+        .build()
+        .await
+        .unwrap();
+    let mut events = manager.subscribe();
+    let a = path("a.txt");
+    let source = manager.acquire(&key("main"), &spec()).await.unwrap();
+    source
+        .call("write", |b, id| b.write(id, &a, "one".into()))
+        .await
+        .unwrap();
+    let fork = manager.fork(&key("main"), &key("fork")).await.unwrap();
+    assert_eq!(
+        &fork.call("read", |b, id| b.read(id, &a)).await.unwrap()[..],
+        b"one"
+    );
+    let record = manager.session(&key("fork")).await.unwrap().unwrap();
+    assert_eq!(record.sandbox_id.as_ref(), Some(fork.id()));
+    assert_eq!(record.spec.template, "default");
+    let info = backend.inspect(fork.id()).await.unwrap();
+    assert_eq!(
+        info.labels.get(LABEL_SESSION).map(String::as_str),
+        Some("fork")
+    );
+    assert_eq!(
+        info.labels.get(LABEL_TENANT).map(String::as_str),
+        Some("acme")
+    );
+    loop {
+        let event = events.next().await.unwrap();
+        if event.kind == EventKind::Forked {
+            assert_eq!(event.session, Some(key("fork")));
+            break;
+        }
+    }
+
+    // The tenant is at its limit of two: a third session by fork is refused, and
+    // leaves neither a sandbox nor a record.
+    let err = manager
+        .fork(&key("main"), &key("third"))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert_eq!(backend.live_count(), 2);
+    assert!(manager.session(&key("third")).await.unwrap().is_none());
+
+    // A suspended session is not overwritten by a fork, and keeps its snapshot.
+    manager
+        .release(&key("fork"), ReleaseMode::Suspend)
+        .await
+        .unwrap();
+    let err = manager
+        .fork(&key("main"), &key("fork"))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::AlreadyExists, "{err}");
+    let kept = manager.session(&key("fork")).await.unwrap().unwrap();
+    assert!(!kept.holds_sandbox(), "{kept:?}");
+    assert_eq!(manager.snapshots(&key("fork")).await.unwrap().len(), 1);
+
+    // Bad sources and targets.
+    let err = manager
+        .fork(&key("main"), &key("main"))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput);
+    let err = manager
+        .fork(&key("fork"), &key("other"))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        ErrorKind::InvalidState,
+        "a suspended source: {err}"
+    );
+    let err = manager
+        .fork(&key("nobody"), &key("other"))
+        .await
+        .map(|_| ())
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "{err}");
+    assert!(manager.session(&key("other")).await.unwrap().is_none());
+}

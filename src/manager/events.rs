@@ -49,6 +49,8 @@ pub enum EventKind {
     SnapshotDeleted,
     /// A warm-pool sandbox was created.
     PoolFilled,
+    /// A session was forked: its sandbox cloned into a new session (the event's).
+    Forked,
 }
 
 impl EventKind {
@@ -71,6 +73,7 @@ impl EventKind {
             EventKind::OrphanDestroyed => "orphan_destroyed",
             EventKind::SnapshotDeleted => "snapshot_deleted",
             EventKind::PoolFilled => "pool_filled",
+            EventKind::Forked => "forked",
         }
     }
 }

@@ -39,6 +39,7 @@
 mod acquire;
 mod builder;
 mod events;
+mod fork;
 mod handle;
 mod maintenance;
 mod release;
@@ -323,6 +324,62 @@ impl<B: SandboxBackend> SandboxManager<B> {
         Ok(SandboxHandle::new(
             Arc::clone(&self.inner),
             key.clone(),
+            info,
+        ))
+    }
+
+    /// Forks session `source` into the new session `target`: its live sandbox is cloned
+    /// ([`SandboxBackend::clone_sandbox`]) and the clone becomes `target`'s sandbox, with
+    /// `source`'s spec. Writes to either are not seen by the other.
+    ///
+    /// `target` counts against its tenant's limit like an acquire (`LimitExceeded`). An
+    /// existing `target` (live, or suspended with snapshots) is `AlreadyExists`; a
+    /// `source` without a live sandbox is `InvalidState`; a backend without
+    /// [`Capabilities::clone`](crate::Capabilities::clone) is `Unsupported`. On any
+    /// error nothing is left: no clone, no `target` record.
+    ///
+    /// ```
+    /// # #[cfg(all(feature = "testing", feature = "sqlite"))]
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use sandcell::testing::MockBackend;
+    /// use sandcell::{SandboxBackend, SandboxManager, SandboxSpec, SessionKey};
+    ///
+    /// let dir = tempfile::tempdir()?;
+    /// let manager = SandboxManager::builder(MockBackend::new())
+    ///     .data_dir(dir.path())
+    ///     .build()
+    ///     .await?;
+    /// let main = SessionKey::new("acme", "main")?;
+    /// let sandbox = manager.acquire(&main, &SandboxSpec::new("default")).await?;
+    /// let notes = "notes.md".parse()?;
+    /// sandbox.call("write", |b, id| b.write(id, &notes, "draft".into())).await?;
+    ///
+    /// // Try something on a copy; the original is untouched.
+    /// let experiment = SessionKey::new("acme", "experiment")?;
+    /// let fork = manager.fork(&main, &experiment).await?;
+    /// fork.call("write", |b, id| b.write(id, &notes, "rewritten".into())).await?;
+    /// assert_eq!(sandbox.call("read", |b, id| b.read(id, &notes)).await?, "draft");
+    /// # Ok(()) }
+    /// # #[cfg(all(feature = "testing", feature = "sqlite"))]
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(demo()).unwrap();
+    /// ```
+    pub async fn fork(&self, source: &SessionKey, target: &SessionKey) -> Result<SandboxHandle<B>> {
+        let span = tracing::info_span!(
+            "sandcell.fork",
+            tenant = target.tenant(),
+            session = target.session(),
+            source = %source,
+        );
+        let info = self
+            .inner
+            .fork(source, target)
+            .instrument(span)
+            .await
+            .map_err(|e| e.context(format_args!("forking session {source} into {target}")))?;
+        lock(&self.inner.owned).insert(target.clone());
+        Ok(SandboxHandle::new(
+            Arc::clone(&self.inner),
+            target.clone(),
             info,
         ))
     }

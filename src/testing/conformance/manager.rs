@@ -9,7 +9,7 @@ use crate::{ErrorKind, SandboxBackend, SandboxBackendExt};
 /// is acquired, used, suspended (snapshot, then the sandbox destroyed), and a second
 /// manager on the same stores restores it into a new sandbox; reconcile destroys a
 /// sandbox carrying the manager's label that no session knows and leaves an unlabelled
-/// one alone; purge leaves nothing. Takes the backend shared, as a manager owns one.
+/// one alone; a fork is an independent session; purge leaves nothing. Takes the backend shared, as a manager owns one.
 pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
     use crate::manager::LABEL_MANAGER;
     use crate::store::{InMemorySnapshotStore, InMemoryStateStore, SessionKey};
@@ -82,6 +82,55 @@ pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
         .await
         .expect("an unlabelled sandbox is left alone");
     backend.destroy(&bystander.id).await.unwrap();
+
+    // A fork is a new session over a clone: independent both ways, never over an
+    // existing session, and gone with its own purge.
+    let forked_key = SessionKey::new("conformance", "fork").unwrap();
+    if backend.capabilities().clone {
+        let fork = second.fork(&key, &forked_key).await.expect("fork");
+        assert_ne!(fork.id(), handle.id());
+        let read = fork.call("read", |b, id| b.read(id, &notes)).await;
+        assert_eq!(
+            &read.unwrap()[..],
+            b"kept",
+            "the fork starts with the workspace"
+        );
+        fork.call("write", |b, id| {
+            b.write(id, &notes, Bytes::from_static(b"fork"))
+        })
+        .await
+        .unwrap();
+        let read = handle.call("read", |b, id| b.read(id, &notes)).await;
+        assert_eq!(
+            &read.unwrap()[..],
+            b"kept",
+            "the source does not see the fork's write"
+        );
+        assert_kind(
+            second.fork(&key, &forked_key).await.map(|_| ()),
+            ErrorKind::AlreadyExists,
+            "a fork into an existing session",
+        );
+        let fork_id = fork.id().clone();
+        second
+            .release(&forked_key, ReleaseMode::Purge)
+            .await
+            .unwrap();
+        assert_kind(
+            backend.inspect(&fork_id).await.map(|_| ()),
+            ErrorKind::NotFound,
+            "purging the fork destroys its sandbox",
+        );
+        let read = handle.call("read", |b, id| b.read(id, &notes)).await;
+        assert_eq!(&read.unwrap()[..], b"kept", "and leaves the source");
+    } else {
+        assert_kind(
+            second.fork(&key, &forked_key).await.map(|_| ()),
+            ErrorKind::Unsupported,
+            "a fork without the clone capability",
+        );
+        assert!(second.session(&forked_key).await.unwrap().is_none());
+    }
 
     let live = handle.id().clone();
     second
