@@ -333,6 +333,22 @@ fn snapshot_ls_and_gc_report_json() {
     names.sort();
     assert_eq!(names, [("a.txt", "file"), ("sub", "dir")]);
 
+    // `list --metrics` adds the live sandbox's reading; a session without one gets null.
+    cli.json(&["acquire", "idle", "--tenant", "acme"]);
+    cli.ok(&["suspend", "idle", "--tenant", "acme"]);
+    let listed = json_lines(&cli.ok(&["list", "--tenant", "acme", "--metrics"]));
+    let live = listed.iter().find(|s| s["session"] == "s").unwrap();
+    assert!(
+        live["metrics"]["disk_bytes"].as_u64().unwrap() >= 3,
+        "the file written counts: {live}"
+    );
+    assert!(live["metrics"]["at"].is_string(), "{live}");
+    let suspended = listed.iter().find(|s| s["session"] == "idle").unwrap();
+    assert!(suspended["metrics"].is_null(), "{suspended}");
+    let plain = json_lines(&cli.ok(&["list", "--tenant", "acme"]));
+    assert!(plain.iter().all(|s| s.get("metrics").is_none()));
+    cli.ok(&["release", "idle", "--tenant", "acme", "--purge"]);
+
     let manifest = cli.json(&["snapshot", "s", "--tenant", "acme"]);
     assert!(manifest["id"].is_string());
     assert!(manifest["size_bytes"].as_u64().unwrap() > 0);

@@ -175,6 +175,11 @@ pub(crate) enum SessionCommand {
         /// Only this tenant's sessions.
         #[arg(long)]
         tenant: Option<String>,
+        /// Add each live sandbox's resource use now (`metrics`: CPU time, memory and
+        /// its limit, processes, workspace bytes; `null` with `metrics_error` where the
+        /// backend cannot say).
+        #[arg(long)]
+        metrics: bool,
     },
     /// Reconcile (destroy labelled sandboxes nobody knows, mark vanished ones) and reap
     /// once; prints a JSON summary.

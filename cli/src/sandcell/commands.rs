@@ -264,13 +264,17 @@ pub(crate) async fn run_session_command(
             print_json(&status)?;
             Ok(ExitCode::SUCCESS)
         }
-        SessionCommand::List { tenant } => {
+        SessionCommand::List { tenant, metrics } => {
             if let Some(tenant) = &tenant {
                 // The rule a key applies, so a typo is an error rather than an empty list.
                 SessionKey::new(tenant, "x")?;
             }
             for record in manager.list(tenant.as_deref()).await? {
-                print_json(&session_json(&record))?;
+                let mut line = session_json(&record);
+                if metrics {
+                    add_metrics(manager, &record, &mut line).await;
+                }
+                print_json(&line)?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -281,6 +285,33 @@ pub(crate) async fn run_session_command(
             progress.finish();
             print_json(&json!({ "reconcile": reconcile, "reap": reap }))?;
             Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+/// Adds the live sandbox's reading to a `list` line. Read from the backend directly: a
+/// look at a session is not activity that should keep it from being reaped.
+async fn add_metrics(
+    manager: &Manager,
+    record: &sandcell::store::SessionRecord,
+    line: &mut serde_json::Value,
+) {
+    let reading = match (&record.sandbox_id, record.is_live()) {
+        (Some(id), true) => manager.backend().metrics(id).await,
+        _ => {
+            line["metrics"] = serde_json::Value::Null;
+            return;
+        }
+    };
+    match reading.map(|m| serde_json::to_value(&m)) {
+        Ok(Ok(value)) => line["metrics"] = value,
+        Ok(Err(err)) => {
+            line["metrics"] = serde_json::Value::Null;
+            line["metrics_error"] = json!(err.to_string());
+        }
+        Err(err) => {
+            line["metrics"] = serde_json::Value::Null;
+            line["metrics_error"] = json!(crate::error::error_chain(&err));
         }
     }
 }
