@@ -12,6 +12,9 @@ use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec, WatchEventKind, W
 use sandcell_local::LocalBackend;
 
 /// This process's inotify instances, with how many kernel watches each holds.
+/// The tests count this process's inotify instances, so they run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn inotify_watches() -> Vec<usize> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
@@ -35,6 +38,7 @@ fn inotify_watches() -> Vec<usize> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_overflows_within_the_buffer_and_the_watch_goes_on() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().unwrap();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
     let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
@@ -94,6 +98,7 @@ async fn a_flood_overflows_within_the_buffer_and_the_watch_goes_on() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dropped_watch_gives_back_its_kernel_watches() {
+    let _alone = ONE_AT_A_TIME.lock().await;
     let root = tempfile::tempdir().unwrap();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
     let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();

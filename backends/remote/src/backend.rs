@@ -20,7 +20,8 @@ use crate::exec_files::ExecFiles;
 use crate::fly::{ControlPlane, FlyMachines};
 use crate::http::{Body, Call, Http, RateLimits, RetryPolicy};
 use crate::protocol::{
-    CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig, ServerInfo, SPEC_METADATA,
+    CloneMachineRequest, CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig,
+    ServerInfo, SPEC_METADATA,
 };
 use crate::state::MachineState;
 use crate::wires::Wires;
@@ -612,6 +613,38 @@ impl SandboxBackend for RemoteBackend {
                 "a plain Fly endpoint cannot watch a machine's files",
             )),
         }
+    }
+
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        if !self.capabilities().clone {
+            return Err(Error::unsupported(
+                "cloning a machine needs a sandcell-server whose backend can clone",
+            ));
+        }
+        // The clone is made by the server; its spec is the source's, with new labels,
+        // recorded in its metadata as a create records it.
+        let mut spec = (*self.spec_of(id).await?).clone();
+        spec.labels = labels;
+        let spec_json = serde_json::to_string(&spec)
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding the spec", e))?;
+        let mut metadata = spec.labels.clone();
+        metadata.insert(SPEC_METADATA.to_owned(), spec_json);
+        let request = CloneMachineRequest {
+            name: Some(format!("sandcell-{}", uuid::Uuid::new_v4().simple())),
+            metadata,
+        };
+        let machine = self
+            .inner
+            .control
+            .clone_machine(id.as_str(), &request)
+            .await?;
+        let info = info_of(&machine)?;
+        crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec));
+        Ok(info)
     }
 
     async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {

@@ -9,7 +9,9 @@ use reqwest::Method;
 use sandcell::{Error, ErrorKind, Result};
 
 use crate::http::{Body, Call, Class, Http};
-use crate::protocol::{CreateMachineRequest, ExecBody, ExecResponse, Machine, StopBody};
+use crate::protocol::{
+    CloneMachineRequest, CreateMachineRequest, ExecBody, ExecResponse, Machine, StopBody,
+};
 use crate::state::MachineState;
 
 /// The machine lifecycle calls a remote backend needs from a provider.
@@ -47,6 +49,14 @@ pub trait ControlPlane: Send + Sync + std::fmt::Debug + 'static {
     async fn destroy(&self, id: &str) -> Result<()>;
     /// Runs a command to the end.
     async fn exec(&self, id: &str, request: &ExecBody) -> Result<ExecResponse>;
+    /// Clones a running machine into a new one; `request.name` must be set and unique.
+    /// `Unsupported` where the provider cannot (the default).
+    async fn clone_machine(&self, id: &str, request: &CloneMachineRequest) -> Result<Machine> {
+        let _ = request;
+        Err(Error::unsupported(format!(
+            "this control plane cannot clone machine {id}"
+        )))
+    }
 }
 
 /// The Fly Machines API (or anything that speaks it, like `sandcell-server`).
@@ -85,7 +95,7 @@ impl FlyMachines {
     ) -> Call<'a> {
         // Reads and deletes repeat safely; so do start/stop/suspend/restart, which
         // leave the same state however often they land.
-        let idempotent = action != "create" && action != "exec";
+        let idempotent = !matches!(action, "create" | "clone" | "exec");
         Call {
             method,
             path,
@@ -106,6 +116,44 @@ impl FlyMachines {
             .find(|m| m.name == name && m.state != MachineState::Destroyed.as_str()))
     }
 
+    /// Posts `body` to `path` to make machine `name`, at most once whatever fails on
+    /// the way: an answer that is lost is resolved by looking the name up.
+    async fn create_named(
+        &self,
+        name: Option<&str>,
+        path: String,
+        body: &serde_json::Value,
+        action: &'static str,
+        scope: &str,
+    ) -> Result<Machine> {
+        let name = name.filter(|n| !n.is_empty()).ok_or_else(|| {
+            Error::invalid_input(format!("a {action} needs a unique machine name"))
+        })?;
+        let mut attempt = 0u32;
+        loop {
+            let mut call = self.call(Method::POST, path.clone(), Class::Mutation, action, scope);
+            call.body = Body::Json(body);
+            let error = match self.http.json::<Machine>(call).await {
+                Ok(machine) => return Ok(machine),
+                // Our own earlier attempt may have made it: the name says.
+                Err(e) if e.kind() == ErrorKind::AlreadyExists && attempt > 0 => e,
+                Err(e) if !e.is_temporary() => return Err(e),
+                Err(e) => e,
+            };
+            // The call may or may not have happened: look before trying again, so at
+            // most one machine carries this name.
+            tracing::debug!(%name, error = %error, "resolving an ambiguous {action}");
+            if let Some(machine) = self.find_by_name(name).await? {
+                return Ok(machine);
+            }
+            if attempt >= self.http.retry.retries {
+                return Err(error.context(format_args!("{action} of machine {name}")));
+            }
+            tokio::time::sleep(self.http.retry.backoff(attempt)).await;
+            attempt += 1;
+        }
+    }
+
     async fn post_action(&self, id: &str, action: &'static str) -> Result<()> {
         self.http
             .send(self.call(
@@ -123,42 +171,16 @@ impl FlyMachines {
 #[async_trait]
 impl ControlPlane for FlyMachines {
     async fn create(&self, request: &CreateMachineRequest) -> Result<Machine> {
-        let name = request
-            .name
-            .clone()
-            .filter(|n| !n.is_empty())
-            .ok_or_else(|| Error::invalid_input("a create needs a unique machine name"))?;
         let body = serde_json::to_value(request)
             .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding a create", e))?;
-        let mut attempt = 0u32;
-        loop {
-            let mut call = self.call(
-                Method::POST,
-                self.machines(),
-                Class::Mutation,
-                "create",
-                &self.app,
-            );
-            call.body = Body::Json(&body);
-            let error = match self.http.json::<Machine>(call).await {
-                Ok(machine) => return Ok(machine),
-                // Our own earlier attempt may have made it: the name says.
-                Err(e) if e.kind() == ErrorKind::AlreadyExists && attempt > 0 => e,
-                Err(e) if !e.is_temporary() => return Err(e),
-                Err(e) => e,
-            };
-            // The create may or may not have happened: look before trying again, so at
-            // most one machine carries this name.
-            tracing::debug!(%name, error = %error, "resolving an ambiguous create");
-            if let Some(machine) = self.find_by_name(&name).await? {
-                return Ok(machine);
-            }
-            if attempt >= self.http.retry.retries {
-                return Err(error.context(format_args!("creating machine {name}")));
-            }
-            tokio::time::sleep(self.http.retry.backoff(attempt)).await;
-            attempt += 1;
-        }
+        self.create_named(
+            request.name.as_deref(),
+            self.machines(),
+            &body,
+            "create",
+            &self.app,
+        )
+        .await
     }
 
     async fn get(&self, id: &str) -> Result<Machine> {
@@ -274,5 +296,20 @@ impl ControlPlane for FlyMachines {
         );
         call.body = Body::Json(&body);
         self.http.json(call).await
+    }
+
+    /// sandcell-server's extension route; a plain Fly endpoint answers 404 there, which
+    /// the backend never reaches (it claims `clone` only against a sandcell-server).
+    async fn clone_machine(&self, id: &str, request: &CloneMachineRequest) -> Result<Machine> {
+        let body = serde_json::to_value(request)
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding a clone", e))?;
+        self.create_named(
+            request.name.as_deref(),
+            self.machine(id, "/sandcell/clone"),
+            &body,
+            "clone",
+            id,
+        )
+        .await
     }
 }

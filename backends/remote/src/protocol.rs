@@ -27,6 +27,18 @@ pub struct CreateMachineRequest {
     pub config: MachineConfig,
 }
 
+/// A clone of a running machine (sandcell-server's extension): a new machine with the
+/// source's image, workspace and limits, carrying `metadata` instead of the source's.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct CloneMachineRequest {
+    /// Unique per app, as for a create, so an ambiguous clone can be resolved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// The clone's metadata.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+}
+
 /// The part of a machine's configuration sandcell sets.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct MachineConfig {

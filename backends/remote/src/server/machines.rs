@@ -15,7 +15,8 @@ use super::{
     APP_LABEL, NAME_LABEL, REGION_LABEL,
 };
 use crate::protocol::{
-    CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody, WaitResponse, SPEC_METADATA,
+    CloneMachineRequest, CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody,
+    WaitResponse, SPEC_METADATA,
 };
 use crate::state::MachineState;
 
@@ -35,9 +36,6 @@ pub(crate) fn served_capabilities(state: &Shared) -> sandcell::Capabilities {
     let mut caps = state.backend.capabilities();
     caps.port_exposure = false;
     caps.host_mounts &= !state.config.host_paths.is_empty();
-    // Terminals, watches and metrics cross the wire protocol; clones need a route,
-    // not served yet.
-    caps.clone = false;
     caps
 }
 
@@ -102,6 +100,45 @@ pub(super) async fn create(
         return Ok(refusal);
     }
     let info = state.backend.create(&spec).await?;
+    Ok(Json(machine_of(&state, &info)).into_response())
+}
+
+/// A clone of a running machine into a new one of the same app (and region), under
+/// the caller's quotas like a create.
+pub(super) async fn clone(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    PathParams((app, id)): PathParams<(String, String)>,
+    JsonBody(request): JsonBody<CloneMachineRequest>,
+) -> ApiResult<Response> {
+    let source = machine(&state, &caller, &app, &id).await?;
+    let mut labels = request.metadata;
+    tenants::claim_clone(&mut labels, &caller.0, &source);
+    let name = request
+        .name
+        .filter(|n| !n.is_empty())
+        .unwrap_or_else(|| format!("machine-{}", uuid::Uuid::new_v4().simple()));
+    labels.insert(APP_LABEL.to_owned(), app.clone());
+    labels.insert(NAME_LABEL.to_owned(), name.clone());
+    if let Some(region) = source.labels.get(REGION_LABEL) {
+        labels.insert(REGION_LABEL.to_owned(), region.clone());
+    }
+    let _creating = state.creating.lock().await;
+    let selector = tenants::selector(&caller.0)
+        .label(APP_LABEL, &app)
+        .label(NAME_LABEL, &name);
+    if !state.backend.list(&selector).await?.is_empty() {
+        return Err(ApiError(Error::new(
+            ErrorKind::AlreadyExists,
+            format!("a machine named {name:?} already exists in app {app}"),
+        )));
+    }
+    let mut counted = SandboxSpec::new(source.template.clone());
+    counted.labels = labels.clone();
+    if let Err(refusal) = tenants::check_quota(state.backend.as_ref(), &caller.0, &counted).await {
+        return Ok(refusal);
+    }
+    let info = state.backend.clone_sandbox(&source.id, labels).await?;
     Ok(Json(machine_of(&state, &info)).into_response())
 }
 

@@ -199,7 +199,8 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .route(&format!("{machine}/exec"), post(exec::buffered));
     let extended = Router::new()
         .route("/v1/sandcell/capabilities", get(machines::server_info))
-        .route(&format!("{machine}/sandcell/wire"), get(wire::upgrade));
+        .route(&format!("{machine}/sandcell/wire"), get(wire::upgrade))
+        .route(&format!("{machine}/sandcell/clone"), post(machines::clone));
     let routes = if extensions { fly.merge(extended) } else { fly };
     routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })

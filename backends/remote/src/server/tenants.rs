@@ -222,6 +222,23 @@ pub(crate) fn selector(tenant: &Tenant) -> LabelSelector {
     LabelSelector::new().label(TENANT_LABEL, &tenant.name)
 }
 
+/// Marks `labels`, a clone of `source` asks for, as `tenant`'s: drops every server
+/// label a client set, labels the tenant, and counts the clone against the quotas as
+/// the source counts (a clone has the source's limits).
+pub(crate) fn claim_clone(
+    labels: &mut std::collections::BTreeMap<String, String>,
+    tenant: &Tenant,
+    source: &sandcell::SandboxInfo,
+) {
+    labels.retain(|key, _| !key.starts_with(super::SERVER_LABEL_PREFIX));
+    labels.insert(TENANT_LABEL.to_owned(), tenant.name.clone());
+    for label in [CPU_LABEL, MEMORY_LABEL] {
+        if let Some(value) = source.labels.get(label) {
+            labels.insert(label.to_owned(), value.clone());
+        }
+    }
+}
+
 /// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota: a
 /// `403` whose message names the limit. Callers hold the server's create lock, so no
 /// other create slips between the count and the create.
