@@ -353,6 +353,10 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
                 .header("connection", "upgrade")
                 .header("upgrade", "sandcell-wire"),
         ),
+        as_beta(
+            http.post(format!("{machine}/sandcell/clone"))
+                .json(&serde_json::json!({"name": "beta-copy"})),
+        ),
     ];
     for request in routes {
         let response = request.send().await.unwrap();
@@ -410,14 +414,24 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
     );
     assert_eq!(beta.list(&all).await.unwrap().len(), 1, "beta's own");
 
-    // Alpha's sandbox quota: a second is fine, a third is refused naming the limit.
-    let a2 = alpha.create(&SandboxSpec::new("default")).await.unwrap();
+    // Alpha's sandbox quota: a second (a clone) is fine, a third (created or cloned) is
+    // refused naming the limit.
+    let a2 = alpha
+        .clone_sandbox(&a.id, Default::default())
+        .await
+        .unwrap();
     let err = alpha
         .create(&SandboxSpec::new("default"))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
     assert!(err.to_string().contains("max_sandboxes (2)"), "{err}");
+    let err = alpha
+        .clone_sandbox(&a.id, Default::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    assert_eq!(alpha.list(&all).await.unwrap().len(), 2);
     alpha.destroy(&a2.id).await.unwrap();
     let a3 = alpha.create(&SandboxSpec::new("default")).await.unwrap();
 
