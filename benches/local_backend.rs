@@ -1,6 +1,6 @@
 //! The local backend's costs, measured against what they are compared with in its issue.
 //!
-//! Run: `cargo bench --bench local_backend` (as root, for overlay mounts). Environment:
+//! Run: `cargo bench --features testing --bench local_backend` (as root, for overlay mounts). Environment:
 //! `SANDCELL_BENCH_DIR` (default `target/bench-snapshot`; the 20,000-file template tree is
 //! shared with `snapshot_vs_tar` and reused), `SANDCELL_BENCH_ROUNDS` (default 50).
 //!
@@ -8,7 +8,8 @@
 //! - create with a 20,000-file template: overlay vs copy;
 //! - exec round trip of `true`: `SandboxBackendExt::run` vs a raw tokio spawn-and-wait;
 //! - clone of a sandbox with 100 changed files vs a fresh create;
-//! - watch latency, from a write's start to its event.
+//! - watch latency, from a write's start to its event;
+//! - terminal round trip: one byte typed at `cat` on a raw pty until it comes back.
 
 // A bench is a test-like program: a failed step should stop it loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -44,7 +45,7 @@ async fn create_p50(backend: &LocalBackend, rounds: u64) -> (Duration, String) {
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     if !std::env::args().any(|a| a == "--bench") {
-        println!("local_backend: run with `cargo bench --bench local_backend`");
+        println!("local_backend: run with `cargo bench --features testing --bench local_backend`");
         return;
     }
     let rounds = common::env_u64("SANDCELL_BENCH_ROUNDS", 50).max(3);
@@ -186,6 +187,13 @@ async fn main() {
     drop(events);
     let watch_p50 = common::median(watch_times);
 
+    // Terminal round trip: one byte typed at `cat` on a raw terminal, until it is back.
+    let pty_times =
+        sandcell::testing::measure::pty_echo_round_trips(&overlay, &sb.id, rounds as usize * 4)
+            .await
+            .unwrap();
+    let pty_p50 = common::median(pty_times);
+
     overlay.destroy(&sb.id).await.unwrap();
     let (ours, raw) = (common::median(ours), common::median(raw));
     let inc_p50 = common::median(inc_times);
@@ -222,5 +230,9 @@ async fn main() {
     println!(
         "| watch: write to event (p50) | {:.3} ms | | |",
         ms(watch_p50)
+    );
+    println!(
+        "| terminal: one byte echoed by `cat` on a raw pty (p50) | {:.3} ms | | |",
+        ms(pty_p50)
     );
 }

@@ -36,6 +36,7 @@
 pub mod conformance;
 pub mod fuzz;
 mod hostile;
+pub mod measure;
 mod mock;
 mod require;
 pub mod stores;

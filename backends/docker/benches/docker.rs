@@ -87,6 +87,11 @@ async fn main() {
     let e = engine.create(&spec()).await.unwrap();
     let via_agent = exec_p50(&agent, &a.id, rounds).await;
     let via_engine = exec_p50(&engine, &e.id, rounds).await;
+    // Terminal round trip: one byte typed at `cat` on a raw pty, until it is back.
+    let pty_rounds = rounds * 4;
+    let measure = sandcell::testing::measure::pty_echo_round_trips;
+    let pty_agent = median(measure(&agent, &a.id, pty_rounds).await.unwrap());
+    let pty_engine = median(measure(&engine, &e.id, pty_rounds).await.unwrap());
     for _ in 0..3 {
         docker_cli(&["exec", a.id.as_str(), "true"]);
     }
@@ -174,6 +179,10 @@ async fn main() {
     println!(
         "| exec `true`, engine fallback | {:.1} ms | `docker exec` CLI {:.1} ms | {:.2} | (fallback) |",
         ms(via_engine), ms(cli), ms(via_engine) / ms(cli)
+    );
+    println!(
+        "| terminal: one byte echoed by `cat` on a raw pty, through the agent | {:.3} ms | engine TTY exec {:.3} ms | {:.2} | |",
+        ms(pty_agent), ms(pty_engine), ms(pty_agent) / ms(pty_engine)
     );
     println!(
         "| create to ready (create, first command answers) | {:.0} ms (create alone {:.0} ms) | `docker run -d` {:.0} ms | {:.2} | ≤ 1.0 |",
