@@ -35,7 +35,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Register every backend this program links; the file picks one by `type`.
-    let registry = BackendRegistry::new().register("local", LocalBackend::from_options);
+    // `remote` connects to its server when it is built, so its factory is async.
+    let registry = BackendRegistry::new()
+        .register("local", LocalBackend::from_options)
+        .register("docker", sandcell_docker::DockerBackend::from_options)
+        .register_async("remote", sandcell_remote::RemoteBackend::from_options);
     let manager = config.build_manager(&registry).await?;
     println!(
         "{}: backend {}, at most {:?} sandboxes per tenant, idle timeout {:?}",

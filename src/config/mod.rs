@@ -71,7 +71,9 @@ impl SandboxConfig {
         }
     }
 
-    /// Builds the backend through `registry`.
+    /// Builds the backend through `registry`. A backend type registered with
+    /// [`register_async`](BackendRegistry::register_async) needs
+    /// [`build_backend_async`](Self::build_backend_async).
     pub fn build_backend(&self, registry: &BackendRegistry) -> Result<Box<dyn SandboxBackend>> {
         registry.build(
             &self.backend,
@@ -79,13 +81,26 @@ impl SandboxConfig {
         )
     }
 
+    /// Builds the backend through `registry`, whichever way its type was registered.
+    pub async fn build_backend_async(
+        &self,
+        registry: &BackendRegistry,
+    ) -> Result<Box<dyn SandboxBackend>> {
+        registry
+            .build_async(
+                &self.backend,
+                serde_json::Value::Object(self.options.clone()),
+            )
+            .await
+    }
+
     /// Builds the backend and a manager over it with these settings and `data_dir`.
     pub async fn build_manager(
         &self,
         registry: &BackendRegistry,
     ) -> Result<SandboxManager<Box<dyn SandboxBackend>>> {
-        let mut builder =
-            SandboxManager::builder(self.build_backend(registry)?).settings(self.manager.clone());
+        let backend = self.build_backend_async(registry).await?;
+        let mut builder = SandboxManager::builder(backend).settings(self.manager.clone());
         if let Some(dir) = &self.data_dir {
             builder = builder.data_dir(dir);
         }
@@ -93,7 +108,15 @@ impl SandboxConfig {
     }
 }
 
-type Factory = Arc<dyn Fn(serde_json::Value) -> Result<Box<dyn SandboxBackend>> + Send + Sync>;
+/// What a backend's construction from its options answers, where it must connect first.
+pub type BackendFuture = futures::future::BoxFuture<'static, Result<Box<dyn SandboxBackend>>>;
+
+/// How a type's backend is made: at once, or after connecting somewhere.
+#[derive(Clone)]
+enum Factory {
+    Sync(Arc<dyn Fn(serde_json::Value) -> Result<Box<dyn SandboxBackend>> + Send + Sync>),
+    Async(Arc<dyn Fn(serde_json::Value) -> BackendFuture + Send + Sync>),
+}
 
 /// Backend factories by type name; see the [module docs](self).
 #[derive(Clone, Default)]
@@ -121,7 +144,40 @@ impl BackendRegistry {
     where
         F: Fn(serde_json::Value) -> Result<Box<dyn SandboxBackend>> + Send + Sync + 'static,
     {
-        self.factories.insert(name.into(), Arc::new(factory));
+        self.factories
+            .insert(name.into(), Factory::Sync(Arc::new(factory)));
+        self
+    }
+
+    /// Registers `factory` for backend type `name` (replacing an earlier one), for
+    /// backends that must connect before they answer (a remote API): build them with
+    /// [`build_async`](Self::build_async) or
+    /// [`SandboxConfig::build_manager`].
+    ///
+    /// ```
+    /// # #[cfg(feature = "testing")]
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// use futures::FutureExt;
+    /// use sandcell::testing::MockBackend;
+    /// use sandcell::{BackendRegistry, SandboxBackend};
+    ///
+    /// let registry = BackendRegistry::new().register_async("mock-later", |options| {
+    ///     async move { MockBackend::from_options(options) }.boxed()
+    /// });
+    /// let backend = registry.build_async("mock-later", serde_json::json!({})).await?;
+    /// assert_eq!(backend.name(), "mock");
+    /// // Built synchronously, it says what to do instead.
+    /// let err = registry.build("mock-later", serde_json::json!({})).unwrap_err();
+    /// assert!(err.to_string().contains("build_async"), "{err}");
+    /// # Ok::<_, sandcell::Error>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn register_async<F>(mut self, name: impl Into<String>, factory: F) -> Self
+    where
+        F: Fn(serde_json::Value) -> BackendFuture + Send + Sync + 'static,
+    {
+        self.factories
+            .insert(name.into(), Factory::Async(Arc::new(factory)));
         self
     }
 
@@ -132,14 +188,40 @@ impl BackendRegistry {
 
     /// Builds a backend of type `name` from `options`. An unregistered type is
     /// `InvalidInput` naming the registered ones.
+    /// A type registered with [`register_async`](Self::register_async) is `InvalidInput`
+    /// pointing at [`build_async`](Self::build_async).
     pub fn build(&self, name: &str, options: serde_json::Value) -> Result<Box<dyn SandboxBackend>> {
-        let factory = self.factories.get(name).ok_or_else(|| {
+        match self.factory(name)? {
+            Factory::Sync(factory) => factory(options),
+            Factory::Async(_) => Err(Error::invalid_input(format!(
+                "backend type {name:?} connects when it is built: use build_async (or \
+                 SandboxConfig::build_backend_async / build_manager)"
+            ))),
+        }
+        .map_err(|e| e.context(format_args!("configuring the {name} backend")))
+    }
+
+    /// Builds a backend of type `name` from `options`, however its type was registered.
+    /// An unregistered type is `InvalidInput` naming the registered ones.
+    pub async fn build_async(
+        &self,
+        name: &str,
+        options: serde_json::Value,
+    ) -> Result<Box<dyn SandboxBackend>> {
+        match self.factory(name)? {
+            Factory::Sync(factory) => factory(options),
+            Factory::Async(factory) => factory(options).await,
+        }
+        .map_err(|e| e.context(format_args!("configuring the {name} backend")))
+    }
+
+    fn factory(&self, name: &str) -> Result<&Factory> {
+        self.factories.get(name).ok_or_else(|| {
             Error::invalid_input(format!(
                 "unknown backend type {name:?}; registered: {}",
                 self.types().collect::<Vec<_>>().join(", ")
             ))
-        })?;
-        factory(options).map_err(|e| e.context(format_args!("configuring the {name} backend")))
+        })
     }
 }
 

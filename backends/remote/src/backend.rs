@@ -213,6 +213,50 @@ struct Inner {
 }
 
 impl RemoteBackend {
+    /// An async factory for [`sandcell::BackendRegistry::register_async`] (it connects
+    /// before it answers): the options are a [`RemoteConfig`], except that the token may
+    /// instead be named by `token_env`, an environment variable holding it, so a config
+    /// file need not carry the secret.
+    ///
+    /// ```
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let registry = sandcell::BackendRegistry::new()
+    ///     .register_async("remote", sandcell_remote::RemoteBackend::from_options);
+    /// let options = serde_json::json!({"url": "http://127.0.0.1:9", "token_env": "NO_SUCH_VAR_SET"});
+    /// let err = registry.build_async("remote", options).await.unwrap_err();
+    /// assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput);
+    /// assert!(err.to_string().contains("NO_SUCH_VAR_SET"), "{err}");
+    /// # });
+    /// ```
+    pub fn from_options(options: serde_json::Value) -> sandcell::config::BackendFuture {
+        Box::pin(async move {
+            let mut options = options;
+            if let Some(object) = options.as_object_mut() {
+                if let Some(name) = object.remove("token_env") {
+                    let name = name.as_str().ok_or_else(|| {
+                        Error::invalid_input(
+                            "invalid remote backend options: token_env is a variable name",
+                        )
+                    })?;
+                    if object.contains_key("token") {
+                        return Err(Error::invalid_input(
+                            "invalid remote backend options: give token or token_env, not both",
+                        ));
+                    }
+                    let token = std::env::var(name).map_err(|_| {
+                        Error::invalid_input(format!(
+                            "the remote backend's token_env names {name}, which is not set"
+                        ))
+                    })?;
+                    object.insert("token".to_owned(), token.into());
+                }
+            }
+            let config: RemoteConfig = sandcell::config::backend_options("remote", options)?;
+            let backend: Box<dyn SandboxBackend> = Box::new(RemoteBackend::connect(config).await?);
+            Ok(backend)
+        })
+    }
+
     /// Connects: asks the server what it offers (`Unavailable` if it cannot be reached).
     pub async fn connect(config: RemoteConfig) -> Result<Self> {
         if config.url.trim().is_empty() {
