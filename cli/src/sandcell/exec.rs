@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use futures::StreamExt;
 use sandcell::ExitStatus;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 
 use crate::error::{CliError, EXIT_FAILURE, EXIT_TIMEOUT};
 
@@ -32,21 +32,11 @@ pub(crate) async fn stream_process(mut process: sandcell::Process) -> Result<Exi
     while stdout.is_some() || stderr.is_some() {
         tokio::select! {
             chunk = next_chunk(&mut stdout) => match chunk {
-                Some(chunk) => {
-                    let chunk = chunk?;
-                    if out_open && (out.write_all(&chunk).await.is_err() || out.flush().await.is_err()) {
-                        out_open = false;
-                    }
-                }
+                Some(chunk) => pass_through(&mut out, &chunk?, &mut out_open).await,
                 None => stdout = None,
             },
             chunk = next_chunk(&mut stderr) => match chunk {
-                Some(chunk) => {
-                    let chunk = chunk?;
-                    if err_open && (err.write_all(&chunk).await.is_err() || err.flush().await.is_err()) {
-                        err_open = false;
-                    }
-                }
+                Some(chunk) => pass_through(&mut err, &chunk?, &mut err_open).await,
                 None => stderr = None,
             },
             _ = &mut interrupted => {
@@ -60,6 +50,18 @@ pub(crate) async fn stream_process(mut process: sandcell::Process) -> Result<Exi
         pump.abort();
     }
     Ok(status)
+}
+
+/// Writes `chunk` to `out` while it is `open`; a reader that went away (`| head`)
+/// closes it for good instead of failing the command.
+pub(crate) async fn pass_through<W: AsyncWrite + Unpin>(
+    out: &mut W,
+    chunk: &[u8],
+    open: &mut bool,
+) {
+    if *open && (out.write_all(chunk).await.is_err() || out.flush().await.is_err()) {
+        *open = false;
+    }
 }
 
 pub(crate) async fn next_chunk(

@@ -7,11 +7,10 @@ use std::os::fd::AsFd;
 
 use rustix::termios::{OptionalActions, Termios};
 use sandcell::{ExitStatus, Process, TerminalSize};
-use tokio::io::AsyncWriteExt;
 use tokio::signal::unix::{signal, SignalKind};
 
 use crate::error::CliError;
-use crate::exec::next_chunk;
+use crate::exec::{next_chunk, pass_through};
 
 /// What runs when `shell` is given no command: bash where the sandbox has it.
 pub(crate) const DEFAULT_SHELL: &str =
@@ -107,12 +106,7 @@ pub(crate) async fn attach(
     while output.is_some() {
         tokio::select! {
             chunk = next_chunk(&mut output) => match chunk {
-                Some(chunk) => {
-                    let chunk = chunk?;
-                    if shown && (out.write_all(&chunk).await.is_err() || out.flush().await.is_err()) {
-                        shown = false;
-                    }
-                }
+                Some(chunk) => pass_through(&mut out, &chunk?, &mut shown).await,
                 None => output = None,
             },
             Some(()) = resized.recv() => {

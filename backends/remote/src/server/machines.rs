@@ -83,12 +83,28 @@ pub(super) async fn create(
     check_host_mounts(&spec, &state.config.host_paths)?;
     tenants::claim(&mut spec, &caller.0, state.backend.as_ref());
     label_machine(&mut spec, &app, &request);
-    let name = spec.labels[NAME_LABEL].clone();
     // One create at a time: the name check, the quota count and the create must not
     // interleave.
     let _creating = state.creating.lock().await;
+    if let Some(refusal) = admit(&state, &caller, &app, &spec).await? {
+        return Ok(refusal);
+    }
+    let info = state.backend.create(&spec).await?;
+    Ok(Json(machine_of(&state, &info)).into_response())
+}
+
+/// Whether the caller may add `spec`'s machine (named by its [`NAME_LABEL`]) to `app`:
+/// a name the caller already uses there is `AlreadyExists`; a quota it would exceed is
+/// the refusal to answer. Callers hold the server's create lock.
+async fn admit(
+    state: &Shared,
+    caller: &Caller,
+    app: &str,
+    spec: &SandboxSpec,
+) -> ApiResult<Option<Response>> {
+    let name = spec.labels.get(NAME_LABEL).cloned().unwrap_or_default();
     let selector = tenants::selector(&caller.0)
-        .label(APP_LABEL, &app)
+        .label(APP_LABEL, app)
         .label(NAME_LABEL, &name);
     if !state.backend.list(&selector).await?.is_empty() {
         return Err(ApiError(Error::new(
@@ -96,11 +112,11 @@ pub(super) async fn create(
             format!("a machine named {name:?} already exists in app {app}"),
         )));
     }
-    if let Err(refusal) = tenants::check_quota(state.backend.as_ref(), &caller.0, &spec).await {
-        return Ok(refusal);
-    }
-    let info = state.backend.create(&spec).await?;
-    Ok(Json(machine_of(&state, &info)).into_response())
+    Ok(
+        tenants::check_quota(state.backend.as_ref(), &caller.0, spec)
+            .await
+            .err(),
+    )
 }
 
 /// A clone of a running machine into a new one of the same app (and region), under
@@ -119,23 +135,14 @@ pub(super) async fn clone(
         .filter(|n| !n.is_empty())
         .unwrap_or_else(|| format!("machine-{}", uuid::Uuid::new_v4().simple()));
     labels.insert(APP_LABEL.to_owned(), app.clone());
-    labels.insert(NAME_LABEL.to_owned(), name.clone());
+    labels.insert(NAME_LABEL.to_owned(), name);
     if let Some(region) = source.labels.get(REGION_LABEL) {
         labels.insert(REGION_LABEL.to_owned(), region.clone());
     }
-    let _creating = state.creating.lock().await;
-    let selector = tenants::selector(&caller.0)
-        .label(APP_LABEL, &app)
-        .label(NAME_LABEL, &name);
-    if !state.backend.list(&selector).await?.is_empty() {
-        return Err(ApiError(Error::new(
-            ErrorKind::AlreadyExists,
-            format!("a machine named {name:?} already exists in app {app}"),
-        )));
-    }
     let mut counted = SandboxSpec::new(source.template.clone());
     counted.labels = labels.clone();
-    if let Err(refusal) = tenants::check_quota(state.backend.as_ref(), &caller.0, &counted).await {
+    let _creating = state.creating.lock().await;
+    if let Some(refusal) = admit(&state, &caller, &app, &counted).await? {
         return Ok(refusal);
     }
     let info = state.backend.clone_sandbox(&source.id, labels).await?;
