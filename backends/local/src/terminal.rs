@@ -155,3 +155,35 @@ impl AsyncWrite for Terminal {
         Poll::Ready(Ok(()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// What stands at a sandbox's `/dev/pts/ptmx` is checked before it is used: another
+    /// device is refused, and a FIFO put there neither blocks the open nor is taken.
+    #[test]
+    fn only_a_real_multiplexer_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let fifo = dir.path().join("ptmx");
+        rustix::fs::mknodat(
+            rustix::fs::CWD,
+            &fifo,
+            rustix::fs::FileType::Fifo,
+            rustix::fs::Mode::from_raw_mode(0o666),
+            0,
+        )
+        .unwrap();
+        assert_eq!(open_ptmx(&fifo).unwrap_err(), rustix::io::Errno::NODEV);
+        assert_eq!(
+            open_ptmx(Path::new("/dev/null")).unwrap_err(),
+            rustix::io::Errno::NODEV
+        );
+        let link = dir.path().join("link");
+        std::os::unix::fs::symlink("/dev/ptmx", &link).unwrap();
+        assert!(open_ptmx(&link).is_err(), "a symlink is not followed");
+        assert!(open_ptmx(Path::new("/dev/ptmx")).is_ok());
+    }
+}
