@@ -40,7 +40,7 @@ use tokio::sync::{mpsc, watch, Notify};
 
 use crate::backend::SandboxBackend;
 use crate::error::{Error, ErrorKind, Result};
-use crate::exec::{ExecRequest, ExitStatus};
+use crate::exec::{ExecRequest, ExitStatus, TerminalSize};
 use crate::lock_unpoisoned as lock;
 use crate::process::{ProcessEvent, ProcessStdin};
 use crate::sandbox::SandboxId;
@@ -136,6 +136,7 @@ struct Entry {
 enum Control {
     Kill,
     Signal(i32, tokio::sync::oneshot::Sender<Result<()>>),
+    Resize(TerminalSize, tokio::sync::oneshot::Sender<Result<()>>),
 }
 
 /// The retained output: events numbered from the start, oldest dropped beyond the cap.
@@ -252,6 +253,9 @@ impl Background {
                         Control::Signal(signal, reply) => {
                             let _ = reply.send(process.signal(signal).await);
                         }
+                        Control::Resize(size, reply) => {
+                            let _ = reply.send(process.resize(size).await);
+                        }
                     },
                     status = process.wait(), if stdout.is_none() && stderr.is_none() => {
                         let status = status.map_err(|e| e.to_string());
@@ -304,29 +308,47 @@ impl Background {
             .front()
             .map(|(n, _)| *n)
             .unwrap_or(0);
-        Ok(
-            futures::stream::unfold((entry, start), |(entry, cursor)| async move {
-                loop {
-                    // Register before looking, so a push in between still wakes us.
-                    let changed = entry.changed.notified();
-                    {
-                        let log = lock(&entry.log);
-                        let first = log.events.front().map(|(n, _)| *n).unwrap_or(log.next);
-                        // Output dropped while this reader lagged is skipped.
-                        let at = cursor.max(first);
-                        if let Some((n, event)) = log.events.get((at - first) as usize) {
-                            let next = *n + 1;
-                            return Some((event.clone(), (Arc::clone(&entry), next)));
-                        }
-                        if log.ended {
-                            return None;
-                        }
+        Ok(Self::follow_from(entry, start))
+    }
+
+    /// New output from now on (none of what was kept), ending with
+    /// [`ProcessEvent::Exit`] once the process has ended; a process that has already
+    /// ended answers its exit alone.
+    pub fn follow(&self, id: &BackgroundId) -> Result<BoxStream<'static, ProcessEvent>> {
+        let entry = self.entry(id)?;
+        let start = {
+            let log = lock(&entry.log);
+            match log.events.back() {
+                // The exit, when there is one, is the last event kept.
+                Some((n, ProcessEvent::Exit(_))) => *n,
+                _ => log.next,
+            }
+        };
+        Ok(Self::follow_from(entry, start))
+    }
+
+    fn follow_from(entry: Arc<Entry>, start: u64) -> BoxStream<'static, ProcessEvent> {
+        futures::stream::unfold((entry, start), |(entry, cursor)| async move {
+            loop {
+                // Register before looking, so a push in between still wakes us.
+                let changed = entry.changed.notified();
+                {
+                    let log = lock(&entry.log);
+                    let first = log.events.front().map(|(n, _)| *n).unwrap_or(log.next);
+                    // Output dropped while this reader lagged is skipped.
+                    let at = cursor.max(first);
+                    if let Some((n, event)) = log.events.get((at - first) as usize) {
+                        let next = *n + 1;
+                        return Some((event.clone(), (Arc::clone(&entry), next)));
                     }
-                    changed.await;
+                    if log.ended {
+                        return None;
+                    }
                 }
-            })
-            .boxed(),
-        )
+                changed.await;
+            }
+        })
+        .boxed()
     }
 
     /// Writes to the process's stdin.
@@ -364,6 +386,17 @@ impl Background {
         let entry = self.entry(id)?;
         let (reply, answer) = tokio::sync::oneshot::channel();
         if entry.control.send(Control::Signal(signal, reply)).is_err() {
+            return Ok(());
+        }
+        answer.await.unwrap_or(Ok(()))
+    }
+
+    /// Changes the size of the process's terminal: `InvalidInput` for a process
+    /// started without one; a process that ended already is fine.
+    pub async fn resize(&self, id: &BackgroundId, size: TerminalSize) -> Result<()> {
+        let entry = self.entry(id)?;
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        if entry.control.send(Control::Resize(size, reply)).is_err() {
             return Ok(());
         }
         answer.await.unwrap_or(Ok(()))

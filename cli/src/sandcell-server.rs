@@ -1,8 +1,11 @@
 //! `sandcell-server`: serves a local or Docker sandcell backend as a Fly-Machines-style
-//! API (plus the upgrade to sandcell's wire protocol) for `RemoteBackend` clients.
+//! API (plus the upgrade to sandcell's wire protocol) for `RemoteBackend` clients, and
+//! as E2B's API (control plane and envd) for E2B's own SDKs.
 //!
 //! ```text
 //! SANDCELL_SERVER_TOKEN=secret sandcell-server --backend local --root /tmp/sandcell-server
+//! # E2B's SDKs: the token is the API key, and envd is on the same address.
+//! E2B_API_KEY=secret E2B_API_URL=http://127.0.0.1:7711 E2B_SANDBOX_URL=http://127.0.0.1:7711 python agent.py
 //! ```
 //!
 //! It listens on `127.0.0.1:7711` unless `--listen` says otherwise (HTTPS with
@@ -67,10 +70,14 @@ struct Args {
     /// Largest file a client may upload, in bytes.
     #[arg(long, default_value_t = 64 << 20)]
     max_file_bytes: usize,
-    /// Serve only the Fly Machines API subset, without sandcell's extensions, as a plain
-    /// Fly endpoint would (clients then move files over exec).
+    /// Serve only the Fly Machines API subset, without sandcell's extensions or the E2B
+    /// API, as a plain Fly endpoint would (clients then move files over exec).
     #[arg(long)]
     fly_only: bool,
+    /// The template E2B's default template, `base`, stands for (on Docker: an image
+    /// with bash, which E2B's SDKs run every command with).
+    #[arg(long, value_name = "TEMPLATE", default_value = "default")]
+    e2b_base_template: String,
     /// A host directory clients may mount from, read-only; `DIR:rw` allows read-write
     /// mounts too. Repeatable. Without it every host mount in a client's spec is refused.
     #[arg(long = "allow-host-path", value_name = "DIR[:rw]")]
@@ -209,6 +216,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     };
     config.max_file_bytes = args.max_file_bytes;
     config.extensions = !args.fly_only;
+    config.e2b_base_template = args.e2b_base_template.clone();
     for arg in &args.allow_host_paths {
         config = config.allow_host_path(host_path(arg)?);
     }

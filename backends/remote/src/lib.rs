@@ -14,6 +14,7 @@
 //! makes at most one machine.
 
 mod backend;
+pub mod e2b;
 mod exec_files;
 mod fly;
 mod http;

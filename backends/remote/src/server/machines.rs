@@ -86,8 +86,8 @@ pub(super) async fn create(
     // One create at a time: the name check, the quota count and the create must not
     // interleave.
     let _creating = state.creating.lock().await;
-    if let Some(refusal) = admit(&state, &caller, &app, &spec).await? {
-        return Ok(refusal);
+    if let Err(refused) = admit(&state, &caller, &app, &spec).await {
+        return fly_refusal(refused);
     }
     let info = state.backend.create(&spec).await?;
     Ok(Json(machine_of(&state, &info)).into_response())
@@ -95,28 +95,32 @@ pub(super) async fn create(
 
 /// Whether the caller may add `spec`'s machine (named by its [`NAME_LABEL`]) to `app`:
 /// a name the caller already uses there is `AlreadyExists`; a quota it would exceed is
-/// the refusal to answer. Callers hold the server's create lock.
-async fn admit(
+/// `LimitExceeded`. Callers hold the server's create lock.
+pub(super) async fn admit(
     state: &Shared,
     caller: &Caller,
     app: &str,
     spec: &SandboxSpec,
-) -> ApiResult<Option<Response>> {
+) -> sandcell::Result<()> {
     let name = spec.labels.get(NAME_LABEL).cloned().unwrap_or_default();
     let selector = tenants::selector(&caller.0)
         .label(APP_LABEL, app)
         .label(NAME_LABEL, &name);
     if !state.backend.list(&selector).await?.is_empty() {
-        return Err(ApiError(Error::new(
+        return Err(Error::new(
             ErrorKind::AlreadyExists,
             format!("a machine named {name:?} already exists in app {app}"),
-        )));
+        ));
     }
-    Ok(
-        tenants::check_quota(state.backend.as_ref(), &caller.0, spec)
-            .await
-            .err(),
-    )
+    tenants::check_quota(state.backend.as_ref(), &caller.0, spec).await
+}
+
+/// An admission refused, as the Fly face answers it: a quota is `403`.
+fn fly_refusal(refused: Error) -> ApiResult<Response> {
+    if refused.kind() == ErrorKind::LimitExceeded {
+        return Ok(tenants::refusal_response(&refused));
+    }
+    Err(ApiError(refused))
 }
 
 /// A clone of a running machine into a new one of the same app (and region), under
@@ -142,8 +146,8 @@ pub(super) async fn clone(
     let mut counted = SandboxSpec::new(source.template.clone());
     counted.labels = labels.clone();
     let _creating = state.creating.lock().await;
-    if let Some(refusal) = admit(&state, &caller, &app, &counted).await? {
-        return Ok(refusal);
+    if let Err(refused) = admit(&state, &caller, &app, &counted).await {
+        return fly_refusal(refused);
     }
     let info = state.backend.clone_sandbox(&source.id, labels).await?;
     Ok(Json(machine_of(&state, &info)).into_response())

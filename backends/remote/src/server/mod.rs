@@ -18,8 +18,9 @@
 //! (another tenant's answer `404` on every route). Errors are
 //! `{"error": ..., "kind": ...}` with a status from [`crate::protocol::status_for`].
 
+mod e2b;
 mod exec;
-mod machines;
+pub(crate) mod machines;
 mod tenants;
 mod tls;
 mod wire;
@@ -70,6 +71,10 @@ pub struct ServerConfig {
     /// mount is refused). A mount must resolve beneath one of them, symbolic links
     /// followed, and may be read-write only where that directory allows it.
     pub host_paths: Vec<HostPath>,
+    /// The template E2B's default template name, `base`, stands for (default
+    /// `"default"`, the local backend's; on Docker, an image with `bash`, which E2B's
+    /// SDKs run every command with).
+    pub e2b_base_template: String,
 }
 
 /// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
@@ -109,6 +114,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_archive_bytes", &self.max_archive_bytes)
             .field("extensions", &self.extensions)
             .field("host_paths", &self.host_paths)
+            .field("e2b_base_template", &self.e2b_base_template)
             .finish()
     }
 }
@@ -136,6 +142,7 @@ impl ServerConfig {
             max_archive_bytes: 1 << 30,
             extensions: true,
             host_paths: Vec::new(),
+            e2b_base_template: "default".to_owned(),
         }
     }
 
@@ -161,6 +168,8 @@ pub(crate) struct Shared {
     pub(crate) stopped: Mutex<HashSet<SandboxId>>,
     /// Serialises creates so a name is taken once.
     pub(crate) creating: tokio::sync::Mutex<()>,
+    /// What the E2B face keeps: processes, watchers, lifetimes.
+    pub(crate) e2b: e2b::E2bState,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -183,6 +192,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         tenants,
         stopped: Mutex::new(HashSet::new()),
         creating: tokio::sync::Mutex::new(()),
+        e2b: e2b::E2bState::default(),
     });
     let machine = "/v1/apps/{app}/machines/{id}";
     let fly = Router::new()
@@ -201,7 +211,19 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .route("/v1/sandcell/capabilities", get(machines::server_info))
         .route(&format!("{machine}/sandcell/wire"), get(wire::upgrade))
         .route(&format!("{machine}/sandcell/clone"), post(machines::clone));
+    // The Fly routes and sandcell's extensions authenticate with `Authorization`; the
+    // E2B face has its own two schemes (API key, envd access token).
     let routes = if extensions { fly.merge(extended) } else { fly };
+    let routes = routes.layer(axum::middleware::from_fn_with_state(
+        Arc::clone(&state),
+        authorize,
+    ));
+    let routes = if extensions {
+        e2b::start_reaper(&state);
+        routes.merge(e2b::routes(&state))
+    } else {
+        routes
+    };
     routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })
         .method_not_allowed_fallback(|| async {
@@ -212,10 +234,6 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
             response
         })
         .layer(DefaultBodyLimit::max(json_limit))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&state),
-            authorize,
-        ))
         .with_state(state)
 }
 

@@ -19,9 +19,9 @@ use crate::protocol::ErrorBody;
 /// Label naming the tenant a sandbox belongs to.
 pub(crate) const TENANT_LABEL: &str = "sandcell.server.tenant";
 /// Label holding the CPU (thousandths of a core) a sandbox counts against its quota.
-const CPU_LABEL: &str = "sandcell.server.cpu_millis";
+pub(crate) const CPU_LABEL: &str = "sandcell.server.cpu_millis";
 /// Label holding the memory (bytes) a sandbox counts against its quota.
-const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
+pub(crate) const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
 
 /// What a sandbox without a CPU limit counts against a CPU quota: one core.
 const UNSET_CPU_MILLIS: u32 = 1000;
@@ -239,22 +239,20 @@ pub(crate) fn claim_clone(
     }
 }
 
-/// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota: a
-/// `403` whose message names the limit. Callers hold the server's create lock, so no
-/// other create slips between the count and the create.
+/// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota:
+/// `LimitExceeded`, its message naming the limit (each API answers it as its `403`).
+/// Callers hold the server's create lock, so no other create slips between the count
+/// and the create.
 pub(crate) async fn check_quota(
     backend: &dyn SandboxBackend,
     tenant: &Tenant,
     spec: &SandboxSpec,
-) -> std::result::Result<(), Response> {
+) -> Result<()> {
     if tenant.max_sandboxes.is_none() && tenant.max_cpus.is_none() && tenant.max_memory_mb.is_none()
     {
         return Ok(());
     }
-    let owned = backend
-        .list(&selector(tenant))
-        .await
-        .map_err(|e| super::ApiError(e).into_response())?;
+    let owned = backend.list(&selector(tenant)).await?;
     // What each sandbox counts was recorded in its labels by `claim`, `spec`'s too.
     let counted = |labels: &std::collections::BTreeMap<String, String>, label: &str| -> u64 {
         labels.get(label).and_then(|v| v.parse().ok()).unwrap_or(0)
@@ -300,9 +298,14 @@ fn cores(millis: u64) -> String {
 
 /// A quota refusal: `403` with the API's error body, kind `limit_exceeded`. Not `429`:
 /// clients retry that, and waiting does not lift a quota.
-fn refuse(message: String) -> Response {
+fn refuse(message: String) -> Error {
+    Error::new(ErrorKind::LimitExceeded, message)
+}
+
+/// A quota refusal as the Fly face answers it: `403` with kind `limit_exceeded`.
+pub(crate) fn refusal_response(error: &Error) -> Response {
     let body = ErrorBody {
-        error: message,
+        error: error.message().to_owned(),
         kind: Some(ErrorKind::LimitExceeded.name().to_owned()),
     };
     (StatusCode::FORBIDDEN, Json(body)).into_response()

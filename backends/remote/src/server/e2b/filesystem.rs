@@ -1,0 +1,380 @@
+//! envd's `filesystem.Filesystem` service over the backend's file operations and
+//! watches: stat, list, make, move and remove, and watches both streamed (`WatchDir`)
+//! and polled (`CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Extension, Path, Request, State};
+use axum::response::Response;
+use futures::stream::StreamExt;
+use sandcell::{
+    Error, ErrorKind, FileInfo, FileKind, SandboxBackend, SandboxId, SandboxPath, WatchEvent,
+    WatchEventKind, WatchOptions,
+};
+
+use super::rpc::{self, RpcResult, StreamTiming};
+use super::{paths, Envd};
+use crate::e2b::envd::{
+    event_type, file_type, EntryInfo, EntryResponse, FilesystemEvent, ListDirRequest,
+    ListDirResponse, MoveRequest, PathRequest, WatchDirMessage, WatchDirRequest, WatcherEvents,
+    WatcherId,
+};
+use crate::lock;
+use crate::server::AppState;
+
+/// Most entries one `ListDir` answers, however deep it goes.
+const MAX_LISTED: usize = 100_000;
+/// Most events a polled watcher keeps between two polls; older ones are dropped.
+const MAX_PENDING: usize = 10_000;
+
+/// The polled watchers, by id.
+#[derive(Default)]
+pub(crate) struct Watchers {
+    by_id: std::sync::Mutex<HashMap<String, Arc<Watcher>>>,
+}
+
+struct Watcher {
+    sandbox: SandboxId,
+    /// Filled by `task`, emptied by each poll.
+    pending: Arc<std::sync::Mutex<Vec<FilesystemEvent>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Watcher {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Watchers {
+    /// Ends every watcher of `sandbox` (it is gone).
+    pub(crate) fn forget_sandbox(&self, sandbox: &SandboxId) {
+        lock(&self.by_id).retain(|_, w| &w.sandbox != sandbox);
+    }
+}
+
+/// `POST /filesystem.Filesystem/{method}`.
+pub(super) async fn call(
+    State(state): State<AppState>,
+    Extension(envd): Extension<Envd>,
+    Path(method): Path<String>,
+    request: Request,
+) -> Response {
+    let timing = StreamTiming::of(request.headers());
+    let backend = state.backend.as_ref();
+    let id = envd.id();
+    let answer = match method.as_str() {
+        "Stat" => stat(backend, id, rpc::message(request).await).await,
+        "ListDir" => list_dir(backend, id, rpc::message(request).await).await,
+        "MakeDir" => make_dir(backend, id, rpc::message(request).await).await,
+        "Move" => rename(backend, id, rpc::message(request).await).await,
+        "Remove" => remove(backend, id, rpc::message(request).await).await,
+        "WatchDir" => watch_dir(&state, id, rpc::message(request).await, timing).await,
+        "CreateWatcher" => create_watcher(&state, id, rpc::message(request).await).await,
+        "GetWatcherEvents" => watcher_events(&state, id, rpc::message(request).await),
+        "RemoveWatcher" => remove_watcher(&state, id, rpc::message(request).await),
+        other => Err(rpc::unknown_method("filesystem.Filesystem", other)),
+    };
+    answer.unwrap_or_else(axum::response::IntoResponse::into_response)
+}
+
+/// The entry envd reports for a file.
+pub(crate) fn entry_of(info: &FileInfo) -> EntryInfo {
+    let (kind_type, kind_char) = match info.kind {
+        FileKind::Dir => (file_type::DIRECTORY, 'd'),
+        FileKind::Symlink => (file_type::SYMLINK, 'l'),
+        _ => (file_type::FILE, '-'),
+    };
+    EntryInfo {
+        name: info
+            .path
+            .file_name()
+            .map_or_else(|| "user".to_owned(), str::to_owned),
+        file_type: kind_type.to_owned(),
+        path: paths::to_e2b(&info.path),
+        size: i64::try_from(info.size).unwrap_or(i64::MAX),
+        mode: info.mode & 0o7777,
+        permissions: permissions(kind_char, info.mode),
+        owner: "user".to_owned(),
+        group: "user".to_owned(),
+        modified_time: info
+            .modified
+            .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Nanos, true)),
+        symlink_target: info.symlink_target.clone(),
+    }
+}
+
+/// Mode bits as `ls -l` shows them, e.g. `-rw-r--r--`.
+fn permissions(kind: char, mode: u32) -> String {
+    let mut out = String::with_capacity(10);
+    out.push(kind);
+    for shift in [6, 3, 0] {
+        let bits = (mode >> shift) & 0o7;
+        out.push(if bits & 4 != 0 { 'r' } else { '-' });
+        out.push(if bits & 2 != 0 { 'w' } else { '-' });
+        out.push(if bits & 1 != 0 { 'x' } else { '-' });
+    }
+    out
+}
+
+async fn entry(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    path: &SandboxPath,
+) -> RpcResult<EntryInfo> {
+    Ok(entry_of(&backend.stat(id, path).await?))
+}
+
+async fn stat(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    request: RpcResult<PathRequest>,
+) -> RpcResult<Response> {
+    let path = paths::to_workspace(&request?.path)?;
+    let entry = entry(backend, id, &path).await?;
+    Ok(rpc::reply(&EntryResponse { entry }))
+}
+
+async fn list_dir(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    request: RpcResult<ListDirRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let root = paths::to_workspace(&request.path)?;
+    let depth = request.depth.max(1);
+    let mut entries = Vec::new();
+    let mut level = vec![root];
+    for _ in 0..depth {
+        let mut next = Vec::new();
+        for dir in level {
+            for item in backend.list_dir(id, &dir).await? {
+                if entries.len() >= MAX_LISTED {
+                    return Err(Error::limit_exceeded(format!(
+                        "the listing holds more than {MAX_LISTED} entries: list less deep"
+                    ))
+                    .into());
+                }
+                let info = backend.stat(id, &item.path).await?;
+                if info.kind == FileKind::Dir {
+                    next.push(item.path.clone());
+                }
+                entries.push(entry_of(&info));
+            }
+        }
+        level = next;
+    }
+    Ok(rpc::reply(&ListDirResponse { entries }))
+}
+
+async fn make_dir(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    request: RpcResult<PathRequest>,
+) -> RpcResult<Response> {
+    let path = paths::to_workspace(&request?.path)?;
+    match backend.stat(id, &path).await {
+        Ok(_) => {
+            return Err(Error::new(
+                ErrorKind::AlreadyExists,
+                format!("{} already exists", paths::to_e2b(&path)),
+            )
+            .into())
+        }
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    backend.mkdir(id, &path).await?;
+    let entry = entry(backend, id, &path).await?;
+    Ok(rpc::reply(&EntryResponse { entry }))
+}
+
+async fn rename(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    request: RpcResult<MoveRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let from = paths::to_workspace(&request.source)?;
+    let to = paths::to_workspace(&request.destination)?;
+    backend.rename(id, &from, &to).await?;
+    let entry = entry(backend, id, &to).await?;
+    Ok(rpc::reply(&EntryResponse { entry }))
+}
+
+async fn remove(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    request: RpcResult<PathRequest>,
+) -> RpcResult<Response> {
+    let path = paths::to_workspace(&request?.path)?;
+    backend.remove(id, &path, true).await?;
+    Ok(rpc::reply(&serde_json::json!({})))
+}
+
+/// The events envd reports for one change beneath `dir`: a rename is the old name's
+/// `RENAME` then the new name's `CREATE`, as inotify-based watchers see it.
+async fn events_of(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    dir: &SandboxPath,
+    event: WatchEvent,
+    include_entry: bool,
+) -> Vec<FilesystemEvent> {
+    let name = |path: &SandboxPath| {
+        path.strip_prefix(dir)
+            .map_or_else(|| path.as_str().to_owned(), |p| p.as_str().to_owned())
+    };
+    let one = |kind: &str, path: &SandboxPath| FilesystemEvent {
+        name: name(path),
+        event_type: kind.to_owned(),
+        entry: None,
+    };
+    let mut out = match event.kind {
+        WatchEventKind::Created => vec![one(event_type::CREATE, &event.path)],
+        WatchEventKind::Modified => vec![one(event_type::WRITE, &event.path)],
+        WatchEventKind::Removed => vec![one(event_type::REMOVE, &event.path)],
+        WatchEventKind::Attributes => vec![one(event_type::CHMOD, &event.path)],
+        WatchEventKind::Renamed => {
+            let mut both = Vec::new();
+            if let Some(from) = &event.from {
+                both.push(one(event_type::RENAME, from));
+            }
+            both.push(one(event_type::CREATE, &event.path));
+            both
+        }
+        // Lost events cannot be told apart; the watch goes on.
+        _ => Vec::new(),
+    };
+    if include_entry {
+        for item in out
+            .iter_mut()
+            .filter(|e| e.event_type != event_type::REMOVE)
+        {
+            if item.event_type == event_type::RENAME {
+                continue;
+            }
+            if let Ok(path) = dir.join(&item.name) {
+                item.entry = backend.stat(id, &path).await.ok().map(|i| entry_of(&i));
+            }
+        }
+    }
+    out
+}
+
+async fn open_watch(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    request: &WatchDirRequest,
+) -> sandcell::Result<(SandboxPath, sandcell::WatchStream)> {
+    let dir = paths::to_workspace(&request.path)?;
+    let options = WatchOptions::new().recursive(request.recursive);
+    let stream = backend.watch(id, &dir, options).await?;
+    Ok((dir, stream))
+}
+
+async fn watch_dir(
+    state: &AppState,
+    id: &SandboxId,
+    request: RpcResult<WatchDirRequest>,
+    timing: StreamTiming,
+) -> RpcResult<Response> {
+    let request = request?;
+    let (dir, watch) = open_watch(state.backend.as_ref(), id, &request).await?;
+    let backend = Arc::clone(&state.backend);
+    let id = id.clone();
+    let include = request.include_entry;
+    let changes = watch
+        .then(move |event| {
+            let (backend, id, dir) = (Arc::clone(&backend), id.clone(), dir.clone());
+            async move {
+                match event {
+                    Ok(event) => events_of(backend.as_ref(), &id, &dir, event, include)
+                        .await
+                        .into_iter()
+                        .map(|e| {
+                            Ok(WatchDirMessage {
+                                filesystem: Some(e),
+                                ..WatchDirMessage::default()
+                            })
+                        })
+                        .collect::<Vec<_>>(),
+                    Err(e) => vec![Err(e)],
+                }
+            }
+        })
+        .flat_map(futures::stream::iter);
+    let start = futures::stream::once(async {
+        Ok(WatchDirMessage {
+            start: Some(crate::e2b::envd::Empty {}),
+            ..WatchDirMessage::default()
+        })
+    });
+    let keepalive = WatchDirMessage {
+        keepalive: Some(crate::e2b::envd::Empty {}),
+        ..WatchDirMessage::default()
+    };
+    Ok(rpc::stream(start.chain(changes).boxed(), keepalive, timing))
+}
+
+async fn create_watcher(
+    state: &AppState,
+    id: &SandboxId,
+    request: RpcResult<WatchDirRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let (dir, mut watch) = open_watch(state.backend.as_ref(), id, &request).await?;
+    let watcher_id = format!("watcher-{}", uuid::Uuid::new_v4().simple());
+    let pending = Arc::new(std::sync::Mutex::new(Vec::<FilesystemEvent>::new()));
+    let backend = Arc::clone(&state.backend);
+    let sandbox = id.clone();
+    let include = request.include_entry;
+    let filled = Arc::clone(&pending);
+    let task = tokio::spawn(async move {
+        while let Some(Ok(event)) = watch.next().await {
+            let events = events_of(backend.as_ref(), &sandbox, &dir, event, include).await;
+            let mut pending = lock(&filled);
+            pending.extend(events);
+            let over = pending.len().saturating_sub(MAX_PENDING);
+            pending.drain(..over);
+        }
+    });
+    // Dropping the watcher (removed, or its sandbox gone) aborts the task.
+    let watcher = Arc::new(Watcher {
+        sandbox: id.clone(),
+        pending,
+        task,
+    });
+    lock(&state.e2b.watchers.by_id).insert(watcher_id.clone(), watcher);
+    Ok(rpc::reply(&WatcherId { watcher_id }))
+}
+
+fn watcher(state: &AppState, id: &SandboxId, watcher_id: &str) -> RpcResult<Arc<Watcher>> {
+    lock(&state.e2b.watchers.by_id)
+        .get(watcher_id)
+        .filter(|w| &w.sandbox == id)
+        .cloned()
+        .ok_or_else(|| Error::not_found(format!("watcher {watcher_id} not found")).into())
+}
+
+fn watcher_events(
+    state: &AppState,
+    id: &SandboxId,
+    request: RpcResult<WatcherId>,
+) -> RpcResult<Response> {
+    let watcher = watcher(state, id, &request?.watcher_id)?;
+    let events = std::mem::take(&mut *lock(&watcher.pending));
+    Ok(rpc::reply(&WatcherEvents { events }))
+}
+
+fn remove_watcher(
+    state: &AppState,
+    id: &SandboxId,
+    request: RpcResult<WatcherId>,
+) -> RpcResult<Response> {
+    let watcher_id = request?.watcher_id;
+    watcher(state, id, &watcher_id)?;
+    lock(&state.e2b.watchers.by_id).remove(&watcher_id);
+    Ok(rpc::reply(&serde_json::json!({})))
+}

@@ -1,0 +1,341 @@
+//! envd's `process.Process` service over the backend: every command is a
+//! [`Background`] process, numbered with a pid of the E2B face's own, so a caller can
+//! list it, reconnect to it, write to it, resize its terminal and signal it while it
+//! runs; it is forgotten once it ends.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use axum::extract::{Extension, Path, Request, State};
+use axum::response::Response;
+use futures::stream::{BoxStream, StreamExt};
+use sandcell::background::{Background, BackgroundId};
+use sandcell::{Error, ErrorKind, ExecRequest, ExitStatus, ProcessEvent, SandboxId, TerminalSize};
+
+use super::rpc::{self, RpcResult, StreamTiming};
+use super::{paths, Envd};
+use crate::e2b::envd::{
+    CloseStdinRequest, ConnectRequest, DataEvent, EndEvent, ListResponse, ProcessInfo,
+    ProcessSelector, ProcessStreamMessage, SendInputRequest, SendSignalRequest, StartRequest,
+    UpdateRequest,
+};
+use crate::lock;
+use crate::server::AppState;
+
+/// The running processes of every sandbox, by pid.
+pub(crate) struct Processes {
+    background: Background,
+    running: std::sync::Mutex<HashMap<SandboxId, BTreeMap<u32, Running>>>,
+    next_pid: AtomicU32,
+}
+
+impl Default for Processes {
+    fn default() -> Self {
+        Processes {
+            background: Background::new(),
+            running: std::sync::Mutex::new(HashMap::new()),
+            // Low pids look like a fresh machine's; any number would do.
+            next_pid: AtomicU32::new(100),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct Running {
+    id: BackgroundId,
+    info: ProcessInfo,
+    pty: bool,
+}
+
+impl Processes {
+    fn find(&self, sandbox: &SandboxId, selector: &ProcessSelector) -> RpcResult<(u32, Running)> {
+        let running = lock(&self.running);
+        let found = running
+            .get(sandbox)
+            .and_then(|by_pid| match (selector.pid, &selector.tag) {
+                (Some(pid), _) => by_pid.get(&pid).map(|r| (pid, r.clone())),
+                (None, Some(tag)) => by_pid
+                    .iter()
+                    .find(|(_, r)| r.info.tag.as_ref() == Some(tag))
+                    .map(|(pid, r)| (*pid, r.clone())),
+                (None, None) => None,
+            });
+        found.ok_or_else(|| {
+            rpc::RpcError(Error::not_found(format!(
+                "process {} not found",
+                selector
+                    .pid
+                    .map(|p| p.to_string())
+                    .or_else(|| selector.tag.clone())
+                    .unwrap_or_default()
+            )))
+        })
+    }
+
+    /// Forgets every process of `sandbox` (it is gone).
+    pub(crate) fn forget_sandbox(&self, sandbox: &SandboxId) {
+        lock(&self.running).remove(sandbox);
+        self.background.forget_sandbox(sandbox);
+    }
+}
+
+/// `POST /process.Process/{method}`.
+pub(super) async fn call(
+    State(state): State<AppState>,
+    Extension(envd): Extension<Envd>,
+    Path(method): Path<String>,
+    request: Request,
+) -> Response {
+    let timing = StreamTiming::of(request.headers());
+    let answer = match method.as_str() {
+        "Start" => start(&state, &envd, rpc::message(request).await, timing).await,
+        "Connect" => connect(&state, &envd, rpc::message(request).await, timing),
+        "List" => Ok(list(&state, &envd)),
+        "SendInput" => send_input(&state, &envd, rpc::message(request).await).await,
+        "CloseStdin" => close_stdin(&state, &envd, rpc::message(request).await).await,
+        "SendSignal" => send_signal(&state, &envd, rpc::message(request).await).await,
+        "Update" => update(&state, &envd, rpc::message(request).await).await,
+        other => Err(rpc::unknown_method("process.Process", other)),
+    };
+    answer.unwrap_or_else(axum::response::IntoResponse::into_response)
+}
+
+async fn start(
+    state: &AppState,
+    envd: &Envd,
+    request: RpcResult<StartRequest>,
+    timing: StreamTiming,
+) -> RpcResult<Response> {
+    let request = request?;
+    let config = request.process.clone();
+    if config.cmd.is_empty() {
+        return Err(Error::invalid_input("process.cmd is empty").into());
+    }
+    let mut argv = vec![config.cmd.clone()];
+    argv.extend(config.args.iter().cloned());
+    let mut exec = ExecRequest::new(argv);
+    exec.cwd = Some(paths::to_workspace(config.cwd.as_deref().unwrap_or(""))?);
+    exec.env = config.envs.clone();
+    let pty = request.pty.as_ref().map(|p| {
+        let size = p.size.unwrap_or_default();
+        TerminalSize::new(clamp(size.rows, 24), clamp(size.cols, 80))
+    });
+    if let Some(size) = pty {
+        exec = exec.pty(size);
+    } else if request.stdin != Some(true) {
+        // Without `stdin: true` a command reads end of file at once, as envd's do.
+        exec = exec.stdin("");
+    }
+    // The call's deadline is the command's: the backend ends it and all it started.
+    exec.timeout = timing.deadline;
+    let processes = &state.e2b.processes;
+    let id = processes
+        .background
+        .start(state.backend.as_ref(), envd.id(), exec)
+        .await?;
+    let pid = processes.next_pid.fetch_add(1, Ordering::Relaxed);
+    let running = Running {
+        id: id.clone(),
+        info: ProcessInfo {
+            config,
+            pid,
+            tag: request.tag.clone(),
+        },
+        pty: pty.is_some(),
+    };
+    lock(&processes.running)
+        .entry(envd.id().clone())
+        .or_default()
+        .insert(pid, running.clone());
+    // Attach before anything can forget the process, so no event is missed.
+    let events = processes.background.attach(&id)?;
+    forget_when_done(state, envd.id().clone(), pid, id.clone());
+    let start = futures::stream::once(async move { Ok(ProcessStreamMessage::start(pid)) });
+    let messages = start.chain(messages_of(events, running.pty)).boxed();
+    Ok(rpc::stream(
+        messages,
+        ProcessStreamMessage::keepalive(),
+        timing,
+    ))
+}
+
+/// Drops a process from the tables once it ends (a caller attached meanwhile still
+/// gets every event: the stream holds the record).
+fn forget_when_done(state: &AppState, sandbox: SandboxId, pid: u32, id: BackgroundId) {
+    let state = std::sync::Arc::clone(state);
+    let ended = state.e2b.processes.background.wait(&id);
+    tokio::spawn(async move {
+        let _ = ended.await;
+        let processes = &state.e2b.processes;
+        if let Some(by_pid) = lock(&processes.running).get_mut(&sandbox) {
+            by_pid.remove(&pid);
+        }
+        let _ = processes.background.forget(&id);
+    });
+}
+
+fn clamp(n: u32, default: u16) -> u16 {
+    match n {
+        0 => default,
+        n => u16::try_from(n).unwrap_or(u16::MAX),
+    }
+}
+
+fn connect(
+    state: &AppState,
+    envd: &Envd,
+    request: RpcResult<ConnectRequest>,
+    timing: StreamTiming,
+) -> RpcResult<Response> {
+    let request = request?;
+    let processes = &state.e2b.processes;
+    let (pid, running) = processes.find(envd.id(), &request.process)?;
+    let events = processes.background.follow(&running.id)?;
+    let start = futures::stream::once(async move { Ok(ProcessStreamMessage::start(pid)) });
+    let messages = start.chain(messages_of(events, running.pty)).boxed();
+    // A reconnect's deadline bounds the stream alone, never the process.
+    Ok(rpc::stream(
+        messages,
+        ProcessStreamMessage::keepalive(),
+        timing,
+    ))
+}
+
+/// A process's events as envd's messages; a command its timeout ended fails the
+/// stream with `deadline_exceeded`.
+fn messages_of(
+    events: BoxStream<'static, ProcessEvent>,
+    pty: bool,
+) -> impl futures::Stream<Item = sandcell::Result<ProcessStreamMessage>> + Send {
+    events.map(move |event| match event {
+        ProcessEvent::Stdout(bytes) if pty => Ok(ProcessStreamMessage::data(DataEvent {
+            pty: Some(bytes),
+            ..DataEvent::default()
+        })),
+        ProcessEvent::Stdout(bytes) => Ok(ProcessStreamMessage::data(DataEvent {
+            stdout: Some(bytes),
+            ..DataEvent::default()
+        })),
+        ProcessEvent::Stderr(bytes) => Ok(ProcessStreamMessage::data(DataEvent {
+            stderr: Some(bytes),
+            ..DataEvent::default()
+        })),
+        ProcessEvent::Exit(status) if status.timed_out => Err(Error::new(
+            ErrorKind::Timeout,
+            "the command ran past its timeout and was killed",
+        )),
+        ProcessEvent::Exit(status) => Ok(ProcessStreamMessage::end(end_of(status))),
+        _ => Ok(ProcessStreamMessage::keepalive()),
+    })
+}
+
+/// An exit as envd reports it (Go's `ProcessState` wording).
+fn end_of(status: ExitStatus) -> EndEvent {
+    match (status.code, status.signal) {
+        (Some(code), _) => EndEvent {
+            exit_code: code,
+            exited: true,
+            status: format!("exit status {code}"),
+            error: None,
+        },
+        (None, Some(signal)) => EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: format!("signal: {}", signal_name(signal)),
+            error: None,
+        },
+        (None, None) => EndEvent {
+            exit_code: -1,
+            exited: false,
+            status: "unknown".to_owned(),
+            error: None,
+        },
+    }
+}
+
+fn signal_name(signal: i32) -> String {
+    match signal {
+        1 => "hangup".to_owned(),
+        2 => "interrupt".to_owned(),
+        9 => "killed".to_owned(),
+        13 => "broken pipe".to_owned(),
+        15 => "terminated".to_owned(),
+        n => format!("signal {n}"),
+    }
+}
+
+fn list(state: &AppState, envd: &Envd) -> Response {
+    let processes = lock(&state.e2b.processes.running)
+        .get(envd.id())
+        .map(|by_pid| by_pid.values().map(|r| r.info.clone()).collect())
+        .unwrap_or_default();
+    rpc::reply(&ListResponse { processes })
+}
+
+async fn send_input(
+    state: &AppState,
+    envd: &Envd,
+    request: RpcResult<SendInputRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let processes = &state.e2b.processes;
+    let (_, running) = processes.find(envd.id(), &request.process)?;
+    let data = request
+        .input
+        .stdin
+        .or(request.input.pty)
+        .unwrap_or_default();
+    processes
+        .background
+        .send_input(&running.id, data)
+        .await
+        .map_err(|e| match e.kind() {
+            // envd answers a closed stdin this way; the SDKs show it as such.
+            ErrorKind::InvalidState => Error::new(ErrorKind::InvalidState, e.message()),
+            _ => e,
+        })?;
+    Ok(rpc::reply(&serde_json::json!({})))
+}
+
+async fn close_stdin(
+    state: &AppState,
+    envd: &Envd,
+    request: RpcResult<CloseStdinRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let processes = &state.e2b.processes;
+    let (_, running) = processes.find(envd.id(), &request.process)?;
+    processes.background.close_input(&running.id).await?;
+    Ok(rpc::reply(&serde_json::json!({})))
+}
+
+async fn send_signal(
+    state: &AppState,
+    envd: &Envd,
+    request: RpcResult<SendSignalRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let processes = &state.e2b.processes;
+    let (_, running) = processes.find(envd.id(), &request.process)?;
+    match request.signal {
+        0 => return Err(Error::invalid_input("no signal given").into()),
+        9 => processes.background.kill(&running.id)?,
+        signal => processes.background.signal(&running.id, signal).await?,
+    }
+    Ok(rpc::reply(&serde_json::json!({})))
+}
+
+async fn update(
+    state: &AppState,
+    envd: &Envd,
+    request: RpcResult<UpdateRequest>,
+) -> RpcResult<Response> {
+    let request = request?;
+    let processes = &state.e2b.processes;
+    let (_, running) = processes.find(envd.id(), &request.process)?;
+    if let Some(size) = request.pty.and_then(|p| p.size) {
+        let size = TerminalSize::new(clamp(size.rows, 24), clamp(size.cols, 80));
+        processes.background.resize(&running.id, size).await?;
+    }
+    Ok(rpc::reply(&serde_json::json!({})))
+}

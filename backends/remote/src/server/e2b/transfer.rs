@@ -1,0 +1,170 @@
+//! envd's `/files` routes: a file's bytes down, and files up as multipart parts (each
+//! named by its path) or as one `application/octet-stream` body.
+
+use axum::body::Body;
+use axum::extract::{Extension, FromRequest, Multipart, Query, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use sandcell::{Error, ErrorKind, FileKind, SandboxPath};
+use serde::Deserialize;
+
+use super::{paths, AppState, Envd};
+use crate::e2b::envd::{FilesError, WrittenEntry};
+
+/// The query of both routes.
+#[derive(Debug, Deserialize)]
+pub(super) struct FilesQuery {
+    #[serde(default)]
+    path: Option<String>,
+}
+
+/// An error as envd's `/files` answers it: `{"message", "code"}`.
+pub(super) struct FilesFailure(Error);
+
+impl From<Error> for FilesFailure {
+    fn from(e: Error) -> Self {
+        FilesFailure(e)
+    }
+}
+
+impl IntoResponse for FilesFailure {
+    fn into_response(self) -> Response {
+        let status = match self.0.kind() {
+            ErrorKind::NotFound => StatusCode::NOT_FOUND,
+            ErrorKind::LimitExceeded => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+            ErrorKind::InvalidInput | ErrorKind::AlreadyExists | ErrorKind::InvalidState => {
+                StatusCode::BAD_REQUEST
+            }
+            ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let body = FilesError {
+            message: self.0.message().to_owned(),
+            code: status.as_u16(),
+        };
+        (status, Json(body)).into_response()
+    }
+}
+
+fn required_path(query: &FilesQuery) -> Result<SandboxPath, FilesFailure> {
+    let path = query
+        .path
+        .as_deref()
+        .ok_or_else(|| Error::invalid_input("the `path` query parameter is required"))?;
+    Ok(paths::to_workspace(path)?)
+}
+
+/// `GET /files?path=`: the file's bytes.
+pub(super) async fn download(
+    State(state): State<AppState>,
+    Extension(envd): Extension<Envd>,
+    Query(query): Query<FilesQuery>,
+) -> Result<Response, FilesFailure> {
+    let path = required_path(&query)?;
+    let info = state.backend.stat(envd.id(), &path).await?;
+    if info.kind == FileKind::Dir {
+        return Err(Error::invalid_input(format!(
+            "{} is a directory, not a file",
+            paths::to_e2b(&path)
+        ))
+        .into());
+    }
+    let data = state.backend.read(envd.id(), &path).await?;
+    let mut response = Response::new(Body::from(data));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/octet-stream"),
+    );
+    Ok(response)
+}
+
+/// `POST /files`: writes each file (parents made as needed) and answers what it wrote.
+pub(super) async fn upload(
+    State(state): State<AppState>,
+    Extension(envd): Extension<Envd>,
+    Query(query): Query<FilesQuery>,
+    request: Request,
+) -> Result<Response, FilesFailure> {
+    let limit = state.config.max_file_bytes;
+    let headers = request.headers();
+    if headers
+        .get(header::CONTENT_ENCODING)
+        .is_some_and(|v| v.as_bytes() != b"identity")
+    {
+        return Err(Error::invalid_input(
+            "compressed uploads (Content-Encoding) are not supported: send the bytes as they are",
+        )
+        .into());
+    }
+    let content_type = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned();
+    let mut files: Vec<(SandboxPath, Bytes)> = Vec::new();
+    if content_type.starts_with("multipart/form-data") {
+        let mut multipart = Multipart::from_request(request, &state)
+            .await
+            .map_err(|e| Error::invalid_input(format!("a malformed multipart body: {e}")))?;
+        let single = query.path.is_some();
+        loop {
+            let field = multipart
+                .next_field()
+                .await
+                .map_err(|e| too_large_or_bad(&e.body_text()))?;
+            let Some(field) = field else { break };
+            let named = field.file_name().map(str::to_owned);
+            let data = field
+                .bytes()
+                .await
+                .map_err(|e| too_large_or_bad(&e.body_text()))?;
+            if data.len() > limit {
+                return Err(over(limit).into());
+            }
+            let path = match (&query.path, named) {
+                (Some(path), _) if single && files.is_empty() => paths::to_workspace(path)?,
+                (_, Some(name)) => paths::to_workspace(&name)?,
+                _ => {
+                    return Err(
+                        Error::invalid_input("each part needs its path as its filename").into(),
+                    )
+                }
+            };
+            files.push((path, data));
+        }
+    } else {
+        let path = required_path(&query)?;
+        let data = axum::body::to_bytes(request.into_body(), limit)
+            .await
+            .map_err(|_| over(limit))?;
+        files.push((path, data));
+    }
+    let mut written = Vec::with_capacity(files.len());
+    for (path, data) in files {
+        if let Some(parent) = path.parent().filter(|p| !p.is_root()) {
+            state.backend.mkdir(envd.id(), &parent).await?;
+        }
+        state.backend.write(envd.id(), &path, data).await?;
+        written.push(WrittenEntry {
+            name: path.file_name().unwrap_or_default().to_owned(),
+            entry_type: "file".to_owned(),
+            path: paths::to_e2b(&path),
+        });
+    }
+    Ok(Json(written).into_response())
+}
+
+fn over(limit: usize) -> Error {
+    Error::limit_exceeded(format!("a file over this server's {limit}-byte limit"))
+}
+
+fn too_large_or_bad(text: &str) -> Error {
+    if text.contains("limit") {
+        Error::limit_exceeded(format!("the upload is too large: {text}"))
+    } else {
+        Error::invalid_input(format!("a malformed multipart body: {text}"))
+    }
+}

@@ -1,0 +1,202 @@
+//! E2B's own Python SDK (PyPI `e2b`) as a real client of the `sandcell-server` binary:
+//! the pytest scripts in `backends/remote/tests/e2b_sdk` drive it over the local
+//! backend and over Docker, as a user of E2B would, with only `E2B_API_KEY`,
+//! `E2B_API_URL` and `E2B_SANDBOX_URL` pointing at it.
+//!
+//! The interpreter is `SANDCELL_E2B_PYTHON` (`.ci/run` makes a virtual environment
+//! with `e2b==2.63.0` and `pytest`), else `python3`; without the SDK the tests skip,
+//! and fail instead under `SANDCELL_REQUIRE_E2B_SDK=1`.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sandcell::{LabelSelector, SandboxBackend};
+
+/// The two tenants' keys, shaped as E2B's (`e2b_` and hex).
+const KEY: &str = "e2b_53616e6463656c6c20746573742031";
+const OTHER_KEY: &str = "e2b_1111111111111111111111111111111111111111";
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn python() -> String {
+    std::env::var("SANDCELL_E2B_PYTHON")
+        .ok()
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| "python3".to_owned())
+}
+
+fn sdk_available() -> bool {
+    let probe = Command::new(python())
+        .args([
+            "-c",
+            "import e2b, pytest; print(e2b.__version__ if hasattr(e2b, '__version__') else '')",
+        ])
+        .output()
+        .map_err(|e| e.to_string())
+        .and_then(|out| {
+            if out.status.success() {
+                Ok(())
+            } else {
+                Err(String::from_utf8_lossy(&out.stderr).into_owned())
+            }
+        });
+    sandcell::testing::require_or_skip("E2B_SDK", "E2B's Python SDK and pytest", probe)
+}
+
+fn suite_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../backends/remote/tests/e2b_sdk")
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts the binary with two tenants and `args`; answers once it listens.
+async fn start(work: &Path, args: &[String]) -> (Server, String) {
+    let tenants = work.join("tenants.yaml");
+    std::fs::write(
+        &tenants,
+        format!(
+            "tenants:\n  - name: first\n    token: {KEY}\n  - name: second\n    token: {OTHER_KEY}\n"
+        ),
+    )
+    .unwrap();
+    let port = free_port();
+    let log = std::fs::File::create(work.join("server.log")).unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
+        .args(["--listen", &format!("127.0.0.1:{port}"), "--tenants"])
+        .arg(&tenants)
+        .args(args)
+        .env_remove("SANDCELL_SERVER_TOKEN")
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .unwrap();
+    let server = Server(child);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(Instant::now() < deadline, "the server never listened");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    (server, format!("http://127.0.0.1:{port}"))
+}
+
+/// Runs the pytest suite against `url`; panics with its output unless every test passed.
+fn run_suite(url: &str, work: &Path) {
+    let output = Command::new(python())
+        .args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "console_output_style=classic",
+        ])
+        .arg(suite_dir())
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", url)
+        .env("E2B_SANDBOX_URL", url)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    eprintln!("{stdout}");
+    let log = std::fs::read_to_string(work.join("server.log")).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "the E2B SDK suite failed:\n{stdout}\n{stderr}\nserver log:\n{log}"
+    );
+    assert!(stdout.contains(" passed"), "pytest ran nothing:\n{stdout}");
+    assert!(!stdout.contains(" skipped"), "a test skipped:\n{stdout}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_sdk_drives_the_local_backend() {
+    if !sdk_available() {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    let (server, url) = start(work.path(), &["--root".into(), root.display().to_string()]).await;
+    run_suite(&url, work.path());
+    drop(server);
+    let left: Vec<_> = std::fs::read_dir(root.join("sandboxes")).unwrap().collect();
+    assert!(left.is_empty(), "sandboxes left behind: {left:?}");
+}
+
+/// A root file system with busybox and bash as `/bin/bash`: E2B's SDKs run every command
+/// with `/bin/bash -l -c`.
+fn bash_rootfs(dir: &Path) -> Result<(), String> {
+    let busybox = sandcell_docker::testing::host_busybox()
+        .ok_or("busybox is not installed (apt-get install busybox-static)")?;
+    let bash = ["/bin/bash-static", "/usr/bin/bash-static"]
+        .into_iter()
+        .map(Path::new)
+        .find(|p| p.exists())
+        .ok_or("bash-static is not installed (apt-get install bash-static)")?;
+    sandcell_docker::testing::busybox_rootfs(&busybox, dir).map_err(|e| e.to_string())?;
+    let target = dir.join("bin/bash");
+    let _ = std::fs::remove_file(&target);
+    std::fs::copy(bash, &target).map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_sdk_drives_the_docker_backend() {
+    if !sdk_available() {
+        return;
+    }
+    let engine = sandcell_docker::DockerBackend::builder().build().unwrap();
+    let ping = engine.ping().await.map_err(|e| e.to_string());
+    if !sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping) {
+        return;
+    }
+    let work = tempfile::tempdir().unwrap();
+    let rootfs = work.path().join("rootfs");
+    let made = bash_rootfs(&rootfs);
+    if !sandcell::testing::require_or_skip("DOCKER", "a root file system with bash", made) {
+        return;
+    }
+    let mut options = serde_json::json!({
+        "templates": {"e2b-bash": {
+            "kind": "import",
+            "source": rootfs,
+            "tag": "sandcell-test/e2b-bash:latest"
+        }}
+    });
+    if let Some(agent) = std::env::var_os("SANDCELL_DOCKER_AGENT").filter(|a| !a.is_empty()) {
+        options["agent"] = serde_json::json!(PathBuf::from(agent));
+    }
+    let args = [
+        "--backend".to_owned(),
+        "docker".to_owned(),
+        "--options".to_owned(),
+        options.to_string(),
+        "--e2b-base-template".to_owned(),
+        "e2b-bash".to_owned(),
+    ];
+    let (server, url) = start(work.path(), &args).await;
+    run_suite(&url, work.path());
+    drop(server);
+    let left = engine
+        .list(&LabelSelector::new().label("sandcell.server.app", "e2b"))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "containers left behind: {left:?}");
+}
