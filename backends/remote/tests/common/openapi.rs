@@ -88,6 +88,40 @@ pub(crate) fn fly_spec_path() -> PathBuf {
     outside.join(SPEC_RELATIVE)
 }
 
+/// The path of `relative` in the `shared/` directory beside the workspace.
+pub(crate) fn shared_path(relative: &str) -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = manifest
+        .ancestors()
+        .find(|dir| dir.join("Cargo.lock").is_file())
+        .unwrap_or(manifest);
+    let outside = workspace
+        .parent()
+        .map_or_else(|| workspace.join(".."), Path::to_path_buf);
+    outside.join("shared").join(relative)
+}
+
+/// Reads a file of the specs in `shared/`: `None` (after saying why) when it is absent,
+/// failing instead under `SANDCELL_REQUIRE_SPEC=1`.
+pub(crate) fn read_shared(relative: &str) -> Option<String> {
+    let path = shared_path(relative);
+    match std::fs::read_to_string(&path) {
+        Ok(text) => Some(text),
+        Err(e) => {
+            let absent = format!("{}: {e}", path.display());
+            sandcell::testing::require_or_skip("SPEC", relative, Err(absent));
+            None
+        }
+    }
+}
+
+/// Loads E2B's control-plane spec (`shared/specs/e2b/openapi.yml`).
+pub(crate) fn load_e2b_spec() -> Option<OpenApi> {
+    let text = read_shared("specs/e2b/openapi.yml")?;
+    let doc: Value = serde_yaml::from_str(&text).expect("E2B's openapi.yml is YAML");
+    Some(OpenApi::from_value(doc))
+}
+
 /// Loads the spec from [`fly_spec_path`].
 ///
 /// An absent file skips: it prints why to stderr and returns `None`, unless
