@@ -485,3 +485,82 @@ async fn envd_messages_match_the_proto_files() {
         "{gone}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_cannot_make_envd_hold_unbounded_processes_or_watchers() {
+    let server = common::serve_local_with(ServerConfig::new(KEY)).await;
+    let client = Client {
+        http: reqwest::Client::new(),
+        url: server.url.clone(),
+    };
+    let (_, created) = client
+        .call(
+            reqwest::Method::POST,
+            "/sandboxes",
+            Some(json!({"templateID": "base"})),
+        )
+        .await;
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+    let token = created["envdAccessToken"].as_str().unwrap().to_owned();
+    for n in 0..=64 {
+        let (status, answer) = client
+            .envd(
+                &id,
+                &token,
+                "filesystem.Filesystem/CreateWatcher",
+                json!({"path": ""}),
+            )
+            .await;
+        if n < 64 {
+            assert_eq!(status, 200, "watcher {n}: {answer}");
+        } else {
+            assert_eq!(
+                (status, answer["code"].as_str()),
+                (429, Some("resource_exhausted"))
+            );
+        }
+    }
+    let start = |http: reqwest::Client| {
+        let (url, id, token) = (server.url.clone(), id.clone(), token.clone());
+        async move {
+            let body = json!({"process": {"cmd": "sleep", "args": ["60"]}});
+            let response = http
+                .post(format!("{url}/process.Process/Start"))
+                .header("E2b-Sandbox-Id", id)
+                .header("X-Access-Token", token)
+                .header("Content-Type", envd::STREAM_CONTENT_TYPE)
+                .body(envd::frame(0, &serde_json::to_vec(&body).unwrap()).to_vec())
+                .send()
+                .await
+                .unwrap();
+            // The first frame: a start, or (once full) the end frame with the refusal.
+            let mut stream = response.bytes_stream();
+            let mut decoder = envd::FrameDecoder::default();
+            loop {
+                if let Some((flags, json)) = decoder.next_frame().unwrap() {
+                    return (flags, serde_json::from_slice::<Value>(&json).unwrap());
+                }
+                let chunk = futures::StreamExt::next(&mut stream)
+                    .await
+                    .unwrap()
+                    .unwrap();
+                decoder.push(&chunk);
+            }
+        }
+    };
+    for n in 0..256 {
+        let (flags, first) = start(client.http.clone()).await;
+        assert_eq!(flags, 0, "process {n}: {first}");
+    }
+    let (flags, refused) = start(client.http.clone()).await;
+    assert_eq!(flags, envd::END_STREAM);
+    assert_eq!(
+        refused["error"]["code"],
+        json!("resource_exhausted"),
+        "{refused}"
+    );
+    let (status, _) = client
+        .call(reqwest::Method::DELETE, &format!("/sandboxes/{id}"), None)
+        .await;
+    assert_eq!(status, 204);
+}

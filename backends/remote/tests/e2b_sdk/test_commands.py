@@ -3,7 +3,12 @@
 import time
 
 import pytest
-from e2b.exceptions import SandboxException, TimeoutException
+from e2b.exceptions import (
+    InvalidArgumentException,
+    NotFoundException,
+    SandboxException,
+    TimeoutException,
+)
 from e2b.sandbox.commands.command_handle import CommandExitException
 
 
@@ -111,3 +116,10 @@ def test_unknown_pid(sandbox):
     assert sandbox.commands.kill(999999) is False
     with pytest.raises(SandboxException):
         sandbox.commands.connect(999999)
+
+
+def test_a_bad_working_directory_is_a_typed_error(sandbox):
+    with pytest.raises(InvalidArgumentException):
+        sandbox.commands.run("true", cwd="/etc")
+    with pytest.raises(NotFoundException):
+        sandbox.commands.run("true", cwd="missing-dir")

@@ -25,6 +25,8 @@ use crate::server::AppState;
 
 /// Most entries one `ListDir` answers, however deep it goes.
 const MAX_LISTED: usize = 100_000;
+/// Most polled watchers one sandbox has at once.
+const MAX_WATCHERS: usize = 64;
 /// Most events a polled watcher keeps between two polls; older ones are dropped.
 const MAX_PENDING: usize = 10_000;
 
@@ -70,7 +72,10 @@ pub(super) async fn call(
         "MakeDir" => make_dir(backend, id, rpc::message(request).await).await,
         "Move" => rename(backend, id, rpc::message(request).await).await,
         "Remove" => remove(backend, id, rpc::message(request).await).await,
-        "WatchDir" => watch_dir(&state, id, rpc::message(request).await, timing).await,
+        "WatchDir" => {
+            let watching = watch_dir(&state, id, rpc::message(request).await, timing).await;
+            Ok(watching.unwrap_or_else(|e| rpc::stream_error(&e.0)))
+        }
         "CreateWatcher" => create_watcher(&state, id, rpc::message(request).await).await,
         "GetWatcherEvents" => watcher_events(&state, id, rpc::message(request).await),
         "RemoveWatcher" => remove_watcher(&state, id, rpc::message(request).await),
@@ -324,6 +329,16 @@ async fn create_watcher(
     request: RpcResult<WatchDirRequest>,
 ) -> RpcResult<Response> {
     let request = request?;
+    let watching = lock(&state.e2b.watchers.by_id)
+        .values()
+        .filter(|w| &w.sandbox == id)
+        .count();
+    if watching >= MAX_WATCHERS {
+        return Err(Error::limit_exceeded(format!(
+            "sandbox {id} already has {MAX_WATCHERS} watchers: remove one first"
+        ))
+        .into());
+    }
     let (dir, mut watch) = open_watch(state.backend.as_ref(), id, &request).await?;
     let watcher_id = format!("watcher-{}", uuid::Uuid::new_v4().simple());
     let pending = Arc::new(std::sync::Mutex::new(Vec::<FilesystemEvent>::new()));

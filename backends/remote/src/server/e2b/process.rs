@@ -22,6 +22,10 @@ use crate::e2b::envd::{
 use crate::lock;
 use crate::server::AppState;
 
+/// Most processes one sandbox runs through envd at once: each keeps up to 1 MiB of its
+/// output for reconnects, so a client cannot make the server hold unbounded memory.
+const MAX_PROCESSES: usize = 256;
+
 /// The running processes of every sandbox, by pid.
 pub(crate) struct Processes {
     background: Background,
@@ -88,8 +92,14 @@ pub(super) async fn call(
 ) -> Response {
     let timing = StreamTiming::of(request.headers());
     let answer = match method.as_str() {
-        "Start" => start(&state, &envd, rpc::message(request).await, timing).await,
-        "Connect" => connect(&state, &envd, rpc::message(request).await, timing),
+        "Start" => {
+            let started = start(&state, &envd, rpc::message(request).await, timing).await;
+            Ok(started.unwrap_or_else(|e| rpc::stream_error(&e.0)))
+        }
+        "Connect" => {
+            let connected = connect(&state, &envd, rpc::message(request).await, timing);
+            Ok(connected.unwrap_or_else(|e| rpc::stream_error(&e.0)))
+        }
         "List" => Ok(list(&state, &envd)),
         "SendInput" => send_input(&state, &envd, rpc::message(request).await).await,
         "CloseStdin" => close_stdin(&state, &envd, rpc::message(request).await).await,
@@ -129,6 +139,17 @@ async fn start(
     // The call's deadline is the command's: the backend ends it and all it started.
     exec.timeout = timing.deadline;
     let processes = &state.e2b.processes;
+    let running = lock(&processes.running)
+        .get(envd.id())
+        .map_or(0, BTreeMap::len);
+    if running >= MAX_PROCESSES {
+        return Err(Error::limit_exceeded(format!(
+            "sandbox {} already runs {MAX_PROCESSES} processes through envd: wait for or \
+             kill one first",
+            envd.id()
+        ))
+        .into());
+    }
     let id = processes
         .background
         .start(state.backend.as_ref(), envd.id(), exec)

@@ -174,6 +174,17 @@ pub(crate) fn stream<M: Serialize + Send + 'static>(
     response
 }
 
+/// A server stream that failed before its first message: still `200`, as Connect's
+/// streams always are, with the error in the end frame.
+pub(crate) fn stream_error(error: &Error) -> Response {
+    let mut response = Response::new(Body::from(end_frame(Some(error))));
+    response.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(envd::STREAM_CONTENT_TYPE),
+    );
+    response
+}
+
 fn end_frame(error: Option<&Error>) -> Bytes {
     let end = EndStream {
         error: error.map(ConnectError::from_error),
