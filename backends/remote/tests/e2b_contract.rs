@@ -164,6 +164,17 @@ impl Client {
         (status, response.json().await.unwrap_or(Value::Null))
     }
 
+    /// A new sandbox's id and envd access token.
+    async fn sandbox(&self) -> (String, String) {
+        let body = json!({"templateID": "base"});
+        let (status, created) = self
+            .call(reqwest::Method::POST, "/sandboxes", Some(body))
+            .await;
+        assert_eq!(status, 201, "{created}");
+        let field = |name: &str| created[name].as_str().unwrap().to_owned();
+        (field("sandboxID"), field("envdAccessToken"))
+    }
+
     /// A server-streaming call: every message, then the end frame's JSON.
     async fn envd_stream(
         &self,
@@ -347,15 +358,7 @@ async fn envd_messages_match_the_proto_files() {
         http: reqwest::Client::new(),
         url: server.url.clone(),
     };
-    let (_, created) = client
-        .call(
-            reqwest::Method::POST,
-            "/sandboxes",
-            Some(json!({"templateID": "base"})),
-        )
-        .await;
-    let id = created["sandboxID"].as_str().unwrap().to_owned();
-    let token = created["envdAccessToken"].as_str().unwrap().to_owned();
+    let (id, token) = client.sandbox().await;
 
     let start = json!({"process": {"cmd": "sh", "args": ["-c", "echo out; echo err >&2; exit 3"]}});
     check_message(
@@ -493,15 +496,7 @@ async fn a_client_cannot_make_envd_hold_unbounded_processes_or_watchers() {
         http: reqwest::Client::new(),
         url: server.url.clone(),
     };
-    let (_, created) = client
-        .call(
-            reqwest::Method::POST,
-            "/sandboxes",
-            Some(json!({"templateID": "base"})),
-        )
-        .await;
-    let id = created["sandboxID"].as_str().unwrap().to_owned();
-    let token = created["envdAccessToken"].as_str().unwrap().to_owned();
+    let (id, token) = client.sandbox().await;
     for n in 0..=64 {
         let (status, answer) = client
             .envd(

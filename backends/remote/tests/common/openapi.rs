@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use serde_json::{Map, Value};
 
 /// The spec's location below the directory that holds the workspace.
-const SPEC_RELATIVE: &str = "shared/specs/fly/machines-openapi3.2026-05-07.json";
+const SPEC_RELATIVE: &str = "specs/fly/machines-openapi3.2026-05-07.json";
 
 /// Where schema names live, as a `$ref` prefix.
 const SCHEMAS_REF: &str = "#/components/schemas/";
@@ -76,16 +76,7 @@ pub(crate) fn fly_spec_path() -> PathBuf {
     if let Some(path) = std::env::var_os("SANDCELL_FLY_SPEC").filter(|p| !p.is_empty()) {
         return PathBuf::from(path);
     }
-    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = manifest
-        .ancestors()
-        .find(|dir| dir.join("Cargo.lock").is_file())
-        .unwrap_or(manifest);
-    // The parent keeps the path free of `..` so messages show where the file really is.
-    let outside = workspace
-        .parent()
-        .map_or_else(|| workspace.join(".."), Path::to_path_buf);
-    outside.join(SPEC_RELATIVE)
+    shared_path(SPEC_RELATIVE)
 }
 
 /// The path of `relative` in the `shared/` directory beside the workspace.
@@ -95,6 +86,7 @@ pub(crate) fn shared_path(relative: &str) -> PathBuf {
         .ancestors()
         .find(|dir| dir.join("Cargo.lock").is_file())
         .unwrap_or(manifest);
+    // The parent keeps the path free of `..` so messages show where the file really is.
     let outside = workspace
         .parent()
         .map_or_else(|| workspace.join(".."), Path::to_path_buf);

@@ -293,29 +293,30 @@ fn list(state: &AppState, envd: &Envd) -> Response {
     rpc::reply(&ListResponse { processes })
 }
 
+/// The background process `selector` names in the caller's sandbox.
+fn selected(state: &AppState, envd: &Envd, selector: &ProcessSelector) -> RpcResult<BackgroundId> {
+    Ok(state.e2b.processes.find(envd.id(), selector)?.1.id)
+}
+
+/// The empty answer of a call that only acts.
+fn done() -> RpcResult<Response> {
+    Ok(rpc::reply(&serde_json::json!({})))
+}
+
 async fn send_input(
     state: &AppState,
     envd: &Envd,
     request: RpcResult<SendInputRequest>,
 ) -> RpcResult<Response> {
     let request = request?;
-    let processes = &state.e2b.processes;
-    let (_, running) = processes.find(envd.id(), &request.process)?;
+    let id = selected(state, envd, &request.process)?;
     let data = request
         .input
         .stdin
         .or(request.input.pty)
         .unwrap_or_default();
-    processes
-        .background
-        .send_input(&running.id, data)
-        .await
-        .map_err(|e| match e.kind() {
-            // envd answers a closed stdin this way; the SDKs show it as such.
-            ErrorKind::InvalidState => Error::new(ErrorKind::InvalidState, e.message()),
-            _ => e,
-        })?;
-    Ok(rpc::reply(&serde_json::json!({})))
+    state.e2b.processes.background.send_input(&id, data).await?;
+    done()
 }
 
 async fn close_stdin(
@@ -323,11 +324,9 @@ async fn close_stdin(
     envd: &Envd,
     request: RpcResult<CloseStdinRequest>,
 ) -> RpcResult<Response> {
-    let request = request?;
-    let processes = &state.e2b.processes;
-    let (_, running) = processes.find(envd.id(), &request.process)?;
-    processes.background.close_input(&running.id).await?;
-    Ok(rpc::reply(&serde_json::json!({})))
+    let id = selected(state, envd, &request?.process)?;
+    state.e2b.processes.background.close_input(&id).await?;
+    done()
 }
 
 async fn send_signal(
@@ -336,14 +335,14 @@ async fn send_signal(
     request: RpcResult<SendSignalRequest>,
 ) -> RpcResult<Response> {
     let request = request?;
-    let processes = &state.e2b.processes;
-    let (_, running) = processes.find(envd.id(), &request.process)?;
+    let id = selected(state, envd, &request.process)?;
+    let background = &state.e2b.processes.background;
     match request.signal {
         0 => return Err(Error::invalid_input("no signal given").into()),
-        9 => processes.background.kill(&running.id)?,
-        signal => processes.background.signal(&running.id, signal).await?,
+        9 => background.kill(&id)?,
+        signal => background.signal(&id, signal).await?,
     }
-    Ok(rpc::reply(&serde_json::json!({})))
+    done()
 }
 
 async fn update(
@@ -352,11 +351,10 @@ async fn update(
     request: RpcResult<UpdateRequest>,
 ) -> RpcResult<Response> {
     let request = request?;
-    let processes = &state.e2b.processes;
-    let (_, running) = processes.find(envd.id(), &request.process)?;
+    let id = selected(state, envd, &request.process)?;
     if let Some(size) = request.pty.and_then(|p| p.size) {
         let size = TerminalSize::new(clamp(size.rows, 24), clamp(size.cols, 80));
-        processes.background.resize(&running.id, size).await?;
+        state.e2b.processes.background.resize(&id, size).await?;
     }
-    Ok(rpc::reply(&serde_json::json!({})))
+    done()
 }
