@@ -559,3 +559,74 @@ async fn a_client_cannot_make_envd_hold_unbounded_processes_or_watchers() {
         .await;
     assert_eq!(status, 204);
 }
+
+/// ADVERSARIAL case 31 on the E2B face: tenant B's key on tenant A's sandbox answers
+/// 404 on every control-plane route, B's envd token does not open A's sandbox, and B's
+/// list shows none of A's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_tenants_sandbox_is_not_found_on_the_e2b_face() {
+    use sandcell_remote::server::Tenant;
+    let config = ServerConfig::with_tenants([
+        Tenant::new("a", KEY),
+        Tenant::new("b", "e2b_tenant_b_token"),
+    ])
+    .unwrap();
+    let server = common::serve_local_with(config).await;
+    let a = Client {
+        http: reqwest::Client::new(),
+        url: server.url.clone(),
+    };
+    let (id, _) = a.sandbox().await;
+    let b = |method: reqwest::Method, path: String| {
+        reqwest::Client::new()
+            .request(method, format!("{}{path}", server.url))
+            .header("X-API-Key", "e2b_tenant_b_token")
+            .json(&json!({"templateID": "base", "timeout": 30}))
+            .send()
+    };
+    for (method, path) in [
+        (reqwest::Method::GET, format!("/sandboxes/{id}")),
+        (reqwest::Method::POST, format!("/sandboxes/{id}/timeout")),
+        (reqwest::Method::POST, format!("/sandboxes/{id}/pause")),
+        (reqwest::Method::POST, format!("/sandboxes/{id}/connect")),
+        (reqwest::Method::POST, format!("/v2/sandboxes/{id}/connect")),
+        (reqwest::Method::GET, format!("/sandboxes/{id}/metrics")),
+        (reqwest::Method::DELETE, format!("/sandboxes/{id}")),
+    ] {
+        let response = b(method, path.clone()).await.unwrap();
+        assert_eq!(response.status().as_u16(), 404, "{path}");
+    }
+    let listed: Value = b(reqwest::Method::GET, "/v2/sandboxes".to_owned())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed, json!([]));
+    // B's own sandbox's token does not open A's.
+    let b_client = Client {
+        http: reqwest::Client::new(),
+        url: server.url.clone(),
+    };
+    let created: Value = b(reqwest::Method::POST, "/sandboxes".to_owned())
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let b_token = created["envdAccessToken"].as_str().unwrap();
+    let (status, _) = b_client
+        .envd(
+            &id,
+            b_token,
+            "filesystem.Filesystem/Stat",
+            json!({"path": ""}),
+        )
+        .await;
+    assert_eq!(status, 401);
+    // A's sandbox is untouched.
+    let (status, detail) = a
+        .call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
+        .await;
+    assert_eq!((status, detail["state"].as_str()), (200, Some("running")));
+}
