@@ -773,19 +773,7 @@ mod tests {
 
     #[test]
     fn every_kind_survives_a_round_trip_through_its_code() {
-        for kind in [
-            ErrorKind::NotFound,
-            ErrorKind::AlreadyExists,
-            ErrorKind::Unsupported,
-            ErrorKind::InvalidInput,
-            ErrorKind::PermissionDenied,
-            ErrorKind::LimitExceeded,
-            ErrorKind::Timeout,
-            ErrorKind::Unavailable,
-            ErrorKind::InvalidState,
-            ErrorKind::Corrupt,
-            ErrorKind::Backend,
-        ] {
+        for kind in ErrorKind::ALL {
             assert_eq!(kind_for_code(code_for(kind)), kind);
         }
     }
