@@ -284,7 +284,7 @@ impl RemoteBackend {
         let control: Arc<dyn ControlPlane> =
             Arc::new(FlyMachines::new(Arc::clone(&http), config.app.clone()));
         let files = ExecFiles::new(
-            Arc::clone(&control),
+            Arc::new(Arc::clone(&control)),
             config.workspace.clone().unwrap_or_default(),
         );
         let wires = Wires::new(Arc::clone(&http), config.app.clone(), config.call_timeout);

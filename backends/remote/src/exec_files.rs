@@ -26,7 +26,22 @@ use sandcell::{
 
 use crate::fly::ControlPlane;
 use crate::plain_exec::typed_failure;
-use crate::protocol::ExecBody;
+use crate::protocol::{ExecBody, ExecResponse};
+
+/// What files over exec need from a provider: a command run to its end, its output
+/// answered as text (Fly's `exec`, or envd's process stream gathered up).
+#[async_trait::async_trait]
+pub(crate) trait BufferedExec: Send + Sync + std::fmt::Debug {
+    /// Runs `request` on sandbox `id` to its end.
+    async fn exec(&self, id: &str, request: &ExecBody) -> Result<ExecResponse>;
+}
+
+#[async_trait::async_trait]
+impl BufferedExec for Arc<dyn ControlPlane> {
+    async fn exec(&self, id: &str, request: &ExecBody) -> Result<ExecResponse> {
+        ControlPlane::exec(&**self, id, request).await
+    }
+}
 
 /// File data carried by one exec call (before base64), a multiple of [`BLOCK`].
 pub(crate) const CHUNK_BYTES: usize = 512 * 1024;
@@ -87,7 +102,7 @@ const EXTRACT: &str = include_str!("scripts/extract.sh");
 /// Runs file operations on one endpoint's machines through `exec`.
 #[derive(Debug, Clone)]
 pub(crate) struct ExecFiles {
-    control: Arc<dyn ControlPlane>,
+    control: Arc<dyn BufferedExec>,
     /// The workspace directory on the machine; empty for where commands start.
     root: String,
 }
@@ -138,7 +153,7 @@ fn kind_of(hex_mode: &str) -> Option<(FileKind, u32)> {
 }
 
 impl ExecFiles {
-    pub(crate) fn new(control: Arc<dyn ControlPlane>, root: String) -> Self {
+    pub(crate) fn new(control: Arc<dyn BufferedExec>, root: String) -> Self {
         ExecFiles { control, root }
     }
 

@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use reqwest::header::{HeaderValue, AUTHORIZATION, RETRY_AFTER};
+use reqwest::header::{HeaderName, HeaderValue, AUTHORIZATION, RETRY_AFTER};
 use reqwest::{Method, RequestBuilder, Response, StatusCode};
 use sandcell::{Error, ErrorKind, Result};
 use serde::{Deserialize, Serialize};
@@ -166,12 +166,46 @@ pub(crate) enum Body<'a> {
     Json(&'a serde_json::Value),
 }
 
+/// What a client keeps to besides its URL and credentials.
+pub(crate) struct Settings<'a> {
+    pub(crate) retry: RetryPolicy,
+    pub(crate) limits: RateLimits,
+    /// Every call's overall deadline, retries included.
+    pub(crate) deadline: Duration,
+    /// A PEM file of certificates to trust beside the system's roots.
+    pub(crate) ca_certificate: Option<&'a std::path::Path>,
+}
+
+/// An HTTP client trusting the system's roots and the certificates in `ca_certificate`.
+pub(crate) fn client(ca_certificate: Option<&std::path::Path>) -> Result<reqwest::Client> {
+    let mut client = reqwest::Client::builder()
+        .connect_timeout(Duration::from_secs(10))
+        .tcp_nodelay(true)
+        .pool_idle_timeout(Duration::from_secs(60));
+    if let Some(path) = ca_certificate {
+        let unusable =
+            |why: String| Error::invalid_input(format!("ca_certificate {}: {why}", path.display()));
+        let pem = std::fs::read(path).map_err(|e| unusable(format!("cannot be read ({e})")))?;
+        let certs = reqwest::Certificate::from_pem_bundle(&pem)
+            .map_err(|e| unusable(format!("not PEM certificates ({e})")))?;
+        if certs.is_empty() {
+            return Err(unusable("holds no certificate".to_owned()));
+        }
+        for cert in certs {
+            client = client.add_root_certificate(cert);
+        }
+    }
+    client
+        .build()
+        .map_err(|e| Error::with_source(ErrorKind::Backend, "building the HTTP client", e))
+}
+
 /// The shared client.
 #[derive(Debug)]
 pub(crate) struct Http {
     client: reqwest::Client,
     base: String,
-    auth: HeaderValue,
+    auth: (HeaderName, HeaderValue),
     pub(crate) retry: RetryPolicy,
     limits: RateLimits,
     limiter: Limiter,
@@ -190,39 +224,42 @@ impl Http {
         } else {
             format!("Bearer {token}")
         };
-        let mut auth = HeaderValue::from_str(&scheme)
+        Http::with_auth(
+            &config.url,
+            (AUTHORIZATION, &scheme),
+            Settings {
+                retry: config.retry,
+                limits: config.rate_limits,
+                deadline: config.call_timeout,
+                ca_certificate: config.ca_certificate.as_deref(),
+            },
+        )
+    }
+
+    /// A client of `url` that authenticates with the header `auth`.
+    pub(crate) fn with_auth(
+        url: &str,
+        auth: (HeaderName, &str),
+        settings: Settings<'_>,
+    ) -> Result<Self> {
+        let mut value = HeaderValue::from_str(auth.1)
             .map_err(|_| Error::invalid_input("the API token is not a valid header value"))?;
-        auth.set_sensitive(true);
-        let mut client = reqwest::Client::builder()
-            .connect_timeout(Duration::from_secs(10))
-            .tcp_nodelay(true)
-            .pool_idle_timeout(Duration::from_secs(60));
-        if let Some(path) = &config.ca_certificate {
-            let unusable = |why: String| {
-                Error::invalid_input(format!("ca_certificate {}: {why}", path.display()))
-            };
-            let pem = std::fs::read(path).map_err(|e| unusable(format!("cannot be read ({e})")))?;
-            let certs = reqwest::Certificate::from_pem_bundle(&pem)
-                .map_err(|e| unusable(format!("not PEM certificates ({e})")))?;
-            if certs.is_empty() {
-                return Err(unusable("holds no certificate".to_owned()));
-            }
-            for cert in certs {
-                client = client.add_root_certificate(cert);
-            }
-        }
-        let client = client
-            .build()
-            .map_err(|e| Error::with_source(ErrorKind::Backend, "building the HTTP client", e))?;
+        value.set_sensitive(true);
         Ok(Http {
-            client,
-            base: config.url.trim_end_matches('/').to_owned(),
-            auth,
-            retry: config.retry,
-            limits: config.rate_limits,
+            client: client(settings.ca_certificate)?,
+            base: url.trim_end_matches('/').to_owned(),
+            auth: (auth.0, value),
+            retry: settings.retry,
+            limits: settings.limits,
             limiter: Limiter::default(),
-            deadline: config.call_timeout,
+            deadline: settings.deadline,
         })
+    }
+
+    /// The underlying client (its connection pool and trusted roots), for calls to
+    /// other hosts of the same provider.
+    pub(crate) fn client(&self) -> &reqwest::Client {
+        &self.client
     }
 
     pub(crate) fn url(&self, path: &str) -> String {
@@ -233,7 +270,7 @@ impl Http {
     pub(crate) fn request(&self, method: Method, path: &str) -> RequestBuilder {
         self.client
             .request(method, self.url(path))
-            .header(AUTHORIZATION, self.auth.clone())
+            .header(self.auth.0.clone(), self.auth.1.clone())
     }
 
     /// Sends `call`, retrying what is safe to retry until the deadline; a success status
@@ -341,7 +378,14 @@ fn retry_after(response: &Response) -> Option<Duration> {
 pub(crate) async fn api_error(what: &str, response: Response) -> Error {
     let status = response.status();
     let text = response.text().await.unwrap_or_default();
-    let body: ErrorBody = serde_json::from_str(&text).unwrap_or_default();
+    let mut body: ErrorBody = serde_json::from_str(&text).unwrap_or_default();
+    if body.error.is_empty() {
+        // E2B's APIs answer `{"code": ..., "message": ...}`.
+        body.error = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v.get("message")?.as_str().map(str::to_owned))
+            .unwrap_or_default();
+    }
     let named = body.kind.as_deref().and_then(ErrorKind::from_name);
     let kind = named.unwrap_or_else(|| kind_for(status.as_u16()));
     let message = if body.error.is_empty() {
