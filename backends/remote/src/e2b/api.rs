@@ -57,6 +57,8 @@ pub struct SandboxTimeout {
 
 /// A created or connected sandbox.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+// Tolerant reading: a field an API version leaves out reads as its default.
+#[serde(default)]
 pub struct Sandbox {
     /// Its template.
     #[serde(rename = "templateID")]
@@ -84,6 +86,8 @@ pub struct Sandbox {
 
 /// `GET /sandboxes/{id}`, and each item of the list.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+// Tolerant reading: a field an API version leaves out reads as its default.
+#[serde(default)]
 pub struct SandboxDetail {
     /// Its template.
     #[serde(rename = "templateID")]
@@ -128,6 +132,8 @@ pub struct SandboxDetail {
 
 /// One reading of `GET /sandboxes/{id}/metrics`.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+// Tolerant reading: a field an API version leaves out reads as its default.
+#[serde(default)]
 pub struct SandboxMetric {
     /// When (RFC 3339).
     pub timestamp: String,

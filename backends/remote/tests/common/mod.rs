@@ -67,3 +67,11 @@ pub(crate) async fn client(url: &str) -> RemoteBackend {
         .await
         .unwrap()
 }
+
+/// An E2B provider for the E2B face of the server at `url`, with quick retries.
+pub(crate) async fn e2b_client(url: &str) -> sandcell_remote::e2b::E2bBackend {
+    let config = sandcell_remote::e2b::E2bConfig::self_hosted(url, TOKEN).retry(fast_retries());
+    sandcell_remote::e2b::E2bBackend::connect(config)
+        .await
+        .unwrap()
+}
