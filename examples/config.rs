@@ -35,11 +35,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     // Register every backend this program links; the file picks one by `type`.
-    // `remote` connects to its server when it is built, so its factory is async.
+    // `remote` connects to its server when it is built, so its factory is async; so is
+    // `e2b`'s (seed 003's `type: e2b`, see examples/e2b.yaml).
     let registry = BackendRegistry::new()
         .register("local", LocalBackend::from_options)
         .register("docker", sandcell_docker::DockerBackend::from_options)
-        .register_async("remote", sandcell_remote::RemoteBackend::from_options);
+        .register_async("remote", sandcell_remote::RemoteBackend::from_options)
+        .register_async("e2b", sandcell_remote::e2b::E2bBackend::from_options);
     let manager = config.build_manager(&registry).await?;
     println!(
         "{}: backend {}, at most {:?} sandboxes per tenant, idle timeout {:?}",

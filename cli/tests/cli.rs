@@ -54,6 +54,23 @@ impl Cli {
         }
     }
 
+    /// `--backend e2b` against an endpoint serving both of E2B's APIs at `url`.
+    fn e2b(dir: &Path, url: &str, key: &str) -> Self {
+        Cli {
+            data_dir: dir.join("data"),
+            backend: vec![
+                "--backend".into(),
+                "e2b".into(),
+                "--e2b-api-url".into(),
+                url.into(),
+                "--e2b-sandbox-url".into(),
+                url.into(),
+                "--e2b-api-key".into(),
+                key.into(),
+            ],
+        }
+    }
+
     fn run_with_stdin(&self, args: &[&str], stdin: Option<&[u8]>) -> Output {
         let mut child = Command::new(cli_binary())
             .arg("--data-dir")
@@ -61,6 +78,10 @@ impl Cli {
             .args(&self.backend)
             .args(args)
             .env_remove("SANDCELL_LOG")
+            .env_remove("E2B_API_KEY")
+            .env_remove("E2B_API_URL")
+            .env_remove("E2B_SANDBOX_URL")
+            .env_remove("E2B_DOMAIN")
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -500,5 +521,67 @@ async fn a_remote_session_lives_on_a_sandcell_server() {
         .await
         .unwrap();
     assert_one_line_error(&out, 2, "--remote-url");
+    server.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_e2b_session_lives_on_a_sandcell_servers_e2b_face() {
+    let dir = tempfile::tempdir().unwrap();
+    let served = sandcell_local::LocalBackend::builder()
+        .root(dir.path().join("server"))
+        .build()
+        .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(sandcell_remote::server::serve(
+        listener,
+        std::sync::Arc::new(served.clone()),
+        sandcell_remote::server::ServerConfig::new("e2b_cli"),
+        std::future::pending(),
+    ));
+    let cli = Cli::e2b(dir.path(), &url, "e2b_cli");
+    let run = |cli: Cli| {
+        tokio::task::spawn_blocking(move || {
+            let acquired = cli.json(&["acquire", "e1"]);
+            assert_eq!(
+                (acquired["backend"].as_str(), acquired["outcome"].as_str()),
+                (Some("e2b"), Some("created"))
+            );
+            let out = cli.run_with_stdin(&["write", "e1", "app/hi.sh"], Some(b"echo from e2b\n"));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            let out = cli.run(&["exec", "e1", "--", "sh", "app/hi.sh"]);
+            assert_eq!(out.stdout, b"from e2b\n");
+            let out = cli.run(&["exec", "e1", "--", "sh", "-c", "exit 7"]);
+            assert_eq!(out.status.code(), Some(7), "the exit status passes through");
+            assert_eq!(cli.json(&["suspend", "e1"])["status"], "suspended");
+            assert_eq!(cli.json(&["acquire", "e1"])["outcome"], "restored");
+            assert_eq!(cli.ok(&["read", "e1", "app/hi.sh"]), b"echo from e2b\n");
+            assert_eq!(cli.json(&["release", "e1", "--purge"])["status"], "purged");
+        })
+    };
+    run(cli).await.unwrap();
+    assert!(
+        served.list(&LabelSelector::new()).await.unwrap().is_empty(),
+        "the purge left a sandbox on the server"
+    );
+    let bad = Cli::e2b(dir.path(), &url, "wrong");
+    let out = tokio::task::spawn_blocking(move || bad.run(&["acquire", "e2"]))
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("API key"), "{stderr}");
+    let missing = Cli {
+        data_dir: dir.path().join("data"),
+        backend: vec!["--backend".into(), "e2b".into()],
+    };
+    let out = tokio::task::spawn_blocking(move || missing.run(&["acquire", "e3"]))
+        .await
+        .unwrap();
+    assert_one_line_error(&out, 2, "E2B_API_KEY");
     server.abort();
 }

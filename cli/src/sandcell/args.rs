@@ -39,6 +39,21 @@ pub(crate) struct Cli {
         hide_env_values = true
     )]
     pub(crate) remote_token: Option<String>,
+    /// API key of the e2b backend (as E2B's SDKs read it).
+    #[arg(long, global = true, env = "E2B_API_KEY", hide_env_values = true)]
+    pub(crate) e2b_api_key: Option<String>,
+    /// Control-plane URL of the e2b backend; unset, `https://api.{domain}`. A
+    /// sandcell-server serves it on its own URL.
+    #[arg(long, global = true, env = "E2B_API_URL")]
+    pub(crate) e2b_api_url: Option<String>,
+    /// Where envd is for every sandbox of the e2b backend (routed by headers); unset,
+    /// each sandbox's own host under the domain. A sandcell-server serves it on its own
+    /// URL.
+    #[arg(long, global = true, env = "E2B_SANDBOX_URL")]
+    pub(crate) e2b_sandbox_url: Option<String>,
+    /// E2B's domain (default `e2b.app`).
+    #[arg(long, global = true, env = "E2B_DOMAIN")]
+    pub(crate) e2b_domain: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -51,6 +66,8 @@ pub(crate) enum BackendKind {
     Docker,
     /// Remote VMs over a Fly-Machines-style API.
     Remote,
+    /// E2B sandboxes (E2B's cloud, or a sandcell-server's E2B face).
+    E2b,
 }
 
 impl BackendKind {
@@ -59,6 +76,7 @@ impl BackendKind {
             BackendKind::Local => "local",
             BackendKind::Docker => "docker",
             BackendKind::Remote => "remote",
+            BackendKind::E2b => "e2b",
         }
     }
 
@@ -68,6 +86,7 @@ impl BackendKind {
             BackendKind::Local => "",
             BackendKind::Docker => " --backend docker",
             BackendKind::Remote => " --backend remote",
+            BackendKind::E2b => " --backend e2b",
         }
     }
 }

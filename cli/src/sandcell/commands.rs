@@ -15,7 +15,7 @@ use crate::error::CliError;
 use crate::exec::{exit_code_of, stream_process};
 use crate::output::{print_json, session_json, write_stdout, Progress};
 use crate::session::{
-    known_session, open_manager, open_session, remote_config, same_backend, Manager,
+    hosted_config, known_session, open_manager, open_session, same_backend, Manager,
 };
 use crate::templates::Templates;
 
@@ -28,14 +28,11 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         ));
     }
     let backend = cli.backend;
-    let remote = match backend {
-        BackendKind::Remote => Some(remote_config(&cli)?),
-        _ => None,
-    };
+    let hosted = hosted_config(&cli)?;
     match cli.command {
-        Command::Template(TemplateCommand::Add { .. }) if backend == BackendKind::Remote => {
+        Command::Template(TemplateCommand::Add { .. }) if hosted.is_some() => {
             Err(CliError::bad_input(
-                "a remote backend's templates live on its server",
+                "a hosted backend's templates live on its server",
                 "pass the server's template name to `acquire --template`",
             ))
         }
@@ -53,7 +50,7 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Session(command) => {
-            let manager = open_manager(data_dir, backend, remote, &command).await?;
+            let manager = open_manager(data_dir, backend, hosted, &command).await?;
             run_session_command(&manager, data_dir, backend, command).await
         }
     }

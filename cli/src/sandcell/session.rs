@@ -15,8 +15,43 @@ use crate::templates::Templates;
 /// The manager the CLI drives: any backend, boxed.
 pub(crate) type Manager = SandboxManager<Box<dyn SandboxBackend>>;
 
+/// The settings of a backend hosted elsewhere, from the flags (or their environment
+/// variables).
+pub(crate) enum Hosted {
+    /// `--backend remote`.
+    Remote(sandcell_remote::RemoteConfig),
+    /// `--backend e2b`.
+    E2b(sandcell_remote::e2b::E2bConfig),
+}
+
+/// The hosted backend's settings, if `--backend` names one.
+pub(crate) fn hosted_config(cli: &Cli) -> Result<Option<Hosted>, CliError> {
+    match cli.backend {
+        BackendKind::Remote => Ok(Some(Hosted::Remote(remote_config(cli)?))),
+        BackendKind::E2b => Ok(Some(Hosted::E2b(e2b_config(cli)?))),
+        BackendKind::Local | BackendKind::Docker => Ok(None),
+    }
+}
+
+/// The e2b backend's settings, read as E2B's SDKs read theirs.
+fn e2b_config(cli: &Cli) -> Result<sandcell_remote::e2b::E2bConfig, CliError> {
+    let key = cli.e2b_api_key.clone().ok_or_else(|| {
+        CliError::bad_input(
+            "--backend e2b needs an API key",
+            "set E2B_API_KEY (or pass --e2b-api-key KEY)",
+        )
+    })?;
+    let mut config = sandcell_remote::e2b::E2bConfig::new(key);
+    config.api_url = cli.e2b_api_url.clone();
+    config.sandbox_url = cli.e2b_sandbox_url.clone();
+    if let Some(domain) = &cli.e2b_domain {
+        config.domain = domain.clone();
+    }
+    Ok(config)
+}
+
 /// The remote backend's settings from the flags (or their environment variables).
-pub(crate) fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
+fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
     let url = cli.remote_url.clone().ok_or_else(|| {
         CliError::bad_input(
             "--backend remote needs the server's URL",
@@ -37,13 +72,16 @@ pub(crate) fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, 
 pub(crate) async fn open_manager(
     data_dir: &Path,
     kind: BackendKind,
-    remote: Option<sandcell_remote::RemoteConfig>,
+    hosted: Option<Hosted>,
     command: &SessionCommand,
 ) -> Result<Manager, CliError> {
     let templates = Templates::load(data_dir)?;
-    let backend: Box<dyn SandboxBackend> = match (kind, remote) {
-        (BackendKind::Remote, Some(config)) => {
+    let backend: Box<dyn SandboxBackend> = match (kind, hosted) {
+        (_, Some(Hosted::Remote(config))) => {
             Box::new(sandcell_remote::RemoteBackend::connect(config).await?)
+        }
+        (_, Some(Hosted::E2b(config))) => {
+            Box::new(sandcell_remote::e2b::E2bBackend::connect(config).await?)
         }
         (BackendKind::Docker, _) => {
             let mut docker = sandcell_docker::DockerBackend::builder()

@@ -45,7 +45,7 @@ impl Templates {
         // The local backend provides an empty "default" template unless one is registered;
         // a remote server knows its own templates (an unknown one fails the create).
         (backend == BackendKind::Local && name == "default")
-            || backend == BackendKind::Remote
+            || matches!(backend, BackendKind::Remote | BackendKind::E2b)
             || self.of(backend).contains_key(name)
     }
 
