@@ -630,3 +630,214 @@ async fn another_tenants_sandbox_is_not_found_on_the_e2b_face() {
         .await;
     assert_eq!((status, detail["state"].as_str()), (200, Some("running")));
 }
+
+/// The `.proto` request message of an envd method, and which of its fields hold which
+/// nested messages.
+fn envd_request(method: &str) -> (&'static str, Vec<(&'static str, &'static str)>) {
+    let selector = ("process", "ProcessSelector");
+    let pty = [("pty", "PTY"), ("size", "Size")];
+    match method {
+        "process.Process/Start" => (
+            "StartRequest",
+            [("process", "ProcessConfig")]
+                .into_iter()
+                .chain(pty)
+                .collect(),
+        ),
+        "process.Process/Update" => ("UpdateRequest", [selector].into_iter().chain(pty).collect()),
+        "process.Process/SendInput" => (
+            "SendInputRequest",
+            vec![selector, ("input", "ProcessInput")],
+        ),
+        "process.Process/SendSignal" => ("SendSignalRequest", vec![selector]),
+        "process.Process/CloseStdin" => ("CloseStdinRequest", vec![selector]),
+        "filesystem.Filesystem/Stat" => ("StatRequest", vec![]),
+        "filesystem.Filesystem/ListDir" => ("ListDirRequest", vec![]),
+        "filesystem.Filesystem/MakeDir" => ("MakeDirRequest", vec![]),
+        "filesystem.Filesystem/Move" => ("MoveRequest", vec![]),
+        "filesystem.Filesystem/Remove" => ("RemoveRequest", vec![]),
+        "filesystem.Filesystem/WatchDir" => ("WatchDirRequest", vec![]),
+        other => panic!("the provider called envd method {other}, which this test does not know"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_request_the_e2b_provider_sends_matches_the_specs() {
+    use futures::StreamExt;
+    use sandcell::{
+        ExecRequest, LabelSelector, Network, SandboxBackend, SandboxBackendExt, SandboxPath,
+        SandboxSpec, TerminalSize, WatchOptions,
+    };
+    use sandcell_remote::e2b::{E2bBackend, E2bConfig};
+
+    let (Some(spec), Some(protos)) = (load_e2b_spec(), envd_protos()) else {
+        return;
+    };
+    let server = common::serve_local_with(ServerConfig::new(KEY)).await;
+    let proxy = common::proxy::FaultProxy::start(&server.url).await;
+    let backend =
+        E2bBackend::connect(E2bConfig::self_hosted(proxy.url(), KEY).env("FROM", "config"))
+            .await
+            .unwrap();
+    let p = |s: &str| SandboxPath::new(s).unwrap();
+
+    // Everything the provider does, once.
+    let sandbox = backend
+        .create(
+            &SandboxSpec::new("default")
+                .label("team", "contract")
+                .env("X", "1")
+                .network(Network::None),
+        )
+        .await
+        .unwrap();
+    let id = &sandbox.id;
+    let listed = backend
+        .list(&LabelSelector::new().label("team", "contract"))
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1);
+    let out = backend
+        .run(id, ExecRequest::new(["cat"]).stdin("in"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "in");
+    let mut shell = backend
+        .exec(id, ExecRequest::new(["sh"]).pty(TerminalSize::new(24, 80)))
+        .await
+        .unwrap();
+    shell.resize(TerminalSize::new(30, 100)).await.unwrap();
+    shell.kill().await.unwrap();
+    let _ = shell.wait().await;
+    let mut interactive = backend.exec(id, ExecRequest::new(["cat"])).await.unwrap();
+    drop(interactive.take_stdin());
+    interactive.wait().await.unwrap();
+    let mut watch = backend
+        .watch(id, &SandboxPath::root(), WatchOptions::new())
+        .await
+        .unwrap();
+    backend
+        .write(id, &p("d/f.txt"), "data".into())
+        .await
+        .unwrap();
+    assert!(watch.next().await.is_some());
+    drop(watch);
+    assert_eq!(backend.read(id, &p("d/f.txt")).await.unwrap(), "data");
+    backend.stat(id, &p("d/f.txt")).await.unwrap();
+    backend.list_dir(id, &p("d")).await.unwrap();
+    backend.mkdir(id, &p("e")).await.unwrap();
+    backend.rename(id, &p("e"), &p("g")).await.unwrap();
+    backend.remove(id, &p("g"), false).await.unwrap();
+    let tar = backend.export_tar(id, &p("d")).await.unwrap();
+    backend
+        .import_tar(id, &p("copy"), tar, Default::default())
+        .await
+        .unwrap();
+    assert_eq!(backend.read(id, &p("copy/f.txt")).await.unwrap(), "data");
+    backend.metrics(id).await.unwrap();
+    backend.pause(id).await.unwrap();
+    backend.resume(id).await.unwrap();
+    backend
+        .set_timeout(id, std::time::Duration::from_secs(120))
+        .await
+        .unwrap();
+    backend.destroy(id).await.unwrap();
+
+    // Every request, checked against the document that declares it.
+    let mut control_routes = BTreeSet::new();
+    let mut envd_methods = BTreeSet::new();
+    for request in proxy.requests() {
+        let path = request.path.as_str();
+        let bare = path.split('?').next().unwrap_or_default();
+        let query: Vec<&str> = path
+            .split_once('?')
+            .map(|(_, q)| {
+                q.split('&')
+                    .map(|kv| kv.split('=').next().unwrap_or_default())
+                    .collect()
+            })
+            .unwrap_or_default();
+        if bare.contains('.') {
+            let method = bare.trim_start_matches('/');
+            let streamed = request
+                .content_type
+                .as_deref()
+                .is_some_and(|t| t.starts_with(envd::STREAM_CONTENT_TYPE));
+            let json = if streamed {
+                let mut decoder = envd::FrameDecoder::default();
+                decoder.push(&request.body);
+                let (flags, json) = decoder.next_frame().unwrap().expect("one whole frame");
+                assert_eq!(flags, 0, "{method}: an uncompressed message");
+                json.to_vec()
+            } else {
+                request.body.clone()
+            };
+            let value: Value = serde_json::from_slice(&json).expect("envd requests are JSON");
+            let (message, nested) = envd_request(method);
+            check_message(&protos, message, &value, &nested);
+            envd_methods.insert(method.to_owned());
+        } else if bare == "/files" {
+            for name in &query {
+                assert!(["path", "username"].contains(name), "/files?{name}");
+            }
+            envd_methods.insert(format!("{} /files", request.method));
+        } else {
+            let route = spec
+                .match_path(&request.method, path)
+                .unwrap_or_else(|| panic!("{} {path} is not in openapi.yml", request.method));
+            let declared = spec
+                .query_parameters(&request.method, &route)
+                .unwrap_or_default();
+            for name in &query {
+                assert!(
+                    declared.iter().any(|d| d == name),
+                    "{} {route}: query parameter {name:?} is not declared ({declared:?})",
+                    request.method
+                );
+            }
+            if !request.body.is_empty() {
+                let value: Value = serde_json::from_slice(&request.body).unwrap();
+                if let Err(problems) = spec.validate_request(&request.method, &route, &value) {
+                    panic!("{} {route}: {problems:#?}\n{value:#}", request.method);
+                }
+            }
+            control_routes.insert(format!("{} {route}", request.method));
+        }
+    }
+    // The checks above ran on every kind of call, not on a few.
+    for route in [
+        "POST /sandboxes",
+        "GET /v2/sandboxes",
+        "GET /sandboxes/{sandboxID}",
+        "DELETE /sandboxes/{sandboxID}",
+        "POST /sandboxes/{sandboxID}/pause",
+        "POST /sandboxes/{sandboxID}/connect",
+        "POST /sandboxes/{sandboxID}/timeout",
+        "GET /sandboxes/{sandboxID}/metrics",
+    ] {
+        assert!(
+            control_routes.contains(route),
+            "{route} was not exercised: {control_routes:?}"
+        );
+    }
+    for method in [
+        "process.Process/Start",
+        "process.Process/Update",
+        "process.Process/SendSignal",
+        "process.Process/CloseStdin",
+        "process.Process/SendInput",
+        "filesystem.Filesystem/Stat",
+        "filesystem.Filesystem/ListDir",
+        "filesystem.Filesystem/MakeDir",
+        "filesystem.Filesystem/Move",
+        "filesystem.Filesystem/Remove",
+        "filesystem.Filesystem/WatchDir",
+        "GET /files",
+        "POST /files",
+    ] {
+        assert!(
+            envd_methods.contains(method),
+            "{method} was not exercised: {envd_methods:?}"
+        );
+    }
+}
