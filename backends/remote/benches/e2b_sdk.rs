@@ -1,6 +1,7 @@
-//! What E2B's Python SDK costs against sandcell-server: `commands.run("true")` p50
-//! through the SDK (Connect over HTTP/2 on loopback) against the same command,
-//! `/bin/bash -l -c true`, executed in-process on the same local backend; and
+//! What E2B's Python SDK and sandcell's own E2B provider cost against sandcell-server:
+//! `commands.run("true")` p50 through the SDK (Connect over HTTP/2 on loopback) and the
+//! provider's exec round trip (`E2bBackend`, Connect over HTTP/1.1), each against the
+//! same command executed in-process on the same local backend; and
 //! create-to-first-command through the SDK.
 //!
 //! Run: `SANDCELL_E2B_PYTHON=target/e2b-venv/bin/python cargo bench -p sandcell-remote
@@ -49,9 +50,40 @@ fn main() {
             times.push(start.elapsed());
             assert!(out.success());
         }
-        server.local.destroy(&sandbox.id).await.unwrap();
         times.sort();
         let (local_p50, local_p90) = (ms(times[rounds / 2]), ms(times[rounds * 9 / 10]));
+
+        // The provider and in-process, alternating per round: `true` alone (what the
+        // provider adds) and the SDK's command.
+        let provider = common::e2b_client(&server.url).await;
+        let remote = provider.create(&SandboxSpec::new("default")).await.unwrap();
+        let plain = || ExecRequest::new(["true"]).stdin("");
+        for _ in 0..10 {
+            provider.run(&remote.id, plain()).await.unwrap();
+        }
+        let mut provider_true = Vec::with_capacity(rounds);
+        let mut local_true = Vec::with_capacity(rounds);
+        let mut provider_bash = Vec::with_capacity(rounds);
+        for _ in 0..rounds {
+            let start = Instant::now();
+            assert!(provider.run(&remote.id, plain()).await.unwrap().success());
+            provider_true.push(start.elapsed());
+            let start = Instant::now();
+            assert!(server.local.run(&sandbox.id, plain()).await.unwrap().success());
+            local_true.push(start.elapsed());
+            let start = Instant::now();
+            assert!(provider.run(&remote.id, command()).await.unwrap().success());
+            provider_bash.push(start.elapsed());
+        }
+        provider.destroy(&remote.id).await.unwrap();
+        server.local.destroy(&sandbox.id).await.unwrap();
+        let p50 = |times: &mut Vec<Duration>| {
+            times.sort();
+            (ms(times[times.len() / 2]), ms(times[times.len() * 9 / 10]))
+        };
+        let (provider_true_p50, provider_true_p90) = p50(&mut provider_true);
+        let (local_true_p50, local_true_p90) = p50(&mut local_true);
+        let (provider_bash_p50, provider_bash_p90) = p50(&mut provider_bash);
 
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/benches/e2b_sdk.py");
         let creates = (rounds / 10).max(5);
@@ -88,6 +120,17 @@ fn main() {
             "  ratio at p50                 : {:.2}   (added {:.3} ms)",
             number("run_p50") / local_p50,
             number("run_p50") - local_p50
+        );
+        println!(
+            "  E2B provider (E2bBackend)    : p50 {provider_bash_p50:>7.3} ms   p90 {provider_bash_p90:>7.3} ms   ratio {:.2}",
+            provider_bash_p50 / local_p50
+        );
+        println!("`true`, {rounds} rounds each, alternating (same local backend)");
+        println!("  in-process local backend     : p50 {local_true_p50:>7.3} ms   p90 {local_true_p90:>7.3} ms");
+        println!(
+            "  E2B provider (E2bBackend)    : p50 {provider_true_p50:>7.3} ms   p90 {provider_true_p90:>7.3} ms   ratio {:.2} (added {:.3} ms)",
+            provider_true_p50 / local_true_p50,
+            provider_true_p50 - local_true_p50
         );
         println!(
             "create to first command through the SDK, {creates} rounds: p50 {:>7.3} ms   p90 {:>7.3} ms",
