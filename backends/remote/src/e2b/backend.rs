@@ -715,3 +715,67 @@ impl SandboxBackend for E2bBackend {
         Ok(metrics)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn workspace_paths_map_beneath_the_configured_home_and_nowhere_else() {
+        let client = crate::http::client(None).unwrap();
+        let sandboxes = Sandboxes {
+            config: E2bConfig::new("k"),
+            api: ApiClient::new(Arc::new(
+                Http::with_auth(
+                    "http://127.0.0.1:9",
+                    (reqwest::header::HeaderName::from_static("x-api-key"), "k"),
+                    Settings {
+                        retry: crate::RetryPolicy::default(),
+                        limits: crate::RateLimits::default(),
+                        deadline: std::time::Duration::from_secs(1),
+                        ca_certificate: None,
+                    },
+                )
+                .unwrap(),
+            )),
+            client,
+            known: Default::default(),
+        };
+        let p = |s: &str| SandboxPath::new(s).unwrap();
+        assert_eq!(sandboxes.path(&SandboxPath::root()), "/home/user");
+        assert_eq!(sandboxes.path(&p("a/b")), "/home/user/a/b");
+        assert_eq!(
+            sandboxes.workspace_path("/home/user/a/b").unwrap(),
+            p("a/b")
+        );
+        assert!(sandboxes.workspace_path("/home/user").unwrap().is_root());
+        for outside in ["/home/userx/a", "/etc/passwd", "/home/user/../x"] {
+            assert!(sandboxes.workspace_path(outside).is_err(), "{outside}");
+        }
+    }
+
+    #[test]
+    fn envd_entries_become_file_records() {
+        let entry = EntryInfo {
+            name: "l".to_owned(),
+            file_type: file_type::SYMLINK.to_owned(),
+            path: "/home/user/l".to_owned(),
+            size: 4,
+            mode: 0o120777,
+            modified_time: Some("2026-01-02T03:04:05.5Z".to_owned()),
+            symlink_target: Some("t".to_owned()),
+            ..EntryInfo::default()
+        };
+        let info = file_info(SandboxPath::new("l").unwrap(), &entry);
+        assert_eq!(info.kind, FileKind::Symlink);
+        assert_eq!(info.mode, 0o777);
+        assert_eq!(info.symlink_target.as_deref(), Some("t"));
+        assert!(info.modified.is_some());
+        let dir = EntryInfo {
+            file_type: file_type::DIRECTORY.to_owned(),
+            size: 4096,
+            ..EntryInfo::default()
+        };
+        assert_eq!(file_info(SandboxPath::root(), &dir).size, 0);
+    }
+}

@@ -430,3 +430,40 @@ impl crate::exec_files::BufferedExec for BufferedEnvd {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn end(exited: bool, code: i32, status: &str) -> EndEvent {
+        EndEvent {
+            exit_code: code,
+            exited,
+            status: status.to_owned(),
+            error: None,
+        }
+    }
+
+    #[test]
+    fn exits_read_back_as_codes_and_signals() {
+        assert_eq!(
+            exit_of(&end(true, 3, "exit status 3")),
+            ExitStatus::exited(3)
+        );
+        for (status, signal) in [
+            ("signal: killed", 9),
+            ("signal: terminated", 15),
+            ("signal: interrupt", 2),
+            ("signal: hangup", 1),
+            ("signal: signal 40", 40),
+        ] {
+            assert_eq!(
+                exit_of(&end(false, -1, status)),
+                ExitStatus::signaled(signal),
+                "{status}"
+            );
+        }
+        // Something unreadable is still an end by a signal, never a success.
+        assert_eq!(exit_of(&end(false, -1, "???")), ExitStatus::signaled(9));
+    }
+}
