@@ -1,6 +1,5 @@
 //! `RemoteBackend`: sandboxes as machines behind a Fly-Machines-style API.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -231,26 +230,7 @@ impl RemoteBackend {
     pub fn from_options(options: serde_json::Value) -> sandcell::config::BackendFuture {
         Box::pin(async move {
             let mut options = options;
-            if let Some(object) = options.as_object_mut() {
-                if let Some(name) = object.remove("token_env") {
-                    let name = name.as_str().ok_or_else(|| {
-                        Error::invalid_input(
-                            "invalid remote backend options: token_env is a variable name",
-                        )
-                    })?;
-                    if object.contains_key("token") {
-                        return Err(Error::invalid_input(
-                            "invalid remote backend options: give token or token_env, not both",
-                        ));
-                    }
-                    let token = std::env::var(name).map_err(|_| {
-                        Error::invalid_input(format!(
-                            "the remote backend's token_env names {name}, which is not set"
-                        ))
-                    })?;
-                    object.insert("token".to_owned(), token.into());
-                }
-            }
+            crate::secret_from_env(&mut options, "remote", "token", None)?;
             let config: RemoteConfig = sandcell::config::backend_options("remote", options)?;
             let backend: Box<dyn SandboxBackend> = Box::new(RemoteBackend::connect(config).await?);
             Ok(backend)
@@ -393,17 +373,12 @@ fn info_of(machine: &Machine) -> Result<SandboxInfo> {
     if let Ok(created) = chrono::DateTime::parse_from_rfc3339(&machine.created_at) {
         info.created_at = created.with_timezone(&chrono::Utc);
     }
-    let details = [
+    info.details = crate::details_of(&[
         ("name", &machine.name),
         ("region", &machine.region),
         ("state", &machine.state),
         ("version", &machine.instance_id),
-    ];
-    info.details = details
-        .into_iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| (k.to_owned(), v.clone()))
-        .collect::<BTreeMap<_, _>>();
+    ]);
     Ok(info)
 }
 

@@ -51,3 +51,56 @@ pub(crate) fn check_name(what: &str, name: &str) -> sandcell::Result<()> {
         )))
     }
 }
+
+/// Puts a backend's secret into its `options` from the environment: `{key}_env` names
+/// the variable holding it (`default_var` when neither `key` nor `{key}_env` is given;
+/// `None`, the key is then simply absent). Giving both is `InvalidInput`, and so is a
+/// named variable that is not set, so a config file need never carry the secret.
+pub(crate) fn secret_from_env(
+    options: &mut serde_json::Value,
+    backend: &str,
+    key: &str,
+    default_var: Option<&str>,
+) -> sandcell::Result<()> {
+    let Some(object) = options.as_object_mut() else {
+        return Ok(());
+    };
+    let env_key = format!("{key}_env");
+    let named = object.remove(&env_key);
+    if object.contains_key(key) {
+        return match named {
+            Some(_) => Err(sandcell::Error::invalid_input(format!(
+                "invalid {backend} backend options: give {key} or {env_key}, not both"
+            ))),
+            None => Ok(()),
+        };
+    }
+    let name = match named {
+        Some(name) => name.as_str().map(str::to_owned).ok_or_else(|| {
+            sandcell::Error::invalid_input(format!(
+                "invalid {backend} backend options: {env_key} is a variable name"
+            ))
+        })?,
+        None => match default_var {
+            Some(name) => name.to_owned(),
+            None => return Ok(()),
+        },
+    };
+    let secret = std::env::var(&name).map_err(|_| {
+        sandcell::Error::invalid_input(format!(
+            "the {backend} backend's {key} is read from {name}, which is not set"
+        ))
+    })?;
+    object.insert(key.to_owned(), secret.into());
+    Ok(())
+}
+
+/// A sandbox's details for [`SandboxInfo::details`](sandcell::SandboxInfo): the pairs
+/// whose value is not empty.
+pub(crate) fn details_of(pairs: &[(&str, &String)]) -> std::collections::BTreeMap<String, String> {
+    pairs
+        .iter()
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| ((*k).to_owned(), (*v).clone()))
+        .collect()
+}

@@ -1,7 +1,7 @@
 //! [`E2bBackend`]: sandboxes on E2B (or anything speaking its APIs, like
 //! sandcell-server): lifecycle over the control plane, commands and files over envd.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -233,17 +233,12 @@ fn info_of(detail: &SandboxDetail) -> Result<SandboxInfo> {
     if let Ok(started) = chrono::DateTime::parse_from_rfc3339(&detail.started_at) {
         info.created_at = started.with_timezone(&chrono::Utc);
     }
-    let details = [
+    info.details = crate::details_of(&[
         ("template", &detail.template_id),
         ("end_at", &detail.end_at),
         ("envd_version", &detail.envd_version),
         ("state", &detail.state),
-    ];
-    info.details = details
-        .into_iter()
-        .filter(|(_, v)| !v.is_empty())
-        .map(|(k, v)| (k.to_owned(), v.clone()))
-        .collect::<BTreeMap<_, _>>();
+    ]);
     Ok(info)
 }
 
@@ -288,30 +283,7 @@ impl E2bBackend {
     pub fn from_options(options: serde_json::Value) -> sandcell::config::BackendFuture {
         Box::pin(async move {
             let mut options = options;
-            if let Some(object) = options.as_object_mut() {
-                let named = object.remove("api_key_env");
-                if named.is_some() && object.contains_key("api_key") {
-                    return Err(Error::invalid_input(
-                        "invalid e2b backend options: give api_key or api_key_env, not both",
-                    ));
-                }
-                if !object.contains_key("api_key") {
-                    let name = match named {
-                        Some(name) => name.as_str().map(str::to_owned).ok_or_else(|| {
-                            Error::invalid_input(
-                                "invalid e2b backend options: api_key_env is a variable name",
-                            )
-                        })?,
-                        None => "E2B_API_KEY".to_owned(),
-                    };
-                    let key = std::env::var(&name).map_err(|_| {
-                        Error::invalid_input(format!(
-                            "the e2b backend's API key is read from {name}, which is not set"
-                        ))
-                    })?;
-                    object.insert("api_key".to_owned(), key.into());
-                }
-            }
+            crate::secret_from_env(&mut options, "e2b", "api_key", Some("E2B_API_KEY"))?;
             let config: E2bConfig = sandcell::config::backend_options("e2b", options)?;
             let backend: Box<dyn SandboxBackend> = Box::new(E2bBackend::connect(config).await?);
             Ok(backend)
