@@ -29,14 +29,14 @@ async fn setup() -> Option<Fixture> {
     let docker: Arc<dyn sandcell::SandboxBackend> = Arc::new(common::backend(true).await);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
+    // Cases run at once on one engine: a tenant of its own per case keeps each case's
+    // lists to its own sandboxes.
+    static CASES: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let case = CASES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tenant = Tenant::new(format!("case-{}-{case}", std::process::id()), TOKEN);
+    let config = ServerConfig::with_tenants([tenant]).unwrap();
     let task = tokio::spawn(async move {
-        let _ = serve(
-            listener,
-            docker,
-            ServerConfig::new(TOKEN),
-            std::future::pending(),
-        )
-        .await;
+        let _ = serve(listener, docker, config, std::future::pending()).await;
     });
     let backend = E2bBackend::connect(E2bConfig::self_hosted(&url, TOKEN))
         .await
