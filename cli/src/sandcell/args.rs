@@ -210,6 +210,16 @@ pub(crate) enum SessionCommand {
         #[arg(long, value_name = "N")]
         keep_last: Option<usize>,
     },
+    /// Serve MCP (Model Context Protocol) on stdin and stdout: tools to run commands and
+    /// edit files in named sessions, for an agent that starts this as its MCP server.
+    Mcp {
+        /// The tenant whose sessions the tools act on.
+        #[arg(long, default_value = "default")]
+        tenant: String,
+        /// The template a new session starts from (default: `default`).
+        #[arg(long)]
+        template: Option<String>,
+    },
 }
 
 /// Exactly one of `--destroy` and `--purge`.

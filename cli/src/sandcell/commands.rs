@@ -50,14 +50,50 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Session(command) => {
-            let manager = open_manager(data_dir, backend, hosted, &command).await?;
+            let manager =
+                std::sync::Arc::new(open_manager(data_dir, backend, hosted, &command).await?);
             run_session_command(&manager, data_dir, backend, command).await
         }
     }
 }
 
+/// `sandcell mcp`: the manager's sessions as MCP tools on stdin and stdout, until the
+/// client closes them; sessions outlive it, like every command's.
+async fn serve_mcp(
+    manager: &std::sync::Arc<Manager>,
+    data_dir: &Path,
+    backend: BackendKind,
+    tenant: String,
+    template: Option<String>,
+) -> Result<ExitCode, CliError> {
+    sandcell::SessionKey::new(tenant.as_str(), "probe").map_err(|e| {
+        CliError::bad_input(
+            format_args!("--tenant: {e}"),
+            "use letters, digits, '-' and '_'",
+        )
+    })?;
+    let mut settings = sandcell_mcp::ToolSettings::default();
+    if let Some(template) = template {
+        if !Templates::load(data_dir)?.contains(backend, &template) {
+            return Err(CliError::bad_input(
+                format_args!("unknown template {template:?}"),
+                format_args!(
+                    "register it with `sandcell{} template add {template} DIR`",
+                    backend.flag()
+                ),
+            ));
+        }
+        settings.spec = sandcell::SandboxSpec::new(template);
+    }
+    let tools = sandcell_mcp::SandboxTools::new(std::sync::Arc::clone(manager), tenant, settings);
+    let served = sandcell_mcp::serve_stdio(tools).await;
+    manager.shutdown().await;
+    served?;
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(crate) async fn run_session_command(
-    manager: &Manager,
+    manager: &std::sync::Arc<Manager>,
     data_dir: &Path,
     backend: BackendKind,
     command: SessionCommand,
@@ -274,6 +310,9 @@ pub(crate) async fn run_session_command(
                 print_json(&line)?;
             }
             Ok(ExitCode::SUCCESS)
+        }
+        SessionCommand::Mcp { tenant, template } => {
+            serve_mcp(manager, data_dir, backend, tenant, template).await
         }
         SessionCommand::Gc { .. } => {
             let progress = Progress::start("reconciling and reaping");

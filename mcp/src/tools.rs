@@ -1,0 +1,527 @@
+//! The tools: each names a session, which the manager reuses, restores or creates, and
+//! answers text a model can act on. Sandbox errors (a bad path, a timeout, a limit) are
+//! tool errors, never protocol failures.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use base64::Engine as _;
+use futures::StreamExt;
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, RequestMetaObject,
+    ServerCapabilities, ServerConfig,
+};
+use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler};
+use sandcell::{
+    Error, ErrorKind, ExecRequest, FileKind, ProcessEvent, ReleaseMode, SandboxBackend,
+    SandboxBackendExt, SandboxHandle, SandboxManager, SandboxPath, SandboxSpec, SessionKey,
+};
+
+use crate::args::{
+    EditFile, Encoding, Glob, Grep, ListDirectory, Nothing, ReadFile, Release, ReleaseSession,
+    Restore, RunCommand, SessionOnly, WriteFile,
+};
+use crate::output::HeadTail;
+
+/// The manager the tools drive: any backend.
+pub type Manager = SandboxManager<Box<dyn SandboxBackend>>;
+
+/// The most a `read_file` answers in one call.
+const READ_LIMIT: u64 = 256 * 1024;
+/// The longest a command may be given.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+/// A command's timeout when the call sets none.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
+/// How often a running command reports progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
+/// The most entries a listing, glob or grep answers.
+const MAX_ITEMS: usize = 1000;
+
+/// How the tools behave; [`Default`] suits a model's context.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct ToolSettings {
+    /// The spec a new session's sandbox gets (default: the `default` template).
+    pub spec: SandboxSpec,
+    /// The bytes of a command's stdout (and of its stderr) a result keeps: the first
+    /// and last halves, with a marker between (default 32 KiB).
+    pub output_limit: usize,
+    /// The largest file `write_file` takes, decoded (default 10 MiB).
+    pub max_write_bytes: usize,
+}
+
+impl Default for ToolSettings {
+    fn default() -> Self {
+        ToolSettings {
+            spec: SandboxSpec::new("default"),
+            output_limit: 32 * 1024,
+            max_write_bytes: 10 << 20,
+        }
+    }
+}
+
+/// sandcell's MCP server: sandbox tools over one manager, for one tenant.
+///
+/// Serve it with any rmcp transport: [`serve_stdio`](crate::serve_stdio) does for a
+/// command line.
+#[derive(Clone)]
+pub struct SandboxTools {
+    manager: Arc<Manager>,
+    tenant: String,
+    settings: Arc<ToolSettings>,
+    tool_router: ToolRouter<Self>,
+}
+
+impl std::fmt::Debug for SandboxTools {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SandboxTools")
+            .field("tenant", &self.tenant)
+            .field("backend", &self.manager.backend().name())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A tool's answer: text, or the error a model reads.
+type Answer = Result<CallToolResult, rmcp::ErrorData>;
+
+fn text(body: impl Into<String>) -> Answer {
+    Ok(CallToolResult::success(vec![ContentBlock::text(body)]))
+}
+
+/// A sandbox error as a tool error: its kind and message, for the model to act on.
+fn failed(e: &Error) -> Answer {
+    let hint = match e.kind() {
+        ErrorKind::LimitExceeded => " (a limit of this server: ask for less)",
+        ErrorKind::Timeout => " (give a longer timeout_secs, or run it in the background)",
+        _ => "",
+    };
+    Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+        "{}: {e}{hint}",
+        e.kind()
+    ))]))
+}
+
+/// Runs `body`, turning a sandbox error into a tool error.
+async fn answer<F>(body: F) -> Answer
+where
+    F: std::future::Future<Output = sandcell::Result<String>>,
+{
+    match body.await {
+        Ok(out) => text(out),
+        Err(e) => failed(&e),
+    }
+}
+
+fn path(raw: &str) -> sandcell::Result<SandboxPath> {
+    SandboxPath::new(raw.trim_start_matches("./"))
+}
+
+impl SandboxTools {
+    /// Tools over `manager`, acting for `tenant`.
+    pub fn new(manager: Arc<Manager>, tenant: impl Into<String>, settings: ToolSettings) -> Self {
+        SandboxTools {
+            manager,
+            tenant: tenant.into(),
+            settings: Arc::new(settings),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The session's sandbox: reused, restored or created.
+    async fn open(
+        &self,
+        session: &str,
+    ) -> sandcell::Result<SandboxHandle<Box<dyn SandboxBackend>>> {
+        let key = SessionKey::new(self.tenant.clone(), session)?;
+        self.manager.acquire(&key, &self.settings.spec).await
+    }
+
+    fn key(&self, session: &str) -> sandcell::Result<SessionKey> {
+        SessionKey::new(self.tenant.clone(), session)
+    }
+
+    async fn run(
+        &self,
+        args: RunCommand,
+        progress: Option<(rmcp::model::ProgressToken, Peer<RoleServer>)>,
+    ) -> sandcell::Result<(String, bool)> {
+        let timeout = args
+            .timeout_secs
+            .map_or(DEFAULT_TIMEOUT, Duration::from_secs)
+            .min(MAX_TIMEOUT);
+        let mut request = ExecRequest::new(["sh", "-c", args.command.as_str()]).stdin("");
+        request.env = args.env;
+        request.timeout = Some(timeout);
+        if let Some(cwd) = args.cwd.as_deref().filter(|c| !c.is_empty() && *c != ".") {
+            request.cwd = Some(path(cwd)?);
+        }
+        let sandbox = self.open(&args.session).await?;
+        let process = sandbox.call("exec", |b, id| b.exec(id, request)).await?;
+        let mut events = process.events().boxed();
+        let mut stdout = HeadTail::new(self.settings.output_limit);
+        let mut stderr = HeadTail::new(self.settings.output_limit);
+        let started = tokio::time::Instant::now();
+        let mut ticker = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
+        let status = loop {
+            tokio::select! {
+                event = events.next() => match event {
+                    Some(Ok(ProcessEvent::Stdout(data))) => stdout.push(&data),
+                    Some(Ok(ProcessEvent::Stderr(data))) => stderr.push(&data),
+                    Some(Ok(ProcessEvent::Exit(status))) => break status,
+                    Some(Ok(_)) => {}
+                    Some(Err(e)) => return Err(e),
+                    None => return Err(Error::new(ErrorKind::Backend, "the command's events ended without its exit")),
+                },
+                _ = ticker.tick() => {
+                    if let Some((token, peer)) = &progress {
+                        let seconds = started.elapsed().as_secs_f64();
+                        let message = format!(
+                            "running for {seconds:.0} s; {} bytes of output so far",
+                            stdout.total() + stderr.total()
+                        );
+                        let note = ProgressNotificationParam::new(token.clone(), seconds)
+                            .with_message(message);
+                        let _ = peer.notify_progress(note).await;
+                    }
+                }
+            }
+        };
+        sandbox.touch().await;
+        let mut out = String::new();
+        let failed = status.timed_out;
+        if status.timed_out {
+            out.push_str(&format!(
+                "timed out after {} s: the command and everything it started were killed\n",
+                timeout.as_secs()
+            ));
+        } else if let Some(code) = status.code {
+            out.push_str(&format!("exit code: {code}\n"));
+        } else if let Some(signal) = status.signal {
+            out.push_str(&format!("killed by signal {signal}\n"));
+        }
+        for (name, stream) in [("stdout", &stdout), ("stderr", &stderr)] {
+            if stream.total() > 0 {
+                out.push_str(&format!("--- {name} ---\n{}", stream.text()));
+                if !out.ends_with('\n') {
+                    out.push('\n');
+                }
+            }
+        }
+        Ok((out, failed))
+    }
+
+    async fn read(&self, args: ReadFile) -> sandcell::Result<String> {
+        let file = path(&args.path)?;
+        let sandbox = self.open(&args.session).await?;
+        let data = sandbox.call("read", |b, id| b.read(id, &file)).await?;
+        let size = data.len() as u64;
+        let offset = args.offset.unwrap_or(0).min(size);
+        let length = args.length.unwrap_or(READ_LIMIT).min(READ_LIMIT);
+        let end = offset.saturating_add(length).min(size);
+        let slice = data.slice(offset as usize..end as usize);
+        let body = match args.encoding {
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD.encode(&slice),
+            Encoding::Text => String::from_utf8(slice.to_vec()).map_err(|_| {
+                Error::invalid_input(format!(
+                    "{file} (bytes {offset}..{end}) is not UTF-8 text: read it with encoding \
+                     base64, or a range that does not split a character"
+                ))
+            })?,
+        };
+        if offset == 0 && end == size {
+            return Ok(body);
+        }
+        Ok(format!(
+            "[bytes {offset}..{end} of {size}; read more with offset {end}]\n{body}"
+        ))
+    }
+
+    async fn write(&self, args: WriteFile) -> sandcell::Result<String> {
+        let file = path(&args.path)?;
+        let data = match args.encoding {
+            Encoding::Text => bytes::Bytes::from(args.content.into_bytes()),
+            Encoding::Base64 => base64::engine::general_purpose::STANDARD
+                .decode(args.content.as_bytes())
+                .map_err(|e| Error::invalid_input(format!("content is not base64: {e}")))?
+                .into(),
+        };
+        if data.len() > self.settings.max_write_bytes {
+            return Err(Error::limit_exceeded(format!(
+                "{} bytes is over this server's {}-byte limit for one write",
+                data.len(),
+                self.settings.max_write_bytes
+            )));
+        }
+        let size = data.len();
+        let sandbox = self.open(&args.session).await?;
+        if let Some(parent) = file.parent().filter(|p| !p.is_root()) {
+            sandbox.call("mkdir", |b, id| b.mkdir(id, &parent)).await?;
+        }
+        sandbox
+            .call("write", |b, id| b.write(id, &file, data))
+            .await?;
+        Ok(format!("wrote {size} bytes to {file}"))
+    }
+}
+
+#[tool_router]
+impl SandboxTools {
+    /// Runs a shell command in a session's sandbox.
+    #[tool(
+        description = "Run a shell command (sh -c) in a session's sandbox, in its workspace. \
+        Answers the exit code and the output (long output keeps its start and end, with a \
+        marker between). The command gets no stdin; it is killed with everything it \
+        started after timeout_secs (default 120). Sessions are named by you: the first \
+        call creates one, later calls reuse it."
+    )]
+    async fn run_command(
+        &self,
+        Parameters(args): Parameters<RunCommand>,
+        meta: RequestMetaObject,
+        peer: Peer<RoleServer>,
+    ) -> Answer {
+        let progress = meta.get_progress_token().map(|token| (token, peer));
+        match self.run(args, progress).await {
+            Ok((out, false)) => text(out),
+            Ok((out, true)) => Ok(CallToolResult::error(vec![ContentBlock::text(out)])),
+            Err(e) => failed(&e),
+        }
+    }
+
+    /// Reads a file.
+    #[tool(
+        description = "Read a file of a session's workspace as UTF-8 text (or base64 with \
+        encoding base64). Answers at most 256 KiB; give offset and length (bytes) to read \
+        a large file in ranges."
+    )]
+    async fn read_file(&self, Parameters(args): Parameters<ReadFile>) -> Answer {
+        answer(self.read(args)).await
+    }
+
+    /// Writes a file.
+    #[tool(
+        description = "Write a whole file in a session's workspace (UTF-8 text, or base64 \
+        with encoding base64), replacing what it held; parent directories are created."
+    )]
+    async fn write_file(&self, Parameters(args): Parameters<WriteFile>) -> Answer {
+        answer(self.write(args)).await
+    }
+
+    /// Edits a file.
+    #[tool(
+        description = "Edit a file by replacing old_text with new_text. old_text must occur \
+        exactly once in the file, whitespace and indentation included; include enough \
+        surrounding lines to make it unique. An empty old_text creates a new file."
+    )]
+    async fn edit_file(&self, Parameters(args): Parameters<EditFile>) -> Answer {
+        answer(async {
+            let file = path(&args.path)?;
+            let sandbox = self.open(&args.session).await?;
+            let outcome = sandbox
+                .call("edit", |b, id| {
+                    b.edit_file(id, &file, &args.old_text, &args.new_text)
+                })
+                .await?;
+            Ok(match outcome {
+                sandcell::EditOutcome::Created => format!("created {file}"),
+                _ => format!("edited {file}"),
+            })
+        })
+        .await
+    }
+
+    /// Lists a directory.
+    #[tool(
+        description = "List a directory of a session's workspace: one entry per line, \
+        directories ending in '/', files with their size in bytes."
+    )]
+    async fn list_directory(&self, Parameters(args): Parameters<ListDirectory>) -> Answer {
+        answer(async {
+            let dir = match args.path.as_deref() {
+                None | Some("") | Some(".") => SandboxPath::root(),
+                Some(raw) => path(raw)?,
+            };
+            let sandbox = self.open(&args.session).await?;
+            let entries = sandbox
+                .call("list_dir", |b, id| b.list_dir(id, &dir))
+                .await?;
+            let mut out = String::new();
+            for entry in entries.iter().take(MAX_ITEMS) {
+                let name = entry.path.file_name().unwrap_or_default();
+                match entry.kind {
+                    FileKind::Dir => out.push_str(&format!("{name}/\n")),
+                    FileKind::Symlink => out.push_str(&format!("{name}@\n")),
+                    _ => out.push_str(&format!("{name}\t{} bytes\n", entry.size)),
+                }
+            }
+            if entries.len() > MAX_ITEMS {
+                out.push_str(&format!(
+                    "[... {} more entries]\n",
+                    entries.len() - MAX_ITEMS
+                ));
+            }
+            if out.is_empty() {
+                out.push_str("(empty directory)\n");
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Finds files by pattern.
+    #[tool(
+        description = "Find files and directories of a session's workspace whose path \
+        matches a glob such as 'src/**/*.rs' ('*' stays within one directory, '**' crosses \
+        them). One path per line."
+    )]
+    async fn glob(&self, Parameters(args): Parameters<Glob>) -> Answer {
+        answer(async {
+            let sandbox = self.open(&args.session).await?;
+            let found = sandbox
+                .call("glob", |b, id| b.glob(id, &args.pattern))
+                .await?;
+            let mut out: String = found
+                .iter()
+                .take(MAX_ITEMS)
+                .map(|p| format!("{p}\n"))
+                .collect();
+            if found.len() > MAX_ITEMS {
+                out.push_str(&format!("[... {} more paths]\n", found.len() - MAX_ITEMS));
+            }
+            if out.is_empty() {
+                out.push_str("(no match)\n");
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Searches file contents.
+    #[tool(
+        description = "Search the text files of a session's workspace (or of one file or \
+        directory) for lines matching a regular expression. One 'path:line: text' per match."
+    )]
+    async fn grep(&self, Parameters(args): Parameters<Grep>) -> Answer {
+        answer(async {
+            let root = match args.path.as_deref() {
+                None | Some("") | Some(".") => SandboxPath::root(),
+                Some(raw) => path(raw)?,
+            };
+            let sandbox = self.open(&args.session).await?;
+            let matches = sandbox
+                .call("grep", |b, id| b.grep(id, &root, &args.pattern))
+                .await?;
+            let mut out: String = matches
+                .iter()
+                .take(MAX_ITEMS)
+                .map(|m| format!("{}:{}: {}\n", m.path, m.line_number, m.line))
+                .collect();
+            if matches.len() > MAX_ITEMS {
+                out.push_str(&format!(
+                    "[... {} more matches]\n",
+                    matches.len() - MAX_ITEMS
+                ));
+            }
+            if out.is_empty() {
+                out.push_str("(no match)\n");
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Snapshots a session.
+    #[tool(
+        description = "Snapshot a session's workspace; answers the snapshot's id, which \
+        restore_snapshot takes. The session keeps running."
+    )]
+    async fn snapshot(&self, Parameters(args): Parameters<SessionOnly>) -> Answer {
+        answer(async {
+            let key = self.key(&args.session)?;
+            let manifest = self.manager.snapshot(&key).await?;
+            Ok(format!(
+                "snapshot {} of session {} ({} bytes)",
+                manifest.id, args.session, manifest.size_bytes
+            ))
+        })
+        .await
+    }
+
+    /// Restores a snapshot.
+    #[tool(
+        description = "Replace a session's workspace with a snapshot taken earlier (by \
+        snapshot, of this or another of your sessions)."
+    )]
+    async fn restore_snapshot(&self, Parameters(args): Parameters<Restore>) -> Answer {
+        answer(async {
+            let key = self.key(&args.session)?;
+            self.manager.restore(&key, &args.snapshot_id).await?;
+            Ok(format!(
+                "session {} now holds snapshot {}",
+                args.session, args.snapshot_id
+            ))
+        })
+        .await
+    }
+
+    /// Lists sessions.
+    #[tool(description = "List your sessions: one JSON object per line with its name and status.")]
+    async fn list_sessions(&self, Parameters(_): Parameters<Nothing>) -> Answer {
+        answer(async {
+            let sessions = self.manager.list(Some(&self.tenant)).await?;
+            let mut out = String::new();
+            for record in sessions {
+                let line = serde_json::json!({
+                    "session": record.key.session(),
+                    "status": record.status,
+                    "backend": record.backend,
+                    "template": record.spec.template,
+                    "last_active": record.last_active,
+                });
+                out.push_str(&line.to_string());
+                out.push('\n');
+            }
+            if out.is_empty() {
+                out.push_str("(no sessions)\n");
+            }
+            Ok(out)
+        })
+        .await
+    }
+
+    /// Releases a session.
+    #[tool(
+        description = "Release a session: keep (leave it running), suspend (snapshot and \
+        stop it; the next call restores it) or destroy (its sandbox is gone; its snapshots \
+        stay)."
+    )]
+    async fn release(&self, Parameters(args): Parameters<ReleaseSession>) -> Answer {
+        answer(async {
+            let key = self.key(&args.session)?;
+            let mode = match args.mode {
+                Release::Keep => ReleaseMode::Keep,
+                Release::Suspend => ReleaseMode::Suspend,
+                Release::Destroy => ReleaseMode::Destroy,
+            };
+            self.manager.release(&key, mode).await?;
+            Ok(format!("session {} released ({:?})", args.session, args.mode).to_lowercase())
+        })
+        .await
+    }
+}
+
+#[tool_handler(router = self.tool_router)]
+impl ServerHandler for SandboxTools {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("sandcell", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Sandboxes for running commands and editing files. Every tool names a \
+                 session: pick a name, and the first call creates its sandbox; later \
+                 calls reuse it, with its files and installed tools. Paths are relative \
+                 to the session's workspace.",
+            )
+    }
+}
