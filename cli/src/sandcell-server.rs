@@ -95,6 +95,11 @@ struct Args {
     /// The PEM private key of --tls-cert.
     #[arg(long, value_name = "PEM", requires = "tls_cert")]
     tls_key: Option<PathBuf>,
+    /// Serve MCP's tools over streamable HTTP at `/mcp` (each tenant's token as
+    /// `Authorization: Bearer`; each tenant sees its own sessions), keeping the
+    /// sessions' state and snapshots in DIR.
+    #[arg(long, value_name = "DIR", conflicts_with = "fly_only")]
+    mcp_data_dir: Option<PathBuf>,
 }
 
 /// The local backend at the isolation `options` asks for, or the strongest this host
@@ -220,6 +225,22 @@ async fn run(args: Args) -> sandcell::Result<()> {
     for arg in &args.allow_host_paths {
         config = config.allow_host_path(host_path(arg)?);
     }
+    let mcp = match &args.mcp_data_dir {
+        Some(dir) => {
+            // The sessions of MCP's tools outlive the server, as the CLI's do.
+            let manager = sandcell::SandboxManager::builder(
+                Box::new(Arc::clone(&backend)) as Box<dyn SandboxBackend>
+            )
+            .data_dir(dir)
+            .shutdown_policy(sandcell::manager::ShutdownPolicy::Keep)
+            .build()
+            .await?;
+            let manager = Arc::new(manager);
+            config = config.with_mcp(Arc::clone(&manager));
+            Some(manager)
+        }
+        None => None,
+    };
     // Read before listening, so a bad certificate fails the start, not each client.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Tls::from_pem_files(cert, key)?),
@@ -243,9 +264,12 @@ async fn run(args: Args) -> sandcell::Result<()> {
     let shutdown = async {
         let _ = tokio::signal::ctrl_c().await;
     };
-    match tls {
+    let served = match tls {
         Some(tls) => serve_tls(listener, tls, backend, config, shutdown).await,
         None => serve(listener, backend, config, shutdown).await,
+    };
+    if let Some(manager) = mcp {
+        manager.shutdown().await;
     }
-    .map_err(|e| sandcell::Error::with_source(sandcell::ErrorKind::Backend, "serving", e))
+    served.map_err(|e| sandcell::Error::with_source(sandcell::ErrorKind::Backend, "serving", e))
 }

@@ -5,7 +5,8 @@
 //! [`SandboxTools`] is an [rmcp](https://docs.rs/rmcp) server handler over a
 //! [`SandboxManager`](sandcell::SandboxManager): every tool names a session, which the
 //! manager reuses, restores or creates. Serve it on stdio with [`serve_stdio`] (what
-//! `sandcell mcp` does), or over any rmcp transport.
+//! `sandcell mcp` does), over streamable HTTP with `http_service` (feature `http`, what
+//! sandcell-server's `/mcp` does), or over any rmcp transport.
 //!
 //! | tool | does |
 //! |---|---|
@@ -20,10 +21,14 @@
 //! invalid-params error.
 
 mod args;
+#[cfg(feature = "http")]
+mod http;
 mod output;
 mod tools;
 
-pub use tools::{Manager, SandboxTools, ToolSettings};
+#[cfg(feature = "http")]
+pub use http::http_service;
+pub use tools::{Manager, SandboxTools, Tenant, ToolSettings};
 
 use rmcp::ServiceExt;
 

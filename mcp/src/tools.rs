@@ -10,9 +10,10 @@ use futures::StreamExt;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, RequestMetaObject,
-    ServerCapabilities, ServerConfig,
+    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
+    ServerConfig,
 };
+use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler};
 use sandcell::{
     Error, ErrorKind, ExecRequest, FileKind, ProcessEvent, ReleaseMode, SandboxBackend,
@@ -62,6 +63,12 @@ impl Default for ToolSettings {
     }
 }
 
+/// The tenant an HTTP request acts for: the server in front authenticates the caller
+/// and puts this in the request's extensions (see
+/// [`SandboxTools::per_request_tenant`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tenant(pub String);
+
 /// sandcell's MCP server: sandbox tools over one manager, for one tenant.
 ///
 /// Serve it with any rmcp transport: [`serve_stdio`](crate::serve_stdio) does for a
@@ -69,7 +76,9 @@ impl Default for ToolSettings {
 #[derive(Clone)]
 pub struct SandboxTools {
     manager: Arc<Manager>,
-    tenant: String,
+    /// The tenant every call acts for; `None`: each request's [`Tenant`], set by the
+    /// HTTP server in front.
+    tenant: Option<String>,
     settings: Arc<ToolSettings>,
     tool_router: ToolRouter<Self>,
 }
@@ -123,27 +132,61 @@ impl SandboxTools {
     pub fn new(manager: Arc<Manager>, tenant: impl Into<String>, settings: ToolSettings) -> Self {
         SandboxTools {
             manager,
-            tenant: tenant.into(),
+            tenant: Some(tenant.into()),
             settings: Arc::new(settings),
             tool_router: Self::tool_router(),
         }
     }
 
+    /// Tools over `manager` acting for each request's [`Tenant`], which the server in
+    /// front sets once it has authenticated the caller; a request without one is
+    /// refused.
+    pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
+        SandboxTools {
+            manager,
+            tenant: None,
+            settings: Arc::new(settings),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// The tenant a call acts for.
+    fn tenant(&self, ctx: &RequestContext<RoleServer>) -> sandcell::Result<String> {
+        if let Some(tenant) = &self.tenant {
+            return Ok(tenant.clone());
+        }
+        let _ = ctx;
+        #[cfg(feature = "http")]
+        if let Some(tenant) = ctx
+            .extensions
+            .get::<http::request::Parts>()
+            .and_then(|parts| parts.extensions.get::<Tenant>())
+        {
+            return Ok(tenant.0.clone());
+        }
+        Err(Error::new(
+            ErrorKind::PermissionDenied,
+            "this request carries no authenticated tenant",
+        ))
+    }
+
+    /// The session's key under the call's tenant.
+    fn key(&self, ctx: &RequestContext<RoleServer>, session: &str) -> sandcell::Result<SessionKey> {
+        SessionKey::new(self.tenant(ctx)?, session)
+    }
+
     /// The session's sandbox: reused, restored or created.
     async fn open(
         &self,
+        ctx: &RequestContext<RoleServer>,
         session: &str,
     ) -> sandcell::Result<SandboxHandle<Box<dyn SandboxBackend>>> {
-        let key = SessionKey::new(self.tenant.clone(), session)?;
+        let key = self.key(ctx, session)?;
         self.manager.acquire(&key, &self.settings.spec).await
     }
-
-    fn key(&self, session: &str) -> sandcell::Result<SessionKey> {
-        SessionKey::new(self.tenant.clone(), session)
-    }
-
     async fn run(
         &self,
+        ctx: &RequestContext<RoleServer>,
         args: RunCommand,
         progress: Option<(rmcp::model::ProgressToken, Peer<RoleServer>)>,
     ) -> sandcell::Result<(String, bool)> {
@@ -157,7 +200,7 @@ impl SandboxTools {
         if let Some(cwd) = args.cwd.as_deref().filter(|c| !c.is_empty() && *c != ".") {
             request.cwd = Some(path(cwd)?);
         }
-        let sandbox = self.open(&args.session).await?;
+        let sandbox = self.open(ctx, &args.session).await?;
         let process = sandbox.call("exec", |b, id| b.exec(id, request)).await?;
         let mut events = process.events().boxed();
         let mut stdout = HeadTail::new(self.settings.output_limit);
@@ -212,9 +255,13 @@ impl SandboxTools {
         Ok((out, failed))
     }
 
-    async fn read(&self, args: ReadFile) -> sandcell::Result<String> {
+    async fn read(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: ReadFile,
+    ) -> sandcell::Result<String> {
         let file = path(&args.path)?;
-        let sandbox = self.open(&args.session).await?;
+        let sandbox = self.open(ctx, &args.session).await?;
         let data = sandbox.call("read", |b, id| b.read(id, &file)).await?;
         let size = data.len() as u64;
         let offset = args.offset.unwrap_or(0).min(size);
@@ -238,7 +285,11 @@ impl SandboxTools {
         ))
     }
 
-    async fn write(&self, args: WriteFile) -> sandcell::Result<String> {
+    async fn write(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        args: WriteFile,
+    ) -> sandcell::Result<String> {
         let file = path(&args.path)?;
         let data = match args.encoding {
             Encoding::Text => bytes::Bytes::from(args.content.into_bytes()),
@@ -255,7 +306,7 @@ impl SandboxTools {
             )));
         }
         let size = data.len();
-        let sandbox = self.open(&args.session).await?;
+        let sandbox = self.open(ctx, &args.session).await?;
         if let Some(parent) = file.parent().filter(|p| !p.is_root()) {
             sandbox.call("mkdir", |b, id| b.mkdir(id, &parent)).await?;
         }
@@ -279,11 +330,13 @@ impl SandboxTools {
     async fn run_command(
         &self,
         Parameters(args): Parameters<RunCommand>,
-        meta: RequestMetaObject,
-        peer: Peer<RoleServer>,
+        ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        let progress = meta.get_progress_token().map(|token| (token, peer));
-        match self.run(args, progress).await {
+        let progress = ctx
+            .meta
+            .get_progress_token()
+            .map(|token| (token, ctx.peer.clone()));
+        match self.run(&ctx, args, progress).await {
             Ok((out, false)) => text(out),
             Ok((out, true)) => Ok(CallToolResult::error(vec![ContentBlock::text(out)])),
             Err(e) => failed(&e),
@@ -296,8 +349,12 @@ impl SandboxTools {
         encoding base64). Answers at most 256 KiB; give offset and length (bytes) to read \
         a large file in ranges."
     )]
-    async fn read_file(&self, Parameters(args): Parameters<ReadFile>) -> Answer {
-        answer(self.read(args)).await
+    async fn read_file(
+        &self,
+        Parameters(args): Parameters<ReadFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
+        answer(self.read(&ctx, args)).await
     }
 
     /// Writes a file.
@@ -305,8 +362,12 @@ impl SandboxTools {
         description = "Write a whole file in a session's workspace (UTF-8 text, or base64 \
         with encoding base64), replacing what it held; parent directories are created."
     )]
-    async fn write_file(&self, Parameters(args): Parameters<WriteFile>) -> Answer {
-        answer(self.write(args)).await
+    async fn write_file(
+        &self,
+        Parameters(args): Parameters<WriteFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
+        answer(self.write(&ctx, args)).await
     }
 
     /// Edits a file.
@@ -315,10 +376,14 @@ impl SandboxTools {
         exactly once in the file, whitespace and indentation included; include enough \
         surrounding lines to make it unique. An empty old_text creates a new file."
     )]
-    async fn edit_file(&self, Parameters(args): Parameters<EditFile>) -> Answer {
+    async fn edit_file(
+        &self,
+        Parameters(args): Parameters<EditFile>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
             let file = path(&args.path)?;
-            let sandbox = self.open(&args.session).await?;
+            let sandbox = self.open(&ctx, &args.session).await?;
             let outcome = sandbox
                 .call("edit", |b, id| {
                     b.edit_file(id, &file, &args.old_text, &args.new_text)
@@ -337,13 +402,17 @@ impl SandboxTools {
         description = "List a directory of a session's workspace: one entry per line, \
         directories ending in '/', files with their size in bytes."
     )]
-    async fn list_directory(&self, Parameters(args): Parameters<ListDirectory>) -> Answer {
+    async fn list_directory(
+        &self,
+        Parameters(args): Parameters<ListDirectory>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
             let dir = match args.path.as_deref() {
                 None | Some("") | Some(".") => SandboxPath::root(),
                 Some(raw) => path(raw)?,
             };
-            let sandbox = self.open(&args.session).await?;
+            let sandbox = self.open(&ctx, &args.session).await?;
             let entries = sandbox
                 .call("list_dir", |b, id| b.list_dir(id, &dir))
                 .await?;
@@ -376,9 +445,13 @@ impl SandboxTools {
         matches a glob such as 'src/**/*.rs' ('*' stays within one directory, '**' crosses \
         them). One path per line."
     )]
-    async fn glob(&self, Parameters(args): Parameters<Glob>) -> Answer {
+    async fn glob(
+        &self,
+        Parameters(args): Parameters<Glob>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
-            let sandbox = self.open(&args.session).await?;
+            let sandbox = self.open(&ctx, &args.session).await?;
             let found = sandbox
                 .call("glob", |b, id| b.glob(id, &args.pattern))
                 .await?;
@@ -403,13 +476,17 @@ impl SandboxTools {
         description = "Search the text files of a session's workspace (or of one file or \
         directory) for lines matching a regular expression. One 'path:line: text' per match."
     )]
-    async fn grep(&self, Parameters(args): Parameters<Grep>) -> Answer {
+    async fn grep(
+        &self,
+        Parameters(args): Parameters<Grep>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
             let root = match args.path.as_deref() {
                 None | Some("") | Some(".") => SandboxPath::root(),
                 Some(raw) => path(raw)?,
             };
-            let sandbox = self.open(&args.session).await?;
+            let sandbox = self.open(&ctx, &args.session).await?;
             let matches = sandbox
                 .call("grep", |b, id| b.grep(id, &root, &args.pattern))
                 .await?;
@@ -437,9 +514,13 @@ impl SandboxTools {
         description = "Snapshot a session's workspace; answers the snapshot's id, which \
         restore_snapshot takes. The session keeps running."
     )]
-    async fn snapshot(&self, Parameters(args): Parameters<SessionOnly>) -> Answer {
+    async fn snapshot(
+        &self,
+        Parameters(args): Parameters<SessionOnly>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
-            let key = self.key(&args.session)?;
+            let key = self.key(&ctx, &args.session)?;
             let manifest = self.manager.snapshot(&key).await?;
             Ok(format!(
                 "snapshot {} of session {} ({} bytes)",
@@ -454,9 +535,13 @@ impl SandboxTools {
         description = "Replace a session's workspace with a snapshot taken earlier (by \
         snapshot, of this or another of your sessions)."
     )]
-    async fn restore_snapshot(&self, Parameters(args): Parameters<Restore>) -> Answer {
+    async fn restore_snapshot(
+        &self,
+        Parameters(args): Parameters<Restore>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
-            let key = self.key(&args.session)?;
+            let key = self.key(&ctx, &args.session)?;
             self.manager.restore(&key, &args.snapshot_id).await?;
             Ok(format!(
                 "session {} now holds snapshot {}",
@@ -468,9 +553,14 @@ impl SandboxTools {
 
     /// Lists sessions.
     #[tool(description = "List your sessions: one JSON object per line with its name and status.")]
-    async fn list_sessions(&self, Parameters(_): Parameters<Nothing>) -> Answer {
+    async fn list_sessions(
+        &self,
+        Parameters(_): Parameters<Nothing>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
-            let sessions = self.manager.list(Some(&self.tenant)).await?;
+            let tenant = self.tenant(&ctx)?;
+            let sessions = self.manager.list(Some(&tenant)).await?;
             let mut out = String::new();
             for record in sessions {
                 let line = serde_json::json!({
@@ -497,9 +587,13 @@ impl SandboxTools {
         stop it; the next call restores it) or destroy (its sandbox is gone; its snapshots \
         stay)."
     )]
-    async fn release(&self, Parameters(args): Parameters<ReleaseSession>) -> Answer {
+    async fn release(
+        &self,
+        Parameters(args): Parameters<ReleaseSession>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Answer {
         answer(async {
-            let key = self.key(&args.session)?;
+            let key = self.key(&ctx, &args.session)?;
             let mode = match args.mode {
                 Release::Keep => ReleaseMode::Keep,
                 Release::Suspend => ReleaseMode::Suspend,

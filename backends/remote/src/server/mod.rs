@@ -75,6 +75,10 @@ pub struct ServerConfig {
     /// `"default"`, the local backend's; on Docker, an image with `bash`, which E2B's
     /// SDKs run every command with).
     pub e2b_base_template: String,
+    /// The session manager whose sessions MCP's tools act on at `/mcp` (feature `mcp`;
+    /// default none: no MCP route).
+    #[cfg(feature = "mcp")]
+    mcp: Option<Arc<sandcell_mcp::Manager>>,
 }
 
 /// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
@@ -143,7 +147,19 @@ impl ServerConfig {
             extensions: true,
             host_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
+            #[cfg(feature = "mcp")]
+            mcp: None,
         }
+    }
+
+    /// Serves MCP's tools over streamable HTTP at `/mcp`, acting on `manager`'s
+    /// sessions (a manager over the backend this server serves). Callers authenticate
+    /// with a tenant's token as `Authorization: Bearer`, and each tenant's tools see only
+    /// that tenant's sessions.
+    #[cfg(feature = "mcp")]
+    pub fn with_mcp(mut self, manager: Arc<sandcell_mcp::Manager>) -> Self {
+        self.mcp = Some(manager);
+        self
     }
 
     /// The tenants.
@@ -223,6 +239,11 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         routes.merge(e2b::routes(&state))
     } else {
         routes
+    };
+    #[cfg(feature = "mcp")]
+    let routes = match &state.config.mcp {
+        Some(manager) if extensions => routes.merge(mcp_routes(&state, Arc::clone(manager))),
+        _ => routes,
     };
     routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })
@@ -308,6 +329,30 @@ async fn authorize(State(state): State<AppState>, mut request: Request, next: Ne
             response
         }
     }
+}
+
+/// `/mcp`: MCP's tools over streamable HTTP, behind the tenants' tokens; each request
+/// carries its caller's tenant to the tools.
+#[cfg(feature = "mcp")]
+fn mcp_routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> Router<AppState> {
+    async fn tenant_of_caller(mut request: Request, next: Next) -> Response {
+        let tenant = request
+            .extensions()
+            .get::<tenants::Caller>()
+            .map(|caller| sandcell_mcp::Tenant(caller.0.name.clone()));
+        if let Some(tenant) = tenant {
+            request.extensions_mut().insert(tenant);
+        }
+        next.run(request).await
+    }
+    let service = sandcell_mcp::http_service(manager, sandcell_mcp::ToolSettings::default());
+    Router::new()
+        .nest_service("/mcp", service)
+        .layer(axum::middleware::from_fn(tenant_of_caller))
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(state),
+            authorize,
+        ))
 }
 
 /// The answer of a call that only acts.

@@ -1,0 +1,80 @@
+"""The same tools over streamable HTTP on sandcell-server (`/mcp`), each tenant with
+its own token and its own sessions."""
+
+import contextlib
+import os
+
+import httpx2
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+
+from conftest import fails, ok
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+def url():
+    return os.environ["SANDCELL_MCP_URL"]
+
+
+@contextlib.asynccontextmanager
+async def connect(token):
+    headers = {"Authorization": f"Bearer {token}"}
+    async with httpx2.AsyncClient(headers=headers, timeout=60) as http:
+        async with streamable_http_client(url(), http_client=http) as streams:
+            async with ClientSession(streams[0], streams[1]) as session:
+                await session.initialize()
+                yield session
+
+
+async def purge(session):
+    """Destroys every session the caller has, so the server keeps no sandbox."""
+    listed = await ok(session, "list_sessions")
+    for line in listed.splitlines():
+        if line.startswith("{"):
+            name = line.split('"session":"')[1].split('"')[0]
+            await ok(session, "release", session=name, mode="destroy")
+
+
+@pytest.fixture
+async def first():
+    async with connect(os.environ["SANDCELL_MCP_TOKEN_A"]) as session:
+        yield session
+        await purge(session)
+
+
+@pytest.fixture
+async def second():
+    async with connect(os.environ["SANDCELL_MCP_TOKEN_B"]) as session:
+        yield session
+        await purge(session)
+
+
+async def test_the_tools_answer_over_http(first):
+    names = {t.name for t in (await first.list_tools()).tools}
+    assert {"run_command", "read_file", "write_file", "release"} <= names
+    await ok(first, "write_file", session="web", path="app.py", content="print(6 * 7)\n")
+    out = await ok(first, "run_command", session="web", command="cat app.py; echo ok")
+    assert "exit code: 0" in out and "print(6 * 7)" in out
+    assert "invalid input" in await fails(first, "read_file", session="web", path="../../etc/passwd")
+
+
+async def test_each_tenant_sees_only_its_own_sessions(first, second):
+    await ok(first, "write_file", session="mine", path="secret.txt", content="first's")
+    assert '"session":"mine"' in await ok(first, "list_sessions")
+    assert '"session":"mine"' not in await ok(second, "list_sessions")
+    # The same name under the other tenant is another session, without the file.
+    assert "not found" in await fails(second, "read_file", session="mine", path="secret.txt")
+    assert await ok(first, "read_file", session="mine", path="secret.txt") == "first's"
+
+
+async def test_a_wrong_token_is_refused():
+    with pytest.raises(BaseException):
+        async with connect("not-a-tenant-token") as session:
+            await session.list_tools()
