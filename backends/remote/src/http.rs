@@ -166,6 +166,33 @@ pub(crate) enum Body<'a> {
     Json(&'a serde_json::Value),
 }
 
+/// Resolves every host under one domain to one address (the others as the system does):
+/// E2B's `{port}-{id}.{domain}` hosts on a deployment without wildcard DNS.
+#[derive(Debug)]
+pub(crate) struct DomainResolver {
+    pub(crate) domain: String,
+    pub(crate) ip: std::net::IpAddr,
+}
+
+impl reqwest::dns::Resolve for DomainResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let host = name.as_str().to_ascii_lowercase();
+        let under = host == self.domain || host.ends_with(&format!(".{}", self.domain));
+        let ip = self.ip;
+        Box::pin(async move {
+            if under {
+                let addrs: reqwest::dns::Addrs =
+                    Box::new(std::iter::once(std::net::SocketAddr::new(ip, 0)));
+                return Ok(addrs);
+            }
+            let found: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), 0)).await?.collect();
+            let addrs: reqwest::dns::Addrs = Box::new(found.into_iter());
+            Ok(addrs)
+        })
+    }
+}
+
 /// What a client keeps to besides its URL and credentials.
 pub(crate) struct Settings<'a> {
     pub(crate) retry: RetryPolicy,
@@ -174,14 +201,23 @@ pub(crate) struct Settings<'a> {
     pub(crate) deadline: Duration,
     /// A PEM file of certificates to trust beside the system's roots.
     pub(crate) ca_certificate: Option<&'a std::path::Path>,
+    /// How host names are resolved, when not by the system.
+    pub(crate) resolver: Option<std::sync::Arc<DomainResolver>>,
 }
 
-/// An HTTP client trusting the system's roots and the certificates in `ca_certificate`.
-pub(crate) fn client(ca_certificate: Option<&std::path::Path>) -> Result<reqwest::Client> {
+/// An HTTP client trusting the system's roots and the certificates in `ca_certificate`,
+/// resolving host names through `resolver` when given.
+pub(crate) fn client(
+    ca_certificate: Option<&std::path::Path>,
+    resolver: Option<std::sync::Arc<DomainResolver>>,
+) -> Result<reqwest::Client> {
     let mut client = reqwest::Client::builder()
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .pool_idle_timeout(Duration::from_secs(60));
+    if let Some(resolver) = resolver {
+        client = client.dns_resolver(resolver);
+    }
     if let Some(path) = ca_certificate {
         let unusable =
             |why: String| Error::invalid_input(format!("ca_certificate {}: {why}", path.display()));
@@ -232,6 +268,7 @@ impl Http {
                 limits: config.rate_limits,
                 deadline: config.call_timeout,
                 ca_certificate: config.ca_certificate.as_deref(),
+                resolver: None,
             },
         )
     }
@@ -246,7 +283,7 @@ impl Http {
             .map_err(|_| Error::invalid_input("the API token is not a valid header value"))?;
         value.set_sensitive(true);
         Ok(Http {
-            client: client(settings.ca_certificate)?,
+            client: client(settings.ca_certificate, settings.resolver)?,
             base: url.trim_end_matches('/').to_owned(),
             auth: (auth.0, value),
             retry: settings.retry,

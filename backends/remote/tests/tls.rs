@@ -120,3 +120,60 @@ fn unusable_certificates_and_keys_are_refused_naming_the_problem() {
     assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput, "{err}");
     assert!(err.to_string().contains("ca_certificate"), "{err}");
 }
+
+/// The E2B provider the way it reaches E2B's cloud: the control plane at
+/// `https://api.{domain}` and each sandbox's envd at `https://49983-{id}.{domain}`, over
+/// TLS; the domain's hosts resolved by `domain_ip`, as on a deployment without wildcard
+/// DNS.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_e2b_provider_reaches_sandboxes_by_their_own_host_names_over_tls() {
+    use sandcell_remote::e2b::{E2bBackend, E2bConfig};
+
+    let dir = tempfile::tempdir().unwrap();
+    let cert = rcgen::generate_simple_self_signed(vec!["*.sandcell.test".to_owned()]).unwrap();
+    let cert_file = dir.path().join("cert.pem");
+    let key_file = dir.path().join("key.pem");
+    std::fs::write(&cert_file, cert.cert.pem()).unwrap();
+    std::fs::write(&key_file, cert.key_pair.serialize_pem()).unwrap();
+    let tls = Tls::from_pem_files(&cert_file, &key_file).unwrap();
+    let local = LocalBackend::builder()
+        .root(dir.path().join("data"))
+        .build()
+        .unwrap();
+    let backend: Arc<dyn SandboxBackend> = Arc::new(local.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let server = tokio::spawn(serve_tls(
+        listener,
+        tls,
+        backend,
+        ServerConfig::new(common::TOKEN),
+        std::future::pending(),
+    ));
+
+    let mut config = E2bConfig::new(common::TOKEN);
+    config.domain = format!("sandcell.test:{port}");
+    config.domain_ip = Some("127.0.0.1".parse().unwrap());
+    config.ca_certificate = Some(cert_file.clone());
+    let e2b = E2bBackend::connect(config).await.unwrap();
+    let sandbox = e2b.create(&SandboxSpec::new("default")).await.unwrap();
+    let out = e2b
+        .run(&sandbox.id, ExecRequest::new(["echo", "by host name"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "by host name\n");
+    let path = SandboxPath::new("f.txt").unwrap();
+    e2b.write(&sandbox.id, &path, "over tls".into()).await.unwrap();
+    assert_eq!(e2b.read(&sandbox.id, &path).await.unwrap(), "over tls");
+    e2b.destroy(&sandbox.id).await.unwrap();
+    assert!(local.list(&Default::default()).await.unwrap().is_empty());
+
+    // Without the certificate trusted, nothing goes through.
+    let mut untrusting = E2bConfig::new(common::TOKEN).retry(common::fast_retries());
+    untrusting.domain = format!("sandcell.test:{port}");
+    untrusting.domain_ip = Some("127.0.0.1".parse().unwrap());
+    let e2b = E2bBackend::connect(untrusting).await.unwrap();
+    let err = e2b.create(&SandboxSpec::new("default")).await.unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::Unavailable, "{err}");
+    server.abort();
+}

@@ -294,11 +294,18 @@ impl E2bBackend {
     /// the endpoint answers.
     pub async fn connect(config: E2bConfig) -> Result<Self> {
         config.check()?;
+        let resolver = config.domain_ip.map(|ip| {
+            Arc::new(crate::http::DomainResolver {
+                domain: config.domain_host().to_ascii_lowercase(),
+                ip,
+            })
+        });
         let settings = Settings {
             retry: config.retry,
             limits: crate::RateLimits::default(),
             deadline: config.call_timeout,
             ca_certificate: config.ca_certificate.as_deref(),
+            resolver,
         };
         let http = Arc::new(Http::with_auth(
             &config.api_base(),
@@ -694,7 +701,7 @@ mod tests {
 
     #[test]
     fn workspace_paths_map_beneath_the_configured_home_and_nowhere_else() {
-        let client = crate::http::client(None).unwrap();
+        let client = crate::http::client(None, None).unwrap();
         let sandboxes = Sandboxes {
             config: E2bConfig::new("k"),
             api: ApiClient::new(Arc::new(
@@ -706,6 +713,7 @@ mod tests {
                         limits: crate::RateLimits::default(),
                         deadline: std::time::Duration::from_secs(1),
                         ca_certificate: None,
+                        resolver: None,
                     },
                 )
                 .unwrap(),

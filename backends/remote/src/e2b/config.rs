@@ -33,6 +33,11 @@ pub struct E2bConfig {
     /// host under the domain.
     #[serde(default)]
     pub sandbox_url: Option<String>,
+    /// The address every host under `domain` resolves to, for a self-hosted endpoint
+    /// without wildcard DNS (the domain then carries the port, e.g.
+    /// `sandboxes.internal:7711`); unset, the system resolves them.
+    #[serde(default)]
+    pub domain_ip: Option<std::net::IpAddr>,
     /// The E2B template a spec asking for sandcell's `default` template gets (default
     /// `base`, E2B's own default); any other template name is passed as it is.
     #[serde(default = "default_template")]
@@ -115,6 +120,7 @@ impl E2bConfig {
             api_url: None,
             domain: default_domain(),
             sandbox_url: None,
+            domain_ip: None,
             template: default_template(),
             timeout: default_timeout(),
             auto_pause: false,
@@ -166,6 +172,11 @@ impl E2bConfig {
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.envs.insert(key.into(), value.into());
         self
+    }
+
+    /// The domain's host name, without a port.
+    pub(crate) fn domain_host(&self) -> &str {
+        self.domain.split(':').next().unwrap_or_default()
     }
 
     /// The control plane's base URL.
