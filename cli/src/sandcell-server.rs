@@ -100,6 +100,20 @@ struct Args {
     /// sessions' state and snapshots in DIR.
     #[arg(long, value_name = "DIR", conflicts_with = "fly_only")]
     mcp_data_dir: Option<PathBuf>,
+    /// The most live sandboxes one tenant's MCP sessions hold at once; past it, a new
+    /// session is a tool error naming the limit. (A tenants file's quotas bound the
+    /// Fly and E2B faces; this bounds MCP's.)
+    #[arg(long, value_name = "N", default_value_t = 8, requires = "mcp_data_dir")]
+    mcp_max_sandboxes: u32,
+    /// Suspend an MCP session's sandbox (snapshot, then stop it) after this many
+    /// seconds without a call; the next call restores it.
+    #[arg(
+        long,
+        value_name = "SECS",
+        default_value_t = 900,
+        requires = "mcp_data_dir"
+    )]
+    mcp_idle_secs: u64,
 }
 
 /// The local backend at the isolation `options` asks for, or the strongest this host
@@ -233,6 +247,8 @@ async fn run(args: Args) -> sandcell::Result<()> {
             )
             .data_dir(dir)
             .shutdown_policy(sandcell::manager::ShutdownPolicy::Keep)
+            .max_sandboxes_per_tenant(args.mcp_max_sandboxes)
+            .idle_timeout(std::time::Duration::from_secs(args.mcp_idle_secs))
             .build()
             .await?;
             let manager = Arc::new(manager);

@@ -67,6 +67,7 @@ fn start_server(work: &Path) -> (Server, String) {
         .arg(work.join("root"))
         .arg("--mcp-data-dir")
         .arg(work.join("mcp"))
+        .args(["--mcp-max-sandboxes", "2"])
         .env_remove("SANDCELL_SERVER_TOKEN")
         .stdout(std::process::Stdio::null())
         .stderr(std::fs::File::create(work.join("server.log")).unwrap())

@@ -163,7 +163,9 @@ async fn the_e2b_provider_reaches_sandboxes_by_their_own_host_names_over_tls() {
         .unwrap();
     assert_eq!(out.stdout_str(), "by host name\n");
     let path = SandboxPath::new("f.txt").unwrap();
-    e2b.write(&sandbox.id, &path, "over tls".into()).await.unwrap();
+    e2b.write(&sandbox.id, &path, "over tls".into())
+        .await
+        .unwrap();
     assert_eq!(e2b.read(&sandbox.id, &path).await.unwrap(), "over tls");
     e2b.destroy(&sandbox.id).await.unwrap();
     assert!(local.list(&Default::default()).await.unwrap().is_empty());

@@ -78,3 +78,16 @@ async def test_a_wrong_token_is_refused():
     with pytest.raises(BaseException):
         async with connect("not-a-tenant-token") as session:
             await session.list_tools()
+
+
+async def test_a_tenants_live_sandboxes_are_bounded(first, second):
+    # The server runs with --mcp-max-sandboxes 2.
+    await ok(first, "run_command", session="one", command="true")
+    await ok(first, "run_command", session="two", command="true")
+    refused = await fails(first, "run_command", session="three", command="true")
+    assert "limit" in refused, refused
+    # Another tenant has its own allowance.
+    await ok(second, "run_command", session="three", command="true")
+    # Releasing one makes room.
+    await ok(first, "release", session="one", mode="destroy")
+    await ok(first, "run_command", session="three", command="true")
