@@ -8,60 +8,31 @@
 //! and fail instead under `SANDCELL_REQUIRE_E2B_SDK=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_port, Server};
 use sandcell::{LabelSelector, SandboxBackend};
 
 /// The two tenants' keys, shaped as E2B's (`e2b_` and hex).
 const KEY: &str = "e2b_53616e6463656c6c20746573742031";
 const OTHER_KEY: &str = "e2b_1111111111111111111111111111111111111111";
 
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn python() -> String {
-    std::env::var("SANDCELL_E2B_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".to_owned())
-}
-
-fn sdk_available() -> bool {
-    let probe = Command::new(python())
-        .args([
-            "-c",
-            "import e2b, pytest; print(e2b.__version__ if hasattr(e2b, '__version__') else '')",
-        ])
-        .output()
-        .map_err(|e| e.to_string())
-        .and_then(|out| {
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(String::from_utf8_lossy(&out.stderr).into_owned())
-            }
-        });
-    sandcell::testing::require_or_skip("E2B_SDK", "E2B's Python SDK and pytest", probe)
+/// The interpreter with E2B's SDK and pytest, if there is one.
+fn sdk() -> Option<String> {
+    common::python_with(
+        "SANDCELL_E2B_PYTHON",
+        "E2B_SDK",
+        "E2B's Python SDK and pytest",
+        "e2b, pytest",
+    )
 }
 
 fn suite_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../backends/remote/tests/e2b_sdk")
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts the binary with two tenants and `args`; answers once it listens.
@@ -95,8 +66,8 @@ async fn start(work: &Path, args: &[String]) -> (Server, String) {
 }
 
 /// Runs the pytest suite against `url`; panics with its output unless every test passed.
-fn run_suite(url: &str, work: &Path) {
-    let output = Command::new(python())
+fn run_suite(python: &str, url: &str, work: &Path) {
+    let output = Command::new(python)
         .args([
             "-m",
             "pytest",
@@ -128,13 +99,13 @@ fn run_suite(url: &str, work: &Path) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_e2b_sdk_drives_the_local_backend() {
-    if !sdk_available() {
+    let Some(python) = sdk() else {
         return;
-    }
+    };
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("root");
     let (server, url) = start(work.path(), &["--root".into(), root.display().to_string()]).await;
-    run_suite(&url, work.path());
+    run_suite(&python, &url, work.path());
     drop(server);
     let left: Vec<_> = std::fs::read_dir(root.join("sandboxes")).unwrap().collect();
     assert!(left.is_empty(), "sandboxes left behind: {left:?}");
@@ -159,9 +130,9 @@ fn bash_rootfs(dir: &Path) -> Result<(), String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_e2b_sdk_drives_the_docker_backend() {
-    if !sdk_available() {
+    let Some(python) = sdk() else {
         return;
-    }
+    };
     let engine = sandcell_docker::DockerBackend::builder().build().unwrap();
     let ping = engine.ping().await.map_err(|e| e.to_string());
     if !sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping) {
@@ -192,7 +163,7 @@ async fn the_e2b_sdk_drives_the_docker_backend() {
         "e2b-bash".to_owned(),
     ];
     let (server, url) = start(work.path(), &args).await;
-    run_suite(&url, work.path());
+    run_suite(&python, &url, work.path());
     drop(server);
     let left = engine
         .list(&LabelSelector::new().label("sandcell.server.app", "e2b"))

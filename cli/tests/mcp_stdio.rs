@@ -8,40 +8,12 @@
 //! instead under `SANDCELL_REQUIRE_MCP_SDK=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::path::Path;
 use std::process::Command;
 
-fn python() -> String {
-    std::env::var("SANDCELL_MCP_PYTHON")
-        .ok()
-        .filter(|p| !p.is_empty())
-        .unwrap_or_else(|| "python3".to_owned())
-}
-
-fn sdk_available() -> bool {
-    let probe = Command::new(python())
-        .args(["-c", "import mcp, pytest, anyio"])
-        .output()
-        .map_err(|e| e.to_string())
-        .and_then(|out| {
-            if out.status.success() {
-                Ok(())
-            } else {
-                Err(String::from_utf8_lossy(&out.stderr).into_owned())
-            }
-        });
-    sandcell::testing::require_or_skip("MCP_SDK", "the Python MCP SDK and pytest", probe)
-}
-
-/// Stops the server when dropped.
-struct Server(std::process::Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
+use common::Server;
 
 const TOKEN_A: &str = "mcp-tenant-a-token";
 const TOKEN_B: &str = "mcp-tenant-b-token";
@@ -55,11 +27,7 @@ fn start_server(work: &Path) -> (Server, String) {
         format!("tenants:\n  - name: a\n    token: {TOKEN_A}\n  - name: b\n    token: {TOKEN_B}\n"),
     )
     .unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--tenants"])
         .arg(&tenants)
@@ -87,13 +55,18 @@ fn start_server(work: &Path) -> (Server, String) {
 
 #[test]
 fn the_python_mcp_sdk_drives_sandcell_mcp_over_stdio_and_http() {
-    if !sdk_available() {
+    let Some(python) = common::python_with(
+        "SANDCELL_MCP_PYTHON",
+        "MCP_SDK",
+        "the Python MCP SDK and pytest",
+        "mcp, pytest, anyio",
+    ) else {
         return;
-    }
+    };
     let work = tempfile::tempdir().unwrap();
     let (server, url) = start_server(work.path());
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
-    let output = Command::new(python())
+    let output = Command::new(python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp"])
         .arg(work.path().join("pytest"))
         .args(["-o", "console_output_style=classic"])

@@ -1,32 +1,17 @@
 //! The `sandcell-server` binary, started as the README says, answers a RemoteBackend.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::process::{Child, Command, Stdio};
+mod common;
+
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{free_port, Server};
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_remote::{RemoteBackend, RemoteConfig};
 
 /// The token the server is started with.
 const TOKEN: &str = "test-token";
-
-/// Kills the server when the test ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Starts the binary over the local backend with `extra` flags and [`TOKEN`]; answers
 /// it and its URL once it listens.
