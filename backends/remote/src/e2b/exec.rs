@@ -2,7 +2,6 @@
 //! stdin goes by `SendInput`/`CloseStdin`, signals by `SendSignal`, and terminal size
 //! by `Update`.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -416,7 +415,6 @@ impl crate::exec_files::BufferedExec for BufferedEnvd {
         let mut request = ExecRequest::new(body.command.clone());
         request.stdin = Some(Bytes::from(body.stdin.clone().unwrap_or_default()));
         request.timeout = body.timeout.map(Duration::from_secs);
-        request.env = BTreeMap::new();
         let output = start(&envd, request, cwd)
             .await?
             .collect(usize::MAX)
