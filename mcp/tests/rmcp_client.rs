@@ -84,6 +84,74 @@ async fn rmcps_client_lists_and_calls_the_tools() {
         "{}",
         text(&missing)
     );
+    // Every other tool, once.
+    let steps = [
+        (
+            "write_file",
+            serde_json::json!({"session": "r", "path": "d/a.txt", "content": "alpha\n"}),
+        ),
+        (
+            "edit_file",
+            serde_json::json!({"session": "r", "path": "d/a.txt", "old_text": "alpha", "new_text": "beta"}),
+        ),
+        (
+            "list_directory",
+            serde_json::json!({"session": "r", "path": "d"}),
+        ),
+        (
+            "glob",
+            serde_json::json!({"session": "r", "pattern": "d/*.txt"}),
+        ),
+        (
+            "grep",
+            serde_json::json!({"session": "r", "pattern": "^beta$"}),
+        ),
+        ("snapshot", serde_json::json!({"session": "r"})),
+        ("list_sessions", serde_json::json!({})),
+    ];
+    let mut answers = Vec::new();
+    for (tool, arguments) in steps {
+        let out = client.call_tool(call(tool, arguments)).await.unwrap();
+        assert_eq!(out.is_error, Some(false), "{tool}: {}", text(&out));
+        answers.push(text(&out));
+    }
+    assert_eq!(answers[2], "a.txt\t5 bytes\n");
+    assert_eq!(answers[3], "d/a.txt\n");
+    assert_eq!(answers[4], "d/a.txt:1: beta\n");
+    assert!(answers[6].contains("\"session\":\"r\""), "{}", answers[6]);
+    let snapshot_id = answers[5].split_whitespace().nth(1).unwrap().to_owned();
+    client
+        .call_tool(call(
+            "write_file",
+            serde_json::json!({"session": "r", "path": "d/a.txt", "content": "gamma"}),
+        ))
+        .await
+        .unwrap();
+    let restored = client
+        .call_tool(call(
+            "restore_snapshot",
+            serde_json::json!({"session": "r", "snapshot_id": snapshot_id}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(restored.is_error, Some(false), "{}", text(&restored));
+    let read = client
+        .call_tool(call(
+            "read_file",
+            serde_json::json!({"session": "r", "path": "d/a.txt"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(text(&read), "beta\n");
+    let released = client
+        .call_tool(call(
+            "release",
+            serde_json::json!({"session": "r", "mode": "suspend"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(released.is_error, Some(false), "{}", text(&released));
+
     let unknown = client
         .call_tool(call("teleport", serde_json::json!({})))
         .await;
