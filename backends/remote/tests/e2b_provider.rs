@@ -39,6 +39,7 @@ async fn an_unreachable_endpoint_is_unavailable() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
 
+/// ADVERSARIAL 26: a create whose answer is lost leaves at most one sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_create_whose_answer_is_lost_makes_one_sandbox() {
     let server = common::serve_local().await;

@@ -66,6 +66,7 @@ async def test_the_tools_answer_over_http(first):
 
 
 async def test_each_tenant_sees_only_its_own_sessions(first, second):
+    """ADVERSARIAL 31 on MCP: tenant B neither lists nor reaches tenant A's session."""
     await ok(first, "write_file", session="mine", path="secret.txt", content="first's")
     assert '"session":"mine"' in await ok(first, "list_sessions")
     assert '"session":"mine"' not in await ok(second, "list_sessions")

@@ -73,6 +73,7 @@ async def test_run_command_reports_exit_code_output_env_and_cwd(data_dir):
 
 
 async def test_long_output_is_truncated_with_a_marker(data_dir):
+    """ADVERSARIAL 20: output past the cap is cut, with a marker, not held whole."""
     async with connect(data_dir) as session:
         out = await ok(
             session,
@@ -87,6 +88,7 @@ async def test_long_output_is_truncated_with_a_marker(data_dir):
 
 
 async def test_a_runaway_command_times_out_and_leaves_no_process(data_dir):
+    """ADVERSARIAL 18: a grandchild holding stdout open ends with the timeout."""
     marker = f"sandcell-mcp-runaway-{uuid.uuid4().hex}"
     async with connect(data_dir) as session:
         out = await fails(
