@@ -3,7 +3,7 @@
 //!
 //! | store | implementations |
 //! |---|---|
-//! | [`StateStore`] | [`SqliteStateStore`] (feature `sqlite`, default; one file), [`InMemoryStateStore`] |
+//! | [`StateStore`] | [`SqliteStateStore`] (feature `sqlite`, default; one file), `PostgresStateStore` (feature `postgres`; managers on many hosts), [`InMemoryStateStore`] |
 //! | [`SnapshotStore`] | [`FsSnapshotStore`] (durable files), [`InMemorySnapshotStore`], [`ObjectSnapshotStore`] (feature `object-store`) |
 //!
 //! Both traits are small on purpose: the manager holds the policy (limits, reaping,
@@ -15,6 +15,8 @@ mod fs;
 mod memory;
 #[cfg(feature = "object-store")]
 mod object;
+#[cfg(feature = "postgres")]
+mod postgres;
 pub(crate) mod session;
 mod snapshots;
 #[cfg(feature = "sqlite")]
@@ -24,6 +26,8 @@ pub use fs::FsSnapshotStore;
 pub use memory::{InMemorySnapshotStore, InMemoryStateStore};
 #[cfg(feature = "object-store")]
 pub use object::ObjectSnapshotStore;
+#[cfg(feature = "postgres")]
+pub use postgres::PostgresStateStore;
 pub use session::{Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore};
 pub use snapshots::{SnapshotKey, SnapshotStore};
 #[cfg(feature = "sqlite")]

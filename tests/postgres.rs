@@ -1,0 +1,80 @@
+//! [`PostgresStateStore`] against a real PostgreSQL server: the store conformance cases,
+//! and claims from several stores at once (managers on several hosts) holding a tenant
+//! limit together.
+//!
+//! The server is `SANDCELL_POSTGRES_URL` (`.ci/run` installs PostgreSQL and starts one);
+//! without it the tests skip, and fail instead under `SANDCELL_REQUIRE_POSTGRES=1`.
+#![cfg(all(feature = "testing", feature = "postgres"))]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use chrono::{Duration, Utc};
+use sandcell::store::{
+    Claim, ClaimOutcome, PostgresStateStore, SessionKey, SessionRecord, StateStore,
+};
+use sandcell::testing::stores;
+use sandcell::{ErrorKind, SandboxSpec};
+
+fn url() -> Option<String> {
+    let url = std::env::var("SANDCELL_POSTGRES_URL")
+        .ok()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| "SANDCELL_POSTGRES_URL is not set".to_owned());
+    let ok = sandcell::testing::require_or_skip(
+        "POSTGRES",
+        "a PostgreSQL server",
+        url.as_ref().map(drop).map_err(Clone::clone),
+    );
+    ok.then(|| url.unwrap())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_state_store() {
+    let Some(url) = url() else { return };
+    let store = PostgresStateStore::connect(&url).await.unwrap();
+    stores::state_store_all(&store).await;
+    // A second connection finds the schema in place (migrations are idempotent).
+    let again = PostgresStateStore::connect(&url).await.unwrap();
+    assert!(again.list(Some("no-such-tenant")).await.unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_from_many_stores_hold_the_tenant_limit_together() {
+    let Some(url) = url() else { return };
+    // Four stores, as four managers on four hosts would hold.
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(PostgresStateStore::connect(&url).await.unwrap());
+    }
+    let tenant = format!("race-{}", uuid::Uuid::new_v4().simple());
+    let mut claims = Vec::new();
+    for i in 0..24 {
+        let store = handles[i % handles.len()].clone();
+        let key = SessionKey::new(&tenant, format!("s{i}")).unwrap();
+        claims.push(tokio::spawn(async move {
+            let record =
+                SessionRecord::provisioning(key, "mock", SandboxSpec::default(), Utc::now());
+            let claim = Claim::new(record, Some(3), Utc::now() - Duration::seconds(300));
+            store.claim(&claim).await
+        }));
+    }
+    let mut claimed = 0;
+    let mut refused = 0;
+    for claim in claims {
+        match claim.await.unwrap() {
+            Ok(ClaimOutcome::Claimed(_)) => claimed += 1,
+            Err(e) if e.kind() == ErrorKind::LimitExceeded => refused += 1,
+            other => panic!("unexpected claim outcome: {other:?}"),
+        }
+    }
+    assert_eq!((claimed, refused), (3, 21));
+    assert_eq!(handles[0].list(Some(&tenant)).await.unwrap().len(), 3);
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_a_typed_error() {
+    let err = PostgresStateStore::connect("postgres://nobody:secret@127.0.0.1:1/none")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(!err.to_string().contains("secret"), "{err}");
+}
