@@ -78,3 +78,41 @@ async fn an_unreachable_server_is_a_typed_error() {
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(!err.to_string().contains("secret"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_file_puts_the_managers_state_in_postgres() {
+    let Some(url) = url() else { return };
+    let data = tempfile::tempdir().unwrap();
+    let registry = sandcell::BackendRegistry::new()
+        .register("mock", sandcell::testing::MockBackend::from_options);
+    let config: sandcell::SandboxConfig = serde_json::from_value(serde_json::json!({
+        "type": "mock",
+        "data_dir": data.path(),
+        "state_url": url,
+    }))
+    .unwrap();
+    let manager = config.build_manager(&registry).await.unwrap();
+    let key = SessionKey::new(format!("cfg-{}", uuid::Uuid::new_v4().simple()), "s").unwrap();
+    manager
+        .acquire(&key, &SandboxSpec::new("default"))
+        .await
+        .unwrap();
+    // Another store on the same database (another host's manager) sees the session.
+    let elsewhere = PostgresStateStore::connect(&url).await.unwrap();
+    assert!(elsewhere.get(&key).await.unwrap().is_some());
+    assert!(
+        !data.path().join("state.db").exists(),
+        "no SQLite file beside the Postgres state"
+    );
+    manager
+        .release(&key, sandcell::ReleaseMode::Purge)
+        .await
+        .unwrap();
+    manager.shutdown().await;
+    assert!(elsewhere.get(&key).await.unwrap().is_none());
+
+    let mut bad = config.clone();
+    bad.state_url = Some("mysql://x/y".to_owned());
+    let err = bad.build_manager(&registry).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+}
