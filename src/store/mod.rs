@@ -17,6 +17,8 @@ mod memory;
 mod object;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod records;
 pub(crate) mod session;
 mod snapshots;
 #[cfg(feature = "sqlite")]

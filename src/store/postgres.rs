@@ -9,6 +9,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::store::records::{decode, encode};
 use crate::store::session::{
     decide_claim, Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore,
 };
@@ -48,21 +49,6 @@ fn db_error(context: &str, e: sqlx::Error) -> Error {
         _ => (ErrorKind::Backend, false),
     };
     Error::with_source(kind, format!("state store: {context}"), e).set_temporary(temporary)
-}
-
-fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
-    serde_json::from_str(json).map_err(|e| {
-        Error::with_source(
-            ErrorKind::Corrupt,
-            "state store holds an unreadable record",
-            e,
-        )
-    })
-}
-
-fn encode<T: serde::Serialize>(value: &T) -> Result<String> {
-    serde_json::to_string(value)
-        .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding a state record", e))
 }
 
 /// The URL with its password (if any) hidden, for messages.
