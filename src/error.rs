@@ -40,6 +40,9 @@ pub enum ErrorKind {
     Corrupt,
     /// The sandbox is in a state that does not allow the operation (e.g. exec on a paused sandbox).
     InvalidState,
+    /// Another manager holds the session (its lease has not expired), or this manager's
+    /// lease was taken over and its change refused; the message names the owner.
+    Conflict,
     /// Any other failure inside a backend.
     Backend,
 }
@@ -59,6 +62,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::InvalidState => "invalid state",
+            ErrorKind::Conflict => "conflict",
             ErrorKind::Backend => "backend error",
         }
     }
@@ -79,12 +83,13 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::Corrupt => "corrupt",
             ErrorKind::InvalidState => "invalid_state",
+            ErrorKind::Conflict => "conflict",
             ErrorKind::Backend => "backend",
         }
     }
 
     /// Every kind, for protocols that carry kinds by name.
-    pub const ALL: [ErrorKind; 11] = [
+    pub const ALL: [ErrorKind; 12] = [
         ErrorKind::NotFound,
         ErrorKind::AlreadyExists,
         ErrorKind::Unsupported,
@@ -95,6 +100,7 @@ impl ErrorKind {
         ErrorKind::Unavailable,
         ErrorKind::Corrupt,
         ErrorKind::InvalidState,
+        ErrorKind::Conflict,
         ErrorKind::Backend,
     ];
 

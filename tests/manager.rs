@@ -307,6 +307,12 @@ impl<S: SnapshotStore + Clone> SnapshotStore for FaultyStore<S> {
     async fn delete(&self, key: &SnapshotKey) -> sandcell::Result<()> {
         self.inner.delete(key).await
     }
+    async fn sweep_orphans(
+        &self,
+        before: chrono::DateTime<chrono::Utc>,
+    ) -> sandcell::Result<Vec<SnapshotKey>> {
+        self.inner.sweep_orphans(before).await
+    }
 }
 
 /// The kind of the failure `FaultyStore` injects.
@@ -501,7 +507,7 @@ async fn a_crash_between_blob_and_manifest_leaves_the_previous_snapshot_restorab
         .await
         .unwrap();
     let listed: Vec<_> = second.snapshots(&key("crashy")).await.unwrap();
-    assert_eq!(listed, vec![first]);
+    assert_eq!(listed, vec![first.clone()]);
     let back = second.acquire(&key("crashy"), &spec()).await.unwrap();
     assert_eq!(
         back.call(
@@ -512,6 +518,30 @@ async fn a_crash_between_blob_and_manifest_leaves_the_previous_snapshot_restorab
         .unwrap(),
         "v1"
     );
+    // The orphaned blob outlived the default grace period of an hour; with a short
+    // one, reconcile deletes it and nothing else.
+    let count_blobs = || {
+        std::fs::read_dir(&session_dir)
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                name.to_string_lossy().ends_with(".tar.zst")
+            })
+            .count()
+    };
+    assert_eq!(count_blobs(), 2);
+    let third = SandboxManager::builder(backend.clone())
+        .data_dir(dir.path())
+        .orphan_grace(Duration::from_millis(1))
+        .reconcile_on_start(false)
+        .build()
+        .await
+        .unwrap();
+    let report = third.reconcile().await.unwrap();
+    assert_eq!(report.orphan_blobs_deleted.len(), 1, "{report:?}");
+    assert_ne!(report.orphan_blobs_deleted[0].id(), first.id);
+    assert_eq!(count_blobs(), 1);
+    assert_eq!(third.snapshots(&key("crashy")).await.unwrap(), vec![first]);
 }
 
 #[tokio::test(start_paused = true)]

@@ -53,7 +53,14 @@ async fn claims_from_many_stores_hold_the_tenant_limit_together() {
         claims.push(tokio::spawn(async move {
             let record =
                 SessionRecord::provisioning(key, "mock", SandboxSpec::default(), Utc::now());
-            let claim = Claim::new(record, Some(3), Utc::now() - Duration::seconds(300));
+            let now = Utc::now();
+            let claim = Claim::new(
+                record,
+                format!("host-{}", i % 4),
+                now + Duration::seconds(30),
+                Some(3),
+                now - Duration::seconds(300),
+            );
             store.claim(&claim).await
         }));
     }
@@ -61,13 +68,64 @@ async fn claims_from_many_stores_hold_the_tenant_limit_together() {
     let mut refused = 0;
     for claim in claims {
         match claim.await.unwrap() {
-            Ok(ClaimOutcome::Claimed(_)) => claimed += 1,
+            Ok(ClaimOutcome::Claimed { .. }) => claimed += 1,
             Err(e) if e.kind() == ErrorKind::LimitExceeded => refused += 1,
             other => panic!("unexpected claim outcome: {other:?}"),
         }
     }
     assert_eq!((claimed, refused), (3, 21));
     assert_eq!(handles[0].list(Some(&tenant)).await.unwrap().len(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_manager_of_many_takes_over_an_expired_lease() {
+    let Some(url) = url() else { return };
+    let mut handles = Vec::new();
+    for _ in 0..4 {
+        handles.push(PostgresStateStore::connect(&url).await.unwrap());
+    }
+    let key = SessionKey::new(format!("lease-{}", uuid::Uuid::new_v4().simple()), "s").unwrap();
+    let now = Utc::now();
+    // The first owner's lease ran out a second ago, with its sandbox live.
+    let claim = Claim::new(
+        SessionRecord::provisioning(key.clone(), "mock", SandboxSpec::default(), now),
+        "old-host",
+        now - Duration::seconds(1),
+        None,
+        now - Duration::seconds(300),
+    );
+    let ClaimOutcome::Claimed { mut record, .. } = handles[0].claim(&claim).await.unwrap() else {
+        panic!("first claim")
+    };
+    record.status = sandcell::SandboxStatus::Running;
+    record.sandbox_id = Some(sandcell::SandboxId::new("sb-old").unwrap());
+    handles[0].put(&record).await.unwrap();
+
+    let mut takers = Vec::new();
+    for i in 0..16 {
+        let store = handles[i % handles.len()].clone();
+        let key = key.clone();
+        takers.push(tokio::spawn(async move {
+            let now = Utc::now();
+            store
+                .take_lease(&key, &format!("host-{i}"), now, now + Duration::seconds(30))
+                .await
+        }));
+    }
+    let mut won = Vec::new();
+    for taker in takers {
+        match taker.await.unwrap() {
+            Ok(record) => won.push(record),
+            Err(e) => assert_eq!(e.kind(), ErrorKind::Conflict, "{e}"),
+        }
+    }
+    assert_eq!(won.len(), 1, "exactly one manager takes the session over");
+    assert_eq!(won[0].token(), record.token() + 1);
+    // The old owner's late write is refused.
+    record.status = sandcell::SandboxStatus::Suspended;
+    let err = handles[1].put(&record).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    handles[0].delete(&key, won[0].token()).await.unwrap();
 }
 
 #[tokio::test]

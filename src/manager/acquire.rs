@@ -75,9 +75,10 @@ impl<B: SandboxBackend> Inner<B> {
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(1));
                 }
-                ClaimOutcome::Claimed(previous) => {
-                    return self.provision(key, spec, previous, None).await;
+                ClaimOutcome::Claimed { previous, record } => {
+                    return self.provision(key, spec, previous, &record, None).await;
                 }
+                ClaimOutcome::Held(record) => return Err(self.held(&record)),
             }
         }
     }
@@ -137,19 +138,23 @@ impl<B: SandboxBackend> Inner<B> {
         let now = self.clock.now();
         Claim::new(
             SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now),
+            &self.settings.manager_id,
+            now + chrono_duration(self.settings.lease_ttl),
             self.settings.max_sandboxes_per_tenant,
             now - chrono_duration(self.settings.provision_timeout),
         )
     }
 
-    /// Provisions a claimed session: restore `snapshot` (or the latest one) into a fresh
-    /// sandbox, else take a warm-pool sandbox, else create. On error, the sandbox is
-    /// destroyed and the claim rolled back.
+    /// Provisions a claimed session (`claimed` is the record the claim wrote, with this
+    /// manager's lease): restore `snapshot` (or the latest one) into a fresh sandbox,
+    /// else take a warm-pool sandbox, else create. On error, the sandbox is destroyed and
+    /// the claim rolled back.
     pub(super) async fn provision(
         &self,
         key: &SessionKey,
         spec: &SandboxSpec,
         previous: Option<SessionRecord>,
+        claimed: &SessionRecord,
         snapshot: Option<SnapshotManifest>,
     ) -> Result<SandboxInfo> {
         let snapshot = match snapshot {
@@ -164,6 +169,7 @@ impl<B: SandboxBackend> Inner<B> {
                 spec,
                 snapshot.as_ref(),
                 session_created_at,
+                claimed,
                 &mut created,
             )
             .await;
@@ -175,11 +181,14 @@ impl<B: SandboxBackend> Inner<B> {
                         tracing::error!(sandbox = %id, error = %destroy, "could not destroy a sandbox after a failed acquire; reconcile will");
                     }
                 }
+                // Under the claim's lease: a manager that took the session over since
+                // keeps what it wrote.
                 let rollback = match previous {
-                    Some(prev) if prev.status != SandboxStatus::Provisioning => {
+                    Some(mut prev) if prev.status != SandboxStatus::Provisioning => {
+                        prev.lease.clone_from(&claimed.lease);
                         self.state.put(&prev).await
                     }
-                    _ => self.state.delete(key).await,
+                    _ => self.state.delete(key, claimed.token()).await,
                 };
                 if let Err(rollback) = rollback {
                     tracing::error!(session = %key, error = %rollback, "could not roll back a claim; it expires after provision_timeout");
@@ -195,6 +204,7 @@ impl<B: SandboxBackend> Inner<B> {
         spec: &SandboxSpec,
         snapshot: Option<&SnapshotManifest>,
         session_created_at: Option<DateTime<Utc>>,
+        claimed: &SessionRecord,
         created: &mut Option<SandboxId>,
     ) -> Result<SandboxInfo> {
         // A snapshot holds the workspace relative to the template it was taken from
@@ -242,6 +252,7 @@ impl<B: SandboxBackend> Inner<B> {
         record.status = SandboxStatus::Running;
         record.sandbox_id = Some(info.id.clone());
         record.sandbox_created_at = Some(now);
+        record.lease.clone_from(&claimed.lease);
         self.state.put(&record).await?;
         let mut event = self.event(kind).session(key).sandbox(&info.id);
         if let Some(m) = snapshot {

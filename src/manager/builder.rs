@@ -98,6 +98,18 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
         self
     }
 
+    /// See [`ManagerSettings::lease_ttl`].
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.settings.lease_ttl = ttl;
+        self
+    }
+
+    /// See [`ManagerSettings::orphan_grace`].
+    pub fn orphan_grace(mut self, grace: Duration) -> Self {
+        self.settings.orphan_grace = grace;
+        self
+    }
+
     /// See [`ManagerSettings::max_sandboxes_per_tenant`].
     pub fn max_sandboxes_per_tenant(mut self, n: u32) -> Self {
         self.settings.max_sandboxes_per_tenant = Some(n);
@@ -231,6 +243,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             key_locks: Mutex::new(HashMap::new()),
             events,
             heartbeats: Mutex::new(HashMap::new()),
+            last_sweep: Mutex::new(None),
             owned: Mutex::new(HashSet::new()),
             own_slots: Mutex::new(HashSet::new()),
             cancel: CancellationToken::new(),

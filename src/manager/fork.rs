@@ -36,12 +36,20 @@ impl<B: SandboxBackend> Inner<B> {
         let record = self.record(source).await?;
         let source_id = live_sandbox(&record)?;
         let spec = record.spec.clone();
-        match self.state.claim(&self.claim(target, &spec)).await? {
-            ClaimOutcome::Claimed(None) => {}
+        let claimed = match self.state.claim(&self.claim(target, &spec)).await? {
+            ClaimOutcome::Claimed {
+                previous: None,
+                record,
+            } => record,
             outcome => {
                 // The target exists (live, being provisioned, or suspended with its
                 // snapshots): a fork never replaces a session.
-                if let ClaimOutcome::Claimed(Some(previous)) = outcome {
+                if let ClaimOutcome::Claimed {
+                    previous: Some(mut previous),
+                    record,
+                } = outcome
+                {
+                    previous.lease = record.lease;
                     self.state.put(&previous).await?;
                 }
                 return Err(Error::new(
@@ -49,12 +57,12 @@ impl<B: SandboxBackend> Inner<B> {
                     format!("session {target} already exists; fork into a new session"),
                 ));
             }
-        }
+        };
         let labels = self.session_spec(target, &spec).labels;
         let cloned = match self.backend.clone_sandbox(&source_id, labels).await {
             Ok(info) => info,
             Err(e) => {
-                self.roll_back_claim(target).await;
+                self.roll_back_claim(&claimed).await;
                 return Err(e);
             }
         };
@@ -64,11 +72,12 @@ impl<B: SandboxBackend> Inner<B> {
         forked.status = SandboxStatus::Running;
         forked.sandbox_id = Some(cloned.id.clone());
         forked.sandbox_created_at = Some(now);
+        forked.lease.clone_from(&claimed.lease);
         if let Err(e) = self.state.put(&forked).await {
             if let Err(destroy) = self.destroy_sandbox(&cloned.id).await {
                 tracing::error!(sandbox = %cloned.id, error = %destroy, "could not destroy a clone after a failed fork; reconcile will");
             }
-            self.roll_back_claim(target).await;
+            self.roll_back_claim(&claimed).await;
             return Err(e);
         }
         self.emit(
@@ -80,8 +89,9 @@ impl<B: SandboxBackend> Inner<B> {
         Ok(cloned)
     }
 
-    async fn roll_back_claim(&self, key: &SessionKey) {
-        if let Err(e) = self.state.delete(key).await {
+    async fn roll_back_claim(&self, claimed: &SessionRecord) {
+        let key = &claimed.key;
+        if let Err(e) = self.state.delete(key, claimed.token()).await {
             tracing::error!(session = %key, error = %e, "could not roll back a claim; it expires after provision_timeout");
         }
     }

@@ -38,6 +38,9 @@ pub struct ReapReport {
     pub snapshot_failures: Vec<SessionError>,
     /// Snapshots deleted by retention.
     pub snapshots_deleted: Vec<SnapshotKey>,
+    /// Snapshot blobs without a manifest, older than `orphan_grace`, deleted (the
+    /// reaper sweeps at most once per `orphan_grace`).
+    pub orphan_blobs_deleted: Vec<SnapshotKey>,
     /// Other failures; the pass went on past them.
     pub errors: Vec<SessionError>,
 }
@@ -81,6 +84,8 @@ pub struct ReconcileReport {
     pub lost: Vec<SessionKey>,
     /// Warm-pool entries whose sandbox was gone (or never created), removed.
     pub pool_entries_removed: usize,
+    /// Snapshot blobs without a manifest, older than `orphan_grace`, deleted.
+    pub orphan_blobs_deleted: Vec<SnapshotKey>,
 }
 
 /// What [`shutdown`](SandboxManager::shutdown) did with this manager's sessions.
@@ -129,7 +134,10 @@ impl<B: SandboxBackend> SandboxManager<B> {
     ///
     /// A failed snapshot is logged, reported and emitted as
     /// [`EventKind::SnapshotFailed`]; the sandbox is kept for the next pass. Then
-    /// snapshots past retention are deleted. Sessions busy in this process are skipped.
+    /// snapshots past retention are deleted, and (at most once per `orphan_grace`)
+    /// snapshot blobs no manifest references that are older than `orphan_grace`.
+    /// Sessions busy in this process, and sessions another manager holds the lease of,
+    /// are skipped; a session whose holder's lease expired is taken over.
     pub async fn reap_once(&self) -> Result<ReapReport> {
         self.inner
             .reap_once()
@@ -138,8 +146,10 @@ impl<B: SandboxBackend> SandboxManager<B> {
     }
 
     /// Destroys resources labelled with this manager's id that the state store does not
-    /// know (orphans of a crash), and marks records whose sandbox is gone. Resources
-    /// without this manager's label are never touched. Runs at `build` unless disabled.
+    /// know (orphans of a crash), marks records whose sandbox is gone (unless another
+    /// manager holds their lease), and deletes snapshot blobs no manifest references
+    /// that are older than `orphan_grace`. Resources without this manager's label are
+    /// never touched. Runs at `build` unless disabled.
     pub async fn reconcile(&self) -> Result<ReconcileReport> {
         self.inner
             .reconcile()
@@ -179,6 +189,11 @@ impl<B: SandboxBackend> SandboxManager<B> {
                 interval,
             )));
         }
+        tasks.push(tokio::spawn(lease_loop(
+            weak.clone(),
+            cancel.clone(),
+            (self.inner.settings.lease_ttl / 3).max(Duration::from_millis(1)),
+        )));
         if !self.inner.pools.is_empty() {
             let wakeup = Arc::clone(&self.inner.pool_wakeup);
             tasks.push(tokio::spawn(pool_loop(weak, cancel, wakeup)));
@@ -209,6 +224,28 @@ async fn reaper_loop<B: SandboxBackend>(
             result = pass => if let Err(e) = result {
                 tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
             }
+        }
+    }
+}
+
+/// Renews this manager's leases while it lives, so sessions it holds are not taken over.
+async fn lease_loop<B: SandboxBackend>(
+    inner: Weak<Inner<B>>,
+    cancel: tokio_util::sync::CancellationToken,
+    interval: Duration,
+) {
+    let mut ticker = tokio::time::interval(interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        let Some(inner) = inner.upgrade() else { return };
+        if let Err(e) = inner.renew_leases().await {
+            // The next tick tries again; leases last three intervals.
+            tracing::warn!(error = %e, "renewing session leases failed");
         }
     }
 }
@@ -253,8 +290,16 @@ impl<B: SandboxBackend> Inner<B> {
     pub(crate) async fn reap_once(&self) -> Result<ReapReport> {
         let mut report = ReapReport::default();
         let records = self.state.list(None).await?;
+        let now = self.clock.now();
         for record in &records {
             if record.backend != self.backend.name() || !record.is_live() {
+                continue;
+            }
+            // Another manager holds it: that manager's reaper looks after it.
+            if record
+                .held_against(&self.settings.manager_id, now)
+                .is_some()
+            {
                 continue;
             }
             let key = &record.key;
@@ -262,7 +307,7 @@ impl<B: SandboxBackend> Inner<B> {
             let Some(_guard) = self.try_lock_key(key) else {
                 continue;
             };
-            let Some(mut record) = self.state.get(key).await? else {
+            let Some(mut record) = self.leased_for_maintenance(key).await? else {
                 continue;
             };
             if !record.is_live() {
@@ -274,6 +319,14 @@ impl<B: SandboxBackend> Inner<B> {
             }
         }
         let now = self.clock.now();
+        let grace = chrono_duration(self.settings.orphan_grace);
+        let due = lock(&self.last_sweep).is_none_or(|last| last + grace <= now);
+        if due {
+            match self.sweep_orphans().await {
+                Ok(swept) => report.orphan_blobs_deleted = swept,
+                Err(e) => tracing::warn!(error = %e, "sweeping orphaned snapshot blobs failed"),
+            }
+        }
         for record in &records {
             let manifests = match self.snapshots.list(&record.key).await {
                 Ok(m) => m,
@@ -366,7 +419,7 @@ impl<B: SandboxBackend> Inner<B> {
             } else {
                 EventKind::ReapedIdle
             };
-            match self.snapshot_sandbox(&key, &id).await {
+            match self.snapshot_sandbox(record, &id).await {
                 Ok(manifest) => {
                     self.finish_suspend(record, &id, &manifest, kind).await?;
                     if expired {
@@ -394,6 +447,7 @@ impl<B: SandboxBackend> Inner<B> {
     pub(crate) async fn reconcile(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
         let now = self.clock.now();
+        let me = &self.settings.manager_id;
         let stale_before = now - chrono_duration(self.settings.provision_timeout);
         let selector = LabelSelector::new().label(LABEL_MANAGER, &self.settings.manager_id);
         let listed = self.backend.list(&selector).await?;
@@ -450,12 +504,15 @@ impl<B: SandboxBackend> Inner<B> {
             let Some(id) = &record.sandbox_id else {
                 continue;
             };
-            if !record.is_live() || listed_ids.contains(id) || record.backend != self.backend.name()
+            if !record.is_live()
+                || listed_ids.contains(id)
+                || record.backend != self.backend.name()
+                || record.held_against(me, now).is_some()
             {
                 continue;
             }
             let _guard = self.lock_key(&record.key).await;
-            let Some(mut fresh) = self.state.get(&record.key).await? else {
+            let Some(mut fresh) = self.leased_for_maintenance(&record.key).await? else {
                 continue;
             };
             if fresh.sandbox_id.as_ref() != Some(id) || !fresh.is_live() {
@@ -471,6 +528,7 @@ impl<B: SandboxBackend> Inner<B> {
                 Ok(_) => {}
             }
         }
+        report.orphan_blobs_deleted = self.sweep_orphans().await?;
         for entry in &pool {
             let gone = match &entry.sandbox_id {
                 Some(id) => !listed_ids.contains(id),
@@ -562,6 +620,50 @@ impl<B: SandboxBackend> Inner<B> {
         Ok(None)
     }
 
+    /// The record of `key` for a maintenance pass to act on under this manager's lease:
+    /// read as it is while the lease is this manager's, taken over once expired; `None`
+    /// if the session is gone or another manager holds it.
+    async fn leased_for_maintenance(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+        let Some(record) = self.state.get(key).await? else {
+            return Ok(None);
+        };
+        let now = self.clock.now();
+        let mine = record
+            .lease
+            .as_ref()
+            .is_some_and(|l| l.owner == self.settings.manager_id && l.expires_at > now);
+        if mine {
+            return Ok(Some(record));
+        }
+        match self.take_lease(key).await {
+            Ok(record) => Ok(Some(record)),
+            Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Conflict) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Deletes snapshot blobs that no manifest references, older than `orphan_grace`.
+    async fn sweep_orphans(&self) -> Result<Vec<SnapshotKey>> {
+        let now = self.clock.now();
+        let swept = self
+            .snapshots
+            .sweep_orphans(now - chrono_duration(self.settings.orphan_grace))
+            .await?;
+        *lock(&self.last_sweep) = Some(now);
+        for key in &swept {
+            tracing::info!(snapshot = %key, "deleted an orphaned snapshot blob");
+        }
+        Ok(swept)
+    }
+
+    /// Extends every lease this manager holds; the background renewer calls this every
+    /// third of `lease_ttl`.
+    pub(crate) async fn renew_leases(&self) -> Result<u64> {
+        self.state
+            .renew_leases(&self.settings.manager_id, self.lease_until())
+            .await
+    }
+
     pub(crate) async fn shutdown(&self) -> ShutdownReport {
         self.cancel.cancel();
         let tasks: Vec<_> = lock(&self.tasks).drain(..).collect();
@@ -584,7 +686,8 @@ impl<B: SandboxBackend> Inner<B> {
             match self.release(&key, mode).await {
                 Ok(()) if mode == ReleaseMode::Destroy => report.destroyed.push(key),
                 Ok(()) => report.suspended.push(key),
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
+                // Gone, or taken over by another manager: not this one's to shut down.
+                Err(e) if matches!(e.kind(), ErrorKind::NotFound | ErrorKind::Conflict) => {}
                 Err(e) => {
                     tracing::error!(session = %key, error = %e, "could not shut down a session; its sandbox was kept");
                     report.errors.push(SessionError::new(&key, &e));

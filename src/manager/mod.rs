@@ -70,7 +70,8 @@ use crate::sandbox::{SandboxId, SandboxInfo, SandboxStatus};
 use crate::snapshot::{PackOptions, SnapshotManifest};
 use crate::spec::SandboxSpec;
 use crate::store::{
-    Claim, ClaimOutcome, SessionKey, SessionRecord, SnapshotKey, SnapshotStore, StateStore,
+    check_fence, Claim, ClaimOutcome, SessionKey, SessionRecord, SnapshotKey, SnapshotStore,
+    StateStore,
 };
 
 /// Label carrying the manager id on every resource a manager creates.
@@ -160,6 +161,8 @@ pub(crate) struct Inner<B: SandboxBackend> {
     events: broadcast::Sender<ManagerEvent>,
     /// Last heartbeat written to the store per session (heartbeats are throttled).
     heartbeats: Mutex<HashMap<SessionKey, DateTime<Utc>>>,
+    /// When the reaper last swept the snapshot store for orphaned blobs.
+    pub(crate) last_sweep: Mutex<Option<DateTime<Utc>>>,
     /// Sessions this manager acquired (what shutdown acts on).
     pub(crate) owned: Mutex<HashSet<SessionKey>>,
     /// Pool slots this manager created.
@@ -293,10 +296,10 @@ impl<B: SandboxBackend> SandboxManager<B> {
         let inner = &self.inner;
         async {
             let _guard = inner.lock_key(key).await;
-            let record = inner.record(key).await?;
+            let record = inner.take_lease(key).await?;
             let id = live_sandbox(&record)?;
             tracing::Span::current().record("sandbox", id.as_str());
-            inner.snapshot_sandbox(key, &id).await
+            inner.snapshot_sandbox(&record, &id).await
         }
         .instrument(span)
         .await
@@ -455,5 +458,30 @@ impl<B: SandboxBackend> Inner<B> {
             .get(key)
             .await?
             .ok_or_else(|| Error::not_found(format!("session {key} does not exist")))
+    }
+
+    /// The record of `key` under this manager's lease (kept, or taken over from an
+    /// expired one): every change a manager makes to a session starts here.
+    pub(crate) async fn take_lease(&self, key: &SessionKey) -> Result<SessionRecord> {
+        let now = self.clock.now();
+        self.state
+            .take_lease(key, &self.settings.manager_id, now, self.lease_until())
+            .await
+    }
+
+    /// When a lease taken or renewed now expires.
+    pub(crate) fn lease_until(&self) -> DateTime<Utc> {
+        self.clock.now() + chrono_duration(self.settings.lease_ttl)
+    }
+
+    /// The error for a session another manager holds.
+    pub(crate) fn held(&self, record: &SessionRecord) -> Error {
+        match &record.lease {
+            Some(lease) => crate::store::held_elsewhere(&record.key, lease),
+            None => Error::new(
+                ErrorKind::Conflict,
+                format!("session {} is held elsewhere", record.key),
+            ),
+        }
     }
 }

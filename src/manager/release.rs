@@ -72,7 +72,7 @@ impl<B: SandboxBackend> Inner<B> {
 
     pub(super) async fn release(&self, key: &SessionKey, mode: ReleaseMode) -> Result<()> {
         let _guard = self.lock_key(key).await;
-        let mut record = self.record(key).await?;
+        let mut record = self.take_lease(key).await?;
         if let Some(id) = &record.sandbox_id {
             tracing::Span::current().record("sandbox", id.as_str());
         }
@@ -117,7 +117,7 @@ impl<B: SandboxBackend> Inner<B> {
                         .delete(&SnapshotKey::new(key.clone(), manifest.id)?)
                         .await?;
                 }
-                self.state.delete(key).await?;
+                self.state.delete(key, record.token()).await?;
                 self.emit(self.event(EventKind::Purged).session(key));
             }
         }

@@ -81,8 +81,10 @@ impl SnapshotRetention {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct ManagerSettings {
-    /// Labels every resource this manager creates (`sandcell.manager`). Managers sharing
-    /// stores must share the id; reconcile only ever touches resources carrying it.
+    /// Labels every resource this manager creates (`sandcell.manager`) and owns the
+    /// session leases it takes ([`Lease`](crate::store::Lease)). Managers sharing an id
+    /// are one owner: give each host (each manager that may run at once with another
+    /// over the same stores) its own. Reconcile only ever touches resources carrying it.
     pub manager_id: String,
     /// At most this many sessions of one tenant hold a sandbox at once.
     pub max_sandboxes_per_tenant: Option<u32>,
@@ -108,6 +110,16 @@ pub struct ManagerSettings {
     /// its claim no longer blocks the session and its sandbox counts as an orphan.
     #[serde(with = "crate::config::duration")]
     pub provision_timeout: Duration,
+    /// How long a session lease lasts unless renewed: this manager renews its leases
+    /// every third of it, and another manager may take a session over (restoring it from
+    /// its latest snapshot if its sandbox is out of reach) once it has passed.
+    #[serde(with = "crate::config::duration")]
+    pub lease_ttl: Duration,
+    /// A snapshot blob without a manifest (left by a crash between the two writes) is
+    /// deleted by reconcile and the reaper once it is this old; younger ones may be
+    /// uploads still in flight.
+    #[serde(with = "crate::config::duration")]
+    pub orphan_grace: Duration,
     /// zstd level for snapshots.
     pub snapshot_level: i32,
     /// The host ports services started through this manager are given.
@@ -127,6 +139,8 @@ impl Default for ManagerSettings {
             suspend: SuspendStrategy::Snapshot,
             shutdown: ShutdownPolicy::Suspend,
             provision_timeout: Duration::from_secs(600),
+            lease_ttl: Duration::from_secs(30),
+            orphan_grace: Duration::from_secs(3600),
             snapshot_level: 1,
             service_ports: crate::services::PortRange::default(),
         }
@@ -148,6 +162,8 @@ impl ManagerSettings {
             ("max_lifetime", self.max_lifetime),
             ("reaper_interval", self.reaper_interval),
             ("provision_timeout", Some(self.provision_timeout)),
+            ("lease_ttl", Some(self.lease_ttl)),
+            ("orphan_grace", Some(self.orphan_grace)),
         ] {
             if value == Some(Duration::ZERO) {
                 return Err(Error::invalid_input(format!(

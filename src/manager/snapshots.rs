@@ -27,31 +27,36 @@ impl<B: SandboxBackend> Inner<B> {
 
     /// Packs the workspace of `id` into the snapshot store: only the changes since the
     /// template where the backend can tell, the whole workspace otherwise.
+    ///
+    /// `leased` is the session's record under this manager's lease: a snapshot that
+    /// commits after the lease was taken over is deleted again and refused (`Conflict`),
+    /// so a manager that lost the session cannot shadow the new owner's snapshots.
     pub(crate) async fn snapshot_sandbox(
         &self,
-        key: &SessionKey,
+        leased: &SessionRecord,
         id: &SandboxId,
     ) -> Result<SnapshotManifest> {
         if self.backend.capabilities().files_while_paused
             || self.backend.inspect(id).await?.status != SandboxStatus::Paused
         {
-            return self.write_snapshot(key, id).await;
+            return self.write_snapshot(leased, id).await;
         }
         // This backend reaches files through the sandbox's own processes: thaw it for
         // the export, and leave it paused again whatever the export did.
         self.backend.resume(id).await?;
-        let snapshot = self.write_snapshot(key, id).await;
+        let snapshot = self.write_snapshot(leased, id).await;
         let paused_again = self.backend.pause(id).await;
         let snapshot = snapshot?;
         paused_again.map(|()| snapshot)
     }
 
-    /// Exports the workspace of `id` and stores it as a new snapshot of `key`.
+    /// Exports the workspace of `id` and stores it as a new snapshot of the session.
     pub(super) async fn write_snapshot(
         &self,
-        key: &SessionKey,
+        leased: &SessionRecord,
         id: &SandboxId,
     ) -> Result<SnapshotManifest> {
+        let key = &leased.key;
         let now = self.clock.now();
         let snapshot_id = format!(
             "{}-{}",
@@ -87,6 +92,13 @@ impl<B: SandboxBackend> Inner<B> {
             self.discard(&snap_key).await;
             return Err(e);
         }
+        // The snapshot store cannot check a fencing token in its commit: check right
+        // after it, and take back a snapshot written under a lost lease.
+        let stored = self.state.get(key).await;
+        if let Err(e) = stored.and_then(|s| check_fence(key, s.as_ref(), leased.token())) {
+            self.discard(&snap_key).await;
+            return Err(e);
+        }
         self.emit(
             self.event(EventKind::Snapshotted)
                 .session(key)
@@ -111,7 +123,7 @@ impl<B: SandboxBackend> Inner<B> {
         kind: EventKind,
     ) -> Result<()> {
         let id = live_sandbox(record)?;
-        let manifest = match self.snapshot_sandbox(&record.key, &id).await {
+        let manifest = match self.snapshot_sandbox(record, &id).await {
             Ok(m) => m,
             Err(e) => {
                 self.emit(
@@ -147,7 +159,7 @@ impl<B: SandboxBackend> Inner<B> {
 
     pub(super) async fn restore(&self, key: &SessionKey, snapshot_id: &str) -> Result<SandboxInfo> {
         let _guard = self.lock_key(key).await;
-        let record = self.record(key).await?;
+        let record = self.take_lease(key).await?;
         let manifest = self
             .snapshots
             .manifest(&SnapshotKey::new(key.clone(), snapshot_id)?)
@@ -157,10 +169,14 @@ impl<B: SandboxBackend> Inner<B> {
             // No sandbox yet: claim a slot under the tenant limit, then provision from
             // this snapshot.
             return match self.state.claim(&self.claim(key, &record.spec)).await? {
-                ClaimOutcome::Claimed(previous) => {
-                    self.provision(key, &record.spec, previous, Some(manifest))
+                ClaimOutcome::Claimed {
+                    previous,
+                    record: claimed,
+                } => {
+                    self.provision(key, &record.spec, previous, &claimed, Some(manifest))
                         .await
                 }
+                ClaimOutcome::Held(record) => Err(self.held(&record)),
                 _ => Err(Error::new(
                     ErrorKind::InvalidState,
                     "the session was acquired concurrently; retry the restore",

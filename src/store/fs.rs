@@ -5,6 +5,7 @@ use std::io::{self, Write};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::backend::ByteStream;
 use crate::error::{Error, ErrorKind, Result};
@@ -89,6 +90,59 @@ fn write_durably(dest: &Path, fill: impl FnOnce(&mut File) -> Result<u64>) -> Re
         .map_err(|e| Error::io(format_args!("renaming into {}", dest.display()), e.error))?;
     fsync_dir(dir).map_err(|e| Error::io(format_args!("syncing {}", dir.display()), e))?;
     Ok(written)
+}
+
+/// The entries of `dir`, none if it does not exist.
+fn entries(dir: &Path) -> Result<Vec<fs::DirEntry>> {
+    match fs::read_dir(dir) {
+        Ok(entries) => entries
+            .collect::<io::Result<Vec<_>>>()
+            .map_err(|e| Error::io(format_args!("listing {}", dir.display()), e)),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(Vec::new()),
+        Err(e) => Err(Error::io(format_args!("listing {}", dir.display()), e)),
+    }
+}
+
+/// `sweep_orphans` over `{root}/{tenant}/{session}/`: blobs without a manifest, and the
+/// temporary files of writes that never finished, last modified before `before`.
+fn sweep_dir(root: &Path, before: std::time::SystemTime) -> Result<Vec<SnapshotKey>> {
+    let mut swept = Vec::new();
+    for tenant in entries(root)? {
+        for session in entries(&tenant.path())? {
+            let (t, s) = (tenant.file_name(), session.file_name());
+            let (Some(t), Some(s)) = (t.to_str(), s.to_str()) else {
+                continue;
+            };
+            let Ok(session_key) = SessionKey::new(t, s) else {
+                continue;
+            };
+            let dir = session.path();
+            for entry in entries(&dir)? {
+                let path = entry.path();
+                let modified = entry.metadata().and_then(|m| m.modified());
+                if !modified.is_ok_and(|m| m < before) {
+                    continue;
+                }
+                let name = entry.file_name();
+                let Some(name) = name.to_str() else { continue };
+                if name.starts_with(TEMP_PREFIX) {
+                    remove_if_exists(&path)?;
+                    continue;
+                }
+                let Some(id) = name.strip_suffix(BLOB_SUFFIX) else {
+                    continue;
+                };
+                let Ok(key) = SnapshotKey::new(session_key.clone(), id) else {
+                    continue;
+                };
+                if !dir.join(format!("{id}{MANIFEST_SUFFIX}")).exists() {
+                    remove_if_exists(&path)?;
+                    swept.push(key);
+                }
+            }
+        }
+    }
+    Ok(swept)
 }
 
 fn remove_if_exists(path: &Path) -> Result<()> {
@@ -201,6 +255,11 @@ impl SnapshotStore for FsSnapshotStore {
         .await
     }
 
+    async fn sweep_orphans(&self, before: DateTime<Utc>) -> Result<Vec<SnapshotKey>> {
+        let root = self.root.clone();
+        blocking(move || sweep_dir(&root, before.into())).await
+    }
+
     async fn delete(&self, key: &SnapshotKey) -> Result<()> {
         let manifest = self.manifest_path(key);
         let blob = self.blob_path(key);
@@ -226,6 +285,32 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use futures::StreamExt;
+
+    #[tokio::test]
+    async fn the_sweep_removes_old_partial_writes_and_keeps_new_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FsSnapshotStore::new(dir.path());
+        let session = dir.path().join("t").join("s");
+        fs::create_dir_all(&session).unwrap();
+        let old = session.join(format!("{TEMP_PREFIX}crashed"));
+        let new = session.join(format!("{TEMP_PREFIX}writing"));
+        for path in [&old, &new] {
+            fs::write(path, b"partial").unwrap();
+        }
+        let hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        File::options()
+            .write(true)
+            .open(&old)
+            .unwrap()
+            .set_modified(hour_ago)
+            .unwrap();
+        store
+            .sweep_orphans(Utc::now() - chrono::Duration::minutes(10))
+            .await
+            .unwrap();
+        assert!(!old.exists());
+        assert!(new.exists());
+    }
 
     #[tokio::test]
     async fn failed_blob_stream_leaves_nothing_behind() {

@@ -12,7 +12,8 @@ use crate::backend::ByteStream;
 use crate::error::{Error, Result};
 use crate::snapshot::SnapshotManifest;
 use crate::store::session::{
-    decide_claim, Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore,
+    check_fence, decide_claim, decide_lease, Claim, ClaimOutcome, Lease, PoolEntry, SessionKey,
+    SessionRecord, StateStore,
 };
 use crate::store::snapshots::{sort_manifests, SnapshotKey, SnapshotStore};
 
@@ -48,12 +49,11 @@ impl StateStore for InMemoryStateStore {
             .values()
             .filter(|r| r.key.tenant() == key.tenant());
         let outcome = decide_claim(claim, inner.sessions.get(key), tenant)?;
-        if let ClaimOutcome::Claimed(previous) = &outcome {
-            let mut record = claim.record.clone();
-            if let Some(previous) = previous {
-                record.created_at = previous.created_at;
+        match &outcome {
+            ClaimOutcome::Claimed { record, .. } | ClaimOutcome::Live(record) => {
+                inner.sessions.insert(key.clone(), record.clone());
             }
-            inner.sessions.insert(key.clone(), record);
+            ClaimOutcome::Busy(_) | ClaimOutcome::Held(_) => {}
         }
         Ok(outcome)
     }
@@ -63,10 +63,40 @@ impl StateStore for InMemoryStateStore {
     }
 
     async fn put(&self, record: &SessionRecord) -> Result<()> {
-        lock(&self.inner)
-            .sessions
-            .insert(record.key.clone(), record.clone());
+        let mut inner = lock(&self.inner);
+        let stored = inner.sessions.get(&record.key);
+        check_fence(&record.key, stored, record.token())?;
+        let mut record = record.clone();
+        record.lease = stored.and_then(|r| r.lease.clone());
+        inner.sessions.insert(record.key.clone(), record);
         Ok(())
+    }
+
+    async fn take_lease(
+        &self,
+        key: &SessionKey,
+        owner: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<SessionRecord> {
+        let mut inner = lock(&self.inner);
+        let record = decide_lease(key, inner.sessions.get(key), owner, now, until)?;
+        inner.sessions.insert(key.clone(), record.clone());
+        Ok(record)
+    }
+
+    async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64> {
+        let mut renewed = 0;
+        for record in lock(&self.inner).sessions.values_mut() {
+            let holds = record.holds_sandbox();
+            if let Some(lease) = record.lease.as_mut() {
+                if lease.owner == owner && holds {
+                    *lease = Lease::new(owner, lease.token, until);
+                    renewed += 1;
+                }
+            }
+        }
+        Ok(renewed)
     }
 
     async fn touch(&self, key: &SessionKey, at: DateTime<Utc>) -> Result<()> {
@@ -76,8 +106,12 @@ impl StateStore for InMemoryStateStore {
         Ok(())
     }
 
-    async fn delete(&self, key: &SessionKey) -> Result<()> {
-        lock(&self.inner).sessions.remove(key);
+    async fn delete(&self, key: &SessionKey, token: u64) -> Result<()> {
+        let mut inner = lock(&self.inner);
+        if let Some(stored) = inner.sessions.get(key) {
+            check_fence(key, Some(stored), token)?;
+            inner.sessions.remove(key);
+        }
         Ok(())
     }
 
@@ -122,6 +156,7 @@ impl StateStore for InMemoryStateStore {
 struct StoredSnapshot {
     blob: Option<Bytes>,
     manifest: Option<SnapshotManifest>,
+    written_at: Option<DateTime<Utc>>,
 }
 
 /// A [`SnapshotStore`] in memory. Clones share the same snapshots.
@@ -149,7 +184,10 @@ impl SnapshotStore for InMemorySnapshotStore {
             buf.extend_from_slice(&chunk?);
         }
         let len = buf.len() as u64;
-        lock(&self.inner).entry(key.clone()).or_default().blob = Some(buf.freeze());
+        let mut inner = lock(&self.inner);
+        let stored = inner.entry(key.clone()).or_default();
+        stored.blob = Some(buf.freeze());
+        stored.written_at = Some(Utc::now());
         Ok(len)
     }
 
@@ -195,5 +233,18 @@ impl SnapshotStore for InMemorySnapshotStore {
     async fn delete(&self, key: &SnapshotKey) -> Result<()> {
         lock(&self.inner).remove(key);
         Ok(())
+    }
+
+    async fn sweep_orphans(&self, before: DateTime<Utc>) -> Result<Vec<SnapshotKey>> {
+        let mut inner = lock(&self.inner);
+        let orphans: Vec<SnapshotKey> = inner
+            .iter()
+            .filter(|(_, s)| s.manifest.is_none() && s.written_at.is_some_and(|at| at < before))
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &orphans {
+            inner.remove(key);
+        }
+        Ok(orphans)
     }
 }

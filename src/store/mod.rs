@@ -30,7 +30,10 @@ pub use memory::{InMemorySnapshotStore, InMemoryStateStore};
 pub use object::ObjectSnapshotStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStateStore;
-pub use session::{Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore};
+pub use session::{
+    check_fence, decide_claim, decide_lease, held_elsewhere, Claim, ClaimOutcome, Lease, PoolEntry,
+    SessionKey, SessionRecord, StateStore,
+};
 pub use snapshots::{SnapshotKey, SnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStateStore;

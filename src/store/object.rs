@@ -1,8 +1,10 @@
 //! [`ObjectSnapshotStore`]: snapshots in any `object_store` (feature `object-store`).
 
+use std::collections::HashSet;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 use futures::{StreamExt, TryStreamExt};
 use object_store::path::Path;
 use object_store::{ObjectStore, PutPayload, WriteMultipart};
@@ -193,6 +195,52 @@ impl SnapshotStore for ObjectSnapshotStore {
         }
         sort_manifests(&mut out);
         Ok(out)
+    }
+
+    async fn sweep_orphans(&self, before: DateTime<Utc>) -> Result<Vec<SnapshotKey>> {
+        let objects: Vec<_> = self
+            .store
+            .list(Some(&self.prefix))
+            .try_collect()
+            .await
+            .map_err(|e| store_error("listing snapshots to sweep", e))?;
+        let mut manifests = HashSet::new();
+        let mut blobs = Vec::new();
+        for object in &objects {
+            // `{prefix}/{tenant}/{session}/{file}`; anything else is not ours.
+            let Some(parts) = object.location.prefix_match(&self.prefix) else {
+                continue;
+            };
+            let parts: Vec<_> = parts.collect();
+            let [tenant, session, file] = parts.as_slice() else {
+                continue;
+            };
+            let Ok(session) = SessionKey::new(tenant.as_ref(), session.as_ref()) else {
+                continue;
+            };
+            let file = file.as_ref();
+            if let Some(id) = file.strip_suffix(".json") {
+                manifests.insert((session, id.to_owned()));
+            } else if let Some(id) = file.strip_suffix(".tar.zst") {
+                if object.last_modified < before {
+                    blobs.push((session, id.to_owned()));
+                }
+            }
+        }
+        let mut swept = Vec::new();
+        for (session, id) in blobs {
+            if manifests.contains(&(session.clone(), id.clone())) {
+                continue;
+            }
+            let Ok(key) = SnapshotKey::new(session, id) else {
+                continue;
+            };
+            match self.store.delete(&self.blob_path(&key)).await {
+                Ok(()) | Err(object_store::Error::NotFound { .. }) => swept.push(key),
+                Err(e) => return Err(store_error(format_args!("sweeping {key}"), e)),
+            }
+        }
+        Ok(swept)
     }
 
     async fn delete(&self, key: &SnapshotKey) -> Result<()> {

@@ -9,9 +9,10 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::records::{decode, encode};
+use crate::store::records::{decode, encode, micros, session_from_row, LeaseColumns};
 use crate::store::session::{
-    decide_claim, Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, StateStore,
+    check_fence, decide_claim, decide_lease, Claim, ClaimOutcome, PoolEntry, SessionKey,
+    SessionRecord, StateStore,
 };
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
@@ -91,8 +92,59 @@ impl PostgresStateStore {
     }
 }
 
-const UPSERT_SESSION: &str = "INSERT INTO sessions (tenant, session, sandbox_id, data) VALUES ($1, $2, $3, $4) \
-     ON CONFLICT (tenant, session) DO UPDATE SET sandbox_id = excluded.sandbox_id, data = excluded.data";
+const SESSION_COLUMNS: &str = "data, fence, lease_owner, lease_expires";
+
+fn session_row(row: &sqlx::postgres::PgRow) -> Result<SessionRecord> {
+    session_from_row(row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
+/// Writes a whole record, lease columns included (claims and lease takes only).
+async fn write_session(
+    conn: &mut sqlx::PgConnection,
+    record: &SessionRecord,
+    context: &str,
+) -> Result<()> {
+    let lease = LeaseColumns::of(record)?;
+    sqlx::query(
+        "INSERT INTO sessions (tenant, session, sandbox_id, data, fence, lease_owner, \
+         lease_expires, live) VALUES ($1, $2, $3, $4, $5, $6, $7, $8) \
+         ON CONFLICT (tenant, session) DO UPDATE SET sandbox_id = excluded.sandbox_id, \
+         data = excluded.data, fence = excluded.fence, lease_owner = excluded.lease_owner, \
+         lease_expires = excluded.lease_expires, live = excluded.live",
+    )
+    .bind(record.key.tenant())
+    .bind(record.key.session())
+    .bind(record.sandbox_id.as_ref().map(|id| id.as_str().to_owned()))
+    .bind(encode(record)?)
+    .bind(lease.fence)
+    .bind(lease.owner)
+    .bind(lease.expires)
+    .bind(record.holds_sandbox())
+    .execute(conn)
+    .await
+    .map_err(|e| db_error(context, e))?;
+    Ok(())
+}
+
+impl PostgresStateStore {
+    /// The error for a fenced write that changed no row: the stored record says why
+    /// (or, if it has since come to match, the write raced another and is refused).
+    async fn refused(&self, key: &SessionKey, token: u64) -> Error {
+        match self.get(key).await {
+            Ok(stored) => check_fence(key, stored.as_ref(), token)
+                .err()
+                .unwrap_or_else(|| {
+                    Error::new(
+                        ErrorKind::Conflict,
+                        format!(
+                            "session {key} changed while it was written; the write was refused"
+                        ),
+                    )
+                }),
+            Err(e) => e,
+        }
+    }
+}
 
 #[async_trait]
 impl StateStore for PostgresStateStore {
@@ -110,30 +162,19 @@ impl StateStore for PostgresStateStore {
             .execute(&mut *tx)
             .await
             .map_err(|e| db_error("locking the tenant", e))?;
-        let rows = sqlx::query("SELECT data FROM sessions WHERE tenant = $1")
-            .bind(key.tenant())
-            .fetch_all(&mut *tx)
-            .await
-            .map_err(|e| db_error("reading the tenant's sessions", e))?;
-        let records = rows
-            .iter()
-            .map(|row| decode::<SessionRecord>(row.get::<&str, _>(0)))
-            .collect::<Result<Vec<_>>>()?;
+        // FOR UPDATE: a lease take or fenced write of one of these rows waits for us.
+        let rows = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 FOR UPDATE"
+        ))
+        .bind(key.tenant())
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| db_error("reading the tenant's sessions", e))?;
+        let records = rows.iter().map(session_row).collect::<Result<Vec<_>>>()?;
         let existing = records.iter().find(|r| &r.key == key);
         let outcome = decide_claim(claim, existing, &records)?;
-        if let ClaimOutcome::Claimed(previous) = &outcome {
-            let mut record = claim.record.clone();
-            if let Some(previous) = previous {
-                record.created_at = previous.created_at;
-            }
-            sqlx::query(UPSERT_SESSION)
-                .bind(key.tenant())
-                .bind(key.session())
-                .bind(record.sandbox_id.as_ref().map(|id| id.as_str().to_owned()))
-                .bind(encode(&record)?)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| db_error("writing the claim", e))?;
+        if let ClaimOutcome::Claimed { record, .. } | ClaimOutcome::Live(record) = &outcome {
+            write_session(&mut tx, record, "writing the claim").await?;
         }
         tx.commit()
             .await
@@ -142,25 +183,95 @@ impl StateStore for PostgresStateStore {
     }
 
     async fn get(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
-        let row = sqlx::query("SELECT data FROM sessions WHERE tenant = $1 AND session = $2")
-            .bind(key.tenant())
-            .bind(key.session())
-            .fetch_optional(&self.pool)
-            .await
-            .map_err(|e| db_error("reading a session", e))?;
-        row.map(|row| decode(row.get::<&str, _>(0))).transpose()
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 AND session = $2"
+        ))
+        .bind(key.tenant())
+        .bind(key.session())
+        .fetch_optional(&self.pool)
+        .await
+        .map_err(|e| db_error("reading a session", e))?;
+        row.as_ref().map(session_row).transpose()
     }
 
     async fn put(&self, record: &SessionRecord) -> Result<()> {
-        sqlx::query(UPSERT_SESSION)
-            .bind(record.key.tenant())
-            .bind(record.key.session())
+        let key = &record.key;
+        let token = record.token();
+        let fence = LeaseColumns::of(record)?.fence;
+        // One statement: the fencing check and the write cannot be split by another
+        // writer. The lease columns stay as they are.
+        let query = if token == 0 {
+            sqlx::query(
+                "INSERT INTO sessions (tenant, session, sandbox_id, data, live) \
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant, session) DO UPDATE SET \
+                 sandbox_id = excluded.sandbox_id, data = excluded.data, live = excluded.live \
+                 WHERE sessions.fence = 0",
+            )
+            .bind(key.tenant())
+            .bind(key.session())
             .bind(record.sandbox_id.as_ref().map(|id| id.as_str().to_owned()))
             .bind(encode(record)?)
+            .bind(record.holds_sandbox())
+        } else {
+            sqlx::query(
+                "UPDATE sessions SET sandbox_id = $1, data = $2, live = $3 \
+                 WHERE tenant = $4 AND session = $5 AND fence = $6",
+            )
+            .bind(record.sandbox_id.as_ref().map(|id| id.as_str().to_owned()))
+            .bind(encode(record)?)
+            .bind(record.holds_sandbox())
+            .bind(key.tenant())
+            .bind(key.session())
+            .bind(fence)
+        };
+        let done = query
             .execute(&self.pool)
             .await
             .map_err(|e| db_error("writing a session", e))?;
+        if done.rows_affected() == 0 {
+            return Err(self.refused(key, token).await);
+        }
         Ok(())
+    }
+
+    async fn take_lease(
+        &self,
+        key: &SessionKey,
+        owner: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<SessionRecord> {
+        let mut tx = self
+            .pool
+            .begin()
+            .await
+            .map_err(|e| db_error("taking a lease", e))?;
+        let row = sqlx::query(&format!(
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 AND session = $2 FOR UPDATE"
+        ))
+        .bind(key.tenant())
+        .bind(key.session())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(|e| db_error("taking a lease", e))?;
+        let existing = row.as_ref().map(session_row).transpose()?;
+        let record = decide_lease(key, existing.as_ref(), owner, now, until)?;
+        write_session(&mut tx, &record, "taking a lease").await?;
+        tx.commit()
+            .await
+            .map_err(|e| db_error("taking a lease", e))?;
+        Ok(record)
+    }
+
+    async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64> {
+        let done =
+            sqlx::query("UPDATE sessions SET lease_expires = $1 WHERE lease_owner = $2 AND live")
+                .bind(micros(until))
+                .bind(owner)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_error("renewing leases", e))?;
+        Ok(done.rows_affected())
     }
 
     async fn touch(&self, key: &SessionKey, at: DateTime<Utc>) -> Result<()> {
@@ -195,34 +306,45 @@ impl StateStore for PostgresStateStore {
             .map_err(|e| db_error("recording activity", e))
     }
 
-    async fn delete(&self, key: &SessionKey) -> Result<()> {
-        sqlx::query("DELETE FROM sessions WHERE tenant = $1 AND session = $2")
-            .bind(key.tenant())
-            .bind(key.session())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| db_error("deleting a session", e))?;
+    async fn delete(&self, key: &SessionKey, token: u64) -> Result<()> {
+        let fence = i64::try_from(token).unwrap_or(i64::MAX);
+        let done =
+            sqlx::query("DELETE FROM sessions WHERE tenant = $1 AND session = $2 AND fence = $3")
+                .bind(key.tenant())
+                .bind(key.session())
+                .bind(fence)
+                .execute(&self.pool)
+                .await
+                .map_err(|e| db_error("deleting a session", e))?;
+        if done.rows_affected() == 0 {
+            // Gone already is done; there under another token is refused.
+            if let Some(stored) = self.get(key).await? {
+                check_fence(key, Some(&stored), token)?;
+            }
+        }
         Ok(())
     }
 
     async fn list(&self, tenant: Option<&str>) -> Result<Vec<SessionRecord>> {
         let rows = match tenant {
             Some(t) => {
-                sqlx::query("SELECT data FROM sessions WHERE tenant = $1 ORDER BY tenant, session")
-                    .bind(t)
-                    .fetch_all(&self.pool)
-                    .await
+                sqlx::query(&format!(
+                "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 ORDER BY tenant, session"
+            ))
+                .bind(t)
+                .fetch_all(&self.pool)
+                .await
             }
             None => {
-                sqlx::query("SELECT data FROM sessions ORDER BY tenant, session")
-                    .fetch_all(&self.pool)
-                    .await
+                sqlx::query(&format!(
+                    "SELECT {SESSION_COLUMNS} FROM sessions ORDER BY tenant, session"
+                ))
+                .fetch_all(&self.pool)
+                .await
             }
         }
         .map_err(|e| db_error("listing sessions", e))?;
-        rows.iter()
-            .map(|row| decode(row.get::<&str, _>(0)))
-            .collect()
+        rows.iter().map(session_row).collect()
     }
 
     async fn pool_put(&self, entry: &PoolEntry) -> Result<()> {

@@ -6,7 +6,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sandbox::validate_name;
 use crate::sandbox::{SandboxId, SandboxStatus};
 use crate::spec::SandboxSpec;
@@ -76,6 +76,10 @@ pub struct SessionRecord {
     pub last_active: DateTime<Utc>,
     /// The last change to this record (a fresh `Provisioning` record is an acquire in flight).
     pub updated_at: DateTime<Utc>,
+    /// The manager that may change the session, with its fencing token; `None` on a
+    /// record no manager has claimed yet (and on records written before leases existed).
+    #[serde(default)]
+    pub lease: Option<Lease>,
 }
 
 impl SessionRecord {
@@ -96,7 +100,21 @@ impl SessionRecord {
             sandbox_created_at: None,
             last_active: now,
             updated_at: now,
+            lease: None,
         }
+    }
+
+    /// The fencing token of the record's lease; 0 when it has none.
+    pub fn token(&self) -> u64 {
+        self.lease.as_ref().map_or(0, |l| l.token)
+    }
+
+    /// The lease that blocks `owner` at `now`, if any: another manager's unexpired lease
+    /// on a session that holds a sandbox. A session without a sandbox blocks nobody.
+    pub fn held_against(&self, owner: &str, now: DateTime<Utc>) -> Option<&Lease> {
+        self.lease
+            .as_ref()
+            .filter(|l| self.holds_sandbox() && l.owner != owner && l.expires_at > now)
     }
 
     /// Whether this status holds a sandbox (and so counts against the tenant's limit).
@@ -115,6 +133,113 @@ impl SessionRecord {
     pub fn is_live(&self) -> bool {
         self.holds_sandbox() && self.status != SandboxStatus::Provisioning
     }
+}
+
+/// Who may change a session, and until when.
+///
+/// A manager holds the lease of every session whose sandbox it runs, renewing it while
+/// it lives ([`StateStore::renew_leases`]). Another manager may take a lease over once it
+/// has expired (or at once, on a session that holds no sandbox); each change of owner
+/// raises the fencing `token`, and the store refuses any write that carries an older
+/// token, so a manager that paused, crashed or lost its network past its lease can no
+/// longer change the session. Managers sharing a manager id are one owner.
+///
+/// Expiry compares timestamps written by different hosts: their clocks must agree to
+/// well within the lease's time to live.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct Lease {
+    /// The manager id of the owner.
+    pub owner: String,
+    /// The fencing token: raised every time the session changes owner.
+    pub token: u64,
+    /// When the lease lapses unless renewed.
+    pub expires_at: DateTime<Utc>,
+}
+
+impl Lease {
+    /// A lease of `owner` with `token`, until `expires_at`.
+    /// `expires_at` is kept to the microsecond, as every store keeps it.
+    pub fn new(owner: impl Into<String>, token: u64, expires_at: DateTime<Utc>) -> Self {
+        use chrono::SubsecRound;
+        Lease {
+            owner: owner.into(),
+            token,
+            expires_at: expires_at.trunc_subsecs(6),
+        }
+    }
+
+    /// The lease `owner` holds after taking the session from `current`: the same owner
+    /// keeps its token, a new one raises it.
+    pub fn next(current: Option<&Lease>, owner: &str, expires_at: DateTime<Utc>) -> Lease {
+        let token = match current {
+            Some(l) if l.owner == owner => l.token,
+            Some(l) => l.token + 1,
+            None => 1,
+        };
+        Lease::new(owner, token, expires_at)
+    }
+}
+
+/// The error for a session whose lease another manager holds.
+pub fn held_elsewhere(key: &SessionKey, lease: &Lease) -> Error {
+    Error::new(
+        ErrorKind::Conflict,
+        format!(
+            "session {key} is held by manager '{}' until {} (its lease); it is used there \
+             and is taken over only once that lease expires",
+            lease.owner,
+            lease
+                .expires_at
+                .to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        ),
+    )
+}
+
+/// The fencing rule of [`StateStore::put`] and [`StateStore::delete`]: a write carrying
+/// `token` may replace `stored` only if `stored` (absent: token 0) carries the same
+/// token. Every store applies it in the transaction (or statement) that writes.
+///
+/// # Errors
+/// [`ErrorKind::Conflict`] naming the current owner.
+pub fn check_fence(key: &SessionKey, stored: Option<&SessionRecord>, token: u64) -> Result<()> {
+    let current = stored.map_or(0, SessionRecord::token);
+    if current == token {
+        return Ok(());
+    }
+    let owner = stored.and_then(|r| r.lease.as_ref()).map_or_else(
+        || "nobody (it was deleted)".to_owned(),
+        |l| format!("manager '{}'", l.owner),
+    );
+    Err(Error::new(
+        ErrorKind::Conflict,
+        format!(
+            "session {key} changed hands: it is now held by {owner} with fencing token \
+             {current}, and this write carried token {token}; it was refused"
+        ),
+    ))
+}
+
+/// The rule of [`StateStore::take_lease`]: the record of `existing` with `owner`'s lease.
+///
+/// # Errors
+/// `NotFound` for no record; [`ErrorKind::Conflict`] naming the owner when another
+/// manager's unexpired lease covers a session that holds a sandbox.
+pub fn decide_lease(
+    key: &SessionKey,
+    existing: Option<&SessionRecord>,
+    owner: &str,
+    now: DateTime<Utc>,
+    until: DateTime<Utc>,
+) -> Result<SessionRecord> {
+    let existing =
+        existing.ok_or_else(|| Error::not_found(format!("session {key} does not exist")))?;
+    if let Some(lease) = existing.held_against(owner, now) {
+        return Err(held_elsewhere(key, lease));
+    }
+    let mut record = existing.clone();
+    record.lease = Some(Lease::next(existing.lease.as_ref(), owner, until));
+    Ok(record)
 }
 
 /// A pre-created sandbox waiting in a warm pool (or being created for one).
@@ -147,8 +272,13 @@ impl PoolEntry {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Claim {
-    /// The record to write if the claim succeeds (status `Provisioning`).
+    /// The record to write if the claim succeeds (status `Provisioning`); its
+    /// `updated_at` is the claim's "now" for lease expiry.
     pub record: SessionRecord,
+    /// The manager claiming: it gets the session's lease.
+    pub owner: String,
+    /// When the lease it gets expires unless renewed.
+    pub lease_until: DateTime<Utc>,
     /// At most this many sessions of the tenant may hold a sandbox.
     pub tenant_limit: Option<u32>,
     /// `Provisioning` records last updated before this are abandoned (their acquirer
@@ -157,14 +287,18 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// A claim for `record`.
+    /// A claim for `record` by manager `owner`, whose lease lasts until `lease_until`.
     pub fn new(
         record: SessionRecord,
+        owner: impl Into<String>,
+        lease_until: DateTime<Utc>,
         tenant_limit: Option<u32>,
         stale_before: DateTime<Utc>,
     ) -> Self {
         Claim {
             record,
+            owner: owner.into(),
+            lease_until,
             tenant_limit,
             stale_before,
         }
@@ -172,22 +306,35 @@ impl Claim {
 }
 
 /// The result of [`StateStore::claim`].
+// A short-lived return value, matched at once: boxing would only cost an allocation.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ClaimOutcome {
-    /// The claim's record was written; the caller provisions the sandbox. Carries the
-    /// record it replaced, if any (a suspended session, an abandoned claim).
-    Claimed(Option<SessionRecord>),
-    /// The session already holds a sandbox; nothing was written.
+    /// The claim's record was written, with the claimer's lease; the caller provisions
+    /// the sandbox.
+    Claimed {
+        /// The record it replaced, if any (a suspended session, an abandoned claim).
+        previous: Option<SessionRecord>,
+        /// The record written.
+        record: SessionRecord,
+    },
+    /// The session already holds a sandbox and the claimer now holds its lease (kept,
+    /// or taken over from an expired one); only the lease was written. Carries the
+    /// record with that lease.
     Live(SessionRecord),
     /// Another acquirer is provisioning this session right now; nothing was written.
     Busy(SessionRecord),
+    /// The session holds a sandbox under another manager's unexpired lease; nothing was
+    /// written.
+    Held(SessionRecord),
 }
 
 /// The claim rule of [`StateStore::claim`]: decides a claim from the current record of
 /// the key (`existing`) and the tenant's records. Every store, this crate's and outside
 /// ones, applies it so the rule is written once; a store makes it atomic by reading
-/// both and writing the claimed record in one transaction (or under one lock).
+/// both and writing what the outcome says (the `Claimed` record, or the `Live` record's
+/// lease) in one transaction (or under one lock).
 ///
 /// # Errors
 /// [`ErrorKind::LimitExceeded`](crate::ErrorKind::LimitExceeded) when the tenant is at
@@ -200,13 +347,23 @@ pub fn decide_claim<'a>(
     let fresh = |r: &SessionRecord| {
         r.status != SandboxStatus::Provisioning || r.updated_at >= claim.stale_before
     };
+    let now = claim.record.updated_at;
+    let lease = Lease::next(
+        existing.and_then(|r| r.lease.as_ref()),
+        &claim.owner,
+        claim.lease_until,
+    );
     if let Some(existing) = existing {
         if existing.holds_sandbox() && fresh(existing) {
-            return Ok(if existing.status == SandboxStatus::Provisioning {
-                ClaimOutcome::Busy(existing.clone())
-            } else {
-                ClaimOutcome::Live(existing.clone())
-            });
+            if existing.status == SandboxStatus::Provisioning {
+                return Ok(ClaimOutcome::Busy(existing.clone()));
+            }
+            if existing.held_against(&claim.owner, now).is_some() {
+                return Ok(ClaimOutcome::Held(existing.clone()));
+            }
+            let mut live = existing.clone();
+            live.lease = Some(lease);
+            return Ok(ClaimOutcome::Live(live));
         }
     }
     if let Some(limit) = claim.tenant_limit {
@@ -222,16 +379,34 @@ pub fn decide_claim<'a>(
             )));
         }
     }
-    Ok(ClaimOutcome::Claimed(existing.cloned()))
+    let mut record = claim.record.clone();
+    if let Some(previous) = existing {
+        record.created_at = previous.created_at;
+    }
+    record.lease = Some(lease);
+    Ok(ClaimOutcome::Claimed {
+        previous: existing.cloned(),
+        record,
+    })
 }
 
 /// Durable session state shared by every manager using the same store.
 ///
 /// # Behavior
 /// - `claim` is atomic across every process sharing the store: two claims can never both
-///   succeed for one key, nor push a tenant past `tenant_limit`.
-/// - `put` replaces the record of its key (or inserts it); `get` of an unknown key is `None`.
-/// - `delete` is idempotent.
+///   succeed for one key, nor push a tenant past `tenant_limit`. It decides by
+///   [`decide_claim`] and writes the claimer's lease with the outcome.
+/// - Leases fence every write ([`Lease`]): `put` and `delete` carry the record's
+///   fencing token and change nothing unless the stored record carries the same one
+///   ([`check_fence`]; an absent record has token 0), failing with
+///   [`ErrorKind::Conflict`](crate::ErrorKind::Conflict) otherwise. `put` never changes
+///   the stored lease: `claim`, `take_lease` and `renew_leases` own it.
+/// - `take_lease` gives its caller the lease of an existing session by [`decide_lease`]:
+///   kept by the same owner, raised to a new token for another owner, refused with
+///   `Conflict` naming the owner while another's unexpired lease covers a sandbox.
+/// - `renew_leases` moves the expiry of every lease `owner` holds on a session that
+///   holds a sandbox, and of no other.
+/// - `get` of an unknown key is `None`; `delete` of one is `Ok`.
 /// - `list` returns records sorted by key; `list(Some(t))` only tenant `t`'s.
 /// - `pool_take` removes and returns one entry of the pool that has a sandbox, or `None`;
 ///   two takes never return the same entry.
@@ -245,14 +420,29 @@ pub trait StateStore: Send + Sync + 'static {
     /// The record of `key`.
     async fn get(&self, key: &SessionKey) -> Result<Option<SessionRecord>>;
 
-    /// Inserts or replaces the record of `record.key`.
+    /// Inserts or replaces the record of `record.key`, if the stored record's fencing
+    /// token is `record`'s; the stored lease is kept as it is.
     async fn put(&self, record: &SessionRecord) -> Result<()>;
+
+    /// Gives `owner` the lease of the existing session `key`, expiring at `until`, and
+    /// returns the record with it; `now` decides whether the current lease expired.
+    async fn take_lease(
+        &self,
+        key: &SessionKey,
+        owner: &str,
+        now: DateTime<Utc>,
+        until: DateTime<Utc>,
+    ) -> Result<SessionRecord>;
+
+    /// Extends to `until` every lease `owner` holds on a session that holds a sandbox;
+    /// returns how many.
+    async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64>;
 
     /// Records activity: sets `last_active` (never moving it backwards). Unknown keys are ignored.
     async fn touch(&self, key: &SessionKey, at: DateTime<Utc>) -> Result<()>;
 
-    /// Forgets a session.
-    async fn delete(&self, key: &SessionKey) -> Result<()>;
+    /// Forgets a session, if the stored record's fencing token is `token`.
+    async fn delete(&self, key: &SessionKey, token: u64) -> Result<()>;
 
     /// Records of one tenant, or of all.
     async fn list(&self, tenant: Option<&str>) -> Result<Vec<SessionRecord>>;
@@ -283,11 +473,23 @@ macro_rules! forward_state_store {
             async fn put(&self, record: &SessionRecord) -> Result<()> {
                 (**self).put(record).await
             }
+            async fn take_lease(
+                &self,
+                key: &SessionKey,
+                owner: &str,
+                now: DateTime<Utc>,
+                until: DateTime<Utc>,
+            ) -> Result<SessionRecord> {
+                (**self).take_lease(key, owner, now, until).await
+            }
+            async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64> {
+                (**self).renew_leases(owner, until).await
+            }
             async fn touch(&self, key: &SessionKey, at: DateTime<Utc>) -> Result<()> {
                 (**self).touch(key, at).await
             }
-            async fn delete(&self, key: &SessionKey) -> Result<()> {
-                (**self).delete(key).await
+            async fn delete(&self, key: &SessionKey, token: u64) -> Result<()> {
+                (**self).delete(key, token).await
             }
             async fn list(&self, tenant: Option<&str>) -> Result<Vec<SessionRecord>> {
                 (**self).list(tenant).await
@@ -354,6 +556,8 @@ mod tests {
         let claim = |session: &str, limit| {
             Claim::new(
                 rec("t", session, SandboxStatus::Provisioning),
+                "m1",
+                now + chrono::Duration::seconds(30),
                 limit,
                 now - chrono::Duration::seconds(60),
             )
@@ -369,7 +573,10 @@ mod tests {
         // Suspended sessions do not count; one live one does.
         assert!(matches!(
             decide_claim(&claim("b", Some(2)), Some(&suspended), &all).unwrap(),
-            ClaimOutcome::Claimed(Some(_))
+            ClaimOutcome::Claimed {
+                previous: Some(_),
+                ..
+            }
         ));
         let err = decide_claim(&claim("c", Some(1)), None, &all).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::LimitExceeded);
@@ -390,7 +597,70 @@ mod tests {
         ));
         assert!(matches!(
             decide_claim(&claim("c", Some(2)), Some(&inflight), [&inflight, &live]).unwrap(),
-            ClaimOutcome::Claimed(Some(_))
+            ClaimOutcome::Claimed {
+                previous: Some(_),
+                ..
+            }
         ));
+    }
+
+    #[test]
+    fn lease_rules() {
+        let now = Utc::now();
+        let secs = chrono::Duration::seconds;
+        let claim = Claim::new(
+            rec("t", "a", SandboxStatus::Provisioning),
+            "m1",
+            now + secs(30),
+            None,
+            now - secs(60),
+        );
+        // A first claim gets token 1.
+        let ClaimOutcome::Claimed { record, .. } = decide_claim(&claim, None, []).unwrap() else {
+            panic!("not claimed")
+        };
+        assert_eq!(record.lease, Some(Lease::new("m1", 1, now + secs(30))));
+
+        // Live under another manager's unexpired lease: held, named by the error.
+        let mut live = rec("t", "a", SandboxStatus::Running);
+        live.lease = Some(Lease::new("m2", 4, now + secs(10)));
+        assert!(matches!(
+            decide_claim(&claim, Some(&live), [&live]).unwrap(),
+            ClaimOutcome::Held(_)
+        ));
+        let err = decide_lease(&live.key, Some(&live), "m1", now, now + secs(30)).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Conflict);
+        assert!(err.to_string().contains("manager 'm2'"), "{err}");
+        // The same owner keeps its token.
+        let kept = decide_lease(&live.key, Some(&live), "m2", now, now + secs(30)).unwrap();
+        assert_eq!(kept.token(), 4);
+
+        // Expired: taken over with a higher token.
+        live.lease = Some(Lease::new("m2", 4, now - secs(1)));
+        let ClaimOutcome::Live(taken) = decide_claim(&claim, Some(&live), [&live]).unwrap() else {
+            panic!("not taken over")
+        };
+        assert_eq!(taken.lease, Some(Lease::new("m1", 5, now + secs(30))));
+
+        // A session without a sandbox blocks nobody.
+        let mut suspended = rec("t", "a", SandboxStatus::Suspended);
+        suspended.lease = Some(Lease::new("m2", 4, now + secs(10)));
+        let taken = decide_lease(&suspended.key, Some(&suspended), "m1", now, now).unwrap();
+        assert_eq!(taken.token(), 5);
+
+        // Fencing: only the stored token passes.
+        assert!(check_fence(&live.key, Some(&live), 4).is_ok());
+        assert_eq!(
+            check_fence(&live.key, Some(&live), 3).unwrap_err().kind(),
+            ErrorKind::Conflict
+        );
+        assert!(check_fence(&live.key, None, 0).is_ok());
+        assert!(check_fence(&live.key, None, 2).is_err());
+        assert_eq!(
+            decide_lease(&live.key, None, "m1", now, now)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::NotFound
+        );
     }
 }

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use async_trait::async_trait;
+use chrono::{DateTime, Utc};
 
 use crate::backend::ByteStream;
 use crate::error::Result;
@@ -64,6 +65,10 @@ impl fmt::Display for SnapshotKey {
 /// - `list` returns the stored manifests of one session, oldest first (by `created_at`,
 ///   then id); blobs without a manifest are not listed.
 /// - `delete` removes the manifest, then the blob; deleting a missing key succeeds.
+/// - `sweep_orphans(before)` deletes every blob without a manifest (what a crash
+///   between the two steps leaves) last written before `before`, with any partial
+///   write as old, and returns their keys; a snapshot with a manifest, and a blob
+///   written since `before` (an upload whose manifest may still come), are kept.
 #[async_trait]
 pub trait SnapshotStore: Send + Sync + 'static {
     /// Stores the compressed blob of `key`, returning its size in bytes.
@@ -83,6 +88,9 @@ pub trait SnapshotStore: Send + Sync + 'static {
 
     /// Deletes a snapshot.
     async fn delete(&self, key: &SnapshotKey) -> Result<()>;
+
+    /// Deletes blobs no manifest references that were written before `before`.
+    async fn sweep_orphans(&self, before: DateTime<Utc>) -> Result<Vec<SnapshotKey>>;
 }
 
 macro_rules! forward_snapshot_store {
@@ -110,6 +118,9 @@ macro_rules! forward_snapshot_store {
             }
             async fn delete(&self, key: &SnapshotKey) -> Result<()> {
                 (**self).delete(key).await
+            }
+            async fn sweep_orphans(&self, before: DateTime<Utc>) -> Result<Vec<SnapshotKey>> {
+                (**self).sweep_orphans(before).await
             }
         }
     };

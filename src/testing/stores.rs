@@ -16,7 +16,7 @@ use futures::{StreamExt, TryStreamExt};
 
 use crate::snapshot::{PackedBlob, SnapshotManifest};
 use crate::store::{
-    Claim, ClaimOutcome, PoolEntry, SessionKey, SessionRecord, SnapshotKey, SnapshotStore,
+    Claim, ClaimOutcome, Lease, PoolEntry, SessionKey, SessionRecord, SnapshotKey, SnapshotStore,
     StateStore,
 };
 use crate::{Error, ErrorKind, SandboxId, SandboxSpec, SandboxStatus};
@@ -36,6 +36,7 @@ fn record(key: &SessionKey, status: SandboxStatus) -> SessionRecord {
 pub async fn state_store_all(store: &dyn StateStore) {
     state_put_get_delete(store).await;
     state_claim(store).await;
+    state_leases(store).await;
     state_touch(store).await;
     state_pool(store).await;
 }
@@ -63,10 +64,28 @@ pub async fn state_put_get_delete(store: &dyn StateStore) {
     assert!(store.list(None).await.unwrap().len() >= 2);
     assert!(store.list(Some(&unique("other"))).await.unwrap().is_empty());
 
-    store.delete(&a).await.unwrap();
-    store.delete(&a).await.unwrap();
+    store.delete(&a, 0).await.unwrap();
+    store.delete(&a, 0).await.unwrap();
     assert_eq!(store.get(&a).await.unwrap(), None);
-    store.delete(&b).await.unwrap();
+    store.delete(&b, 0).await.unwrap();
+}
+
+fn claim_of(key: SessionKey, owner: &str, limit: Option<u32>) -> Claim {
+    let now = Utc::now();
+    Claim::new(
+        SessionRecord::provisioning(key, "mock", SandboxSpec::default(), now),
+        owner,
+        now + Duration::seconds(30),
+        limit,
+        now - Duration::seconds(300),
+    )
+}
+
+/// Deletes what a case left, whatever its tokens.
+async fn clear_tenant(store: &dyn StateStore, tenant: &str) {
+    for r in store.list(Some(tenant)).await.unwrap() {
+        store.delete(&r.key, r.token()).await.unwrap();
+    }
 }
 
 /// Claims: live sessions are returned, fresh claims in flight are busy, the tenant limit
@@ -74,19 +93,16 @@ pub async fn state_put_get_delete(store: &dyn StateStore) {
 pub async fn state_claim(store: &dyn StateStore) {
     let tenant = unique("t");
     let key = |s: &str| SessionKey::new(&tenant, s).unwrap();
-    let stale_before = Utc::now() - Duration::seconds(300);
-    let claim = |s: &str, limit| {
-        Claim::new(
-            SessionRecord::provisioning(key(s), "mock", SandboxSpec::default(), Utc::now()),
-            limit,
-            stale_before,
-        )
-    };
+    let claim = |s: &str, limit| claim_of(key(s), "m1", limit);
 
-    assert_eq!(
-        store.claim(&claim("a", Some(2))).await.unwrap(),
-        ClaimOutcome::Claimed(None)
-    );
+    let ClaimOutcome::Claimed {
+        previous: None,
+        record: claimed,
+    } = store.claim(&claim("a", Some(2))).await.unwrap()
+    else {
+        panic!("a first claim succeeds")
+    };
+    assert_eq!(store.get(&key("a")).await.unwrap().as_ref(), Some(&claimed));
     assert!(matches!(
         store.claim(&claim("a", Some(2))).await.unwrap(),
         ClaimOutcome::Busy(_)
@@ -95,14 +111,19 @@ pub async fn state_claim(store: &dyn StateStore) {
     live.status = SandboxStatus::Running;
     live.sandbox_id = Some(SandboxId::new("sb-a").unwrap());
     store.put(&live).await.unwrap();
+    let ClaimOutcome::Live(reused) = store.claim(&claim("a", Some(2))).await.unwrap() else {
+        panic!("a live session is returned")
+    };
+    assert_eq!(reused.sandbox_id, live.sandbox_id);
     assert_eq!(
-        store.claim(&claim("a", Some(2))).await.unwrap(),
-        ClaimOutcome::Live(live.clone())
+        reused.token(),
+        live.token(),
+        "the same owner keeps its token"
     );
 
     assert!(matches!(
         store.claim(&claim("b", Some(2))).await.unwrap(),
-        ClaimOutcome::Claimed(None)
+        ClaimOutcome::Claimed { previous: None, .. }
     ));
     let err = store.claim(&claim("c", Some(2))).await.unwrap_err();
     assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
@@ -120,7 +141,7 @@ pub async fn state_claim(store: &dyn StateStore) {
     store.put(&suspended).await.unwrap();
     assert!(matches!(
         store.claim(&claim("b", Some(2))).await.unwrap(),
-        ClaimOutcome::Claimed(Some(prev)) if prev == suspended
+        ClaimOutcome::Claimed { previous: Some(prev), .. } if prev == suspended
     ));
     assert_eq!(
         store.get(&key("b")).await.unwrap().unwrap().created_at,
@@ -130,17 +151,12 @@ pub async fn state_claim(store: &dyn StateStore) {
     // Concurrent claims over distinct keys: exactly `limit` succeed.
     let tenant2 = unique("t");
     let results = futures::future::join_all((0..20).map(|i| {
-        let record = SessionRecord::provisioning(
+        let claim = claim_of(
             SessionKey::new(&tenant2, format!("s{i}")).unwrap(),
-            "mock",
-            SandboxSpec::default(),
-            Utc::now(),
+            "m1",
+            Some(3),
         );
-        async move {
-            store
-                .claim(&Claim::new(record, Some(3), stale_before))
-                .await
-        }
+        async move { store.claim(&claim).await }
     }))
     .await;
     let ok = results.iter().filter(|r| r.is_ok()).count();
@@ -149,12 +165,130 @@ pub async fn state_claim(store: &dyn StateStore) {
         .iter()
         .filter_map(|r| r.as_ref().err())
         .all(|e| e.kind() == ErrorKind::LimitExceeded));
-    for r in store.list(Some(&tenant)).await.unwrap() {
-        store.delete(&r.key).await.unwrap();
-    }
-    for r in store.list(Some(&tenant2)).await.unwrap() {
-        store.delete(&r.key).await.unwrap();
-    }
+    clear_tenant(store, &tenant).await;
+    clear_tenant(store, &tenant2).await;
+}
+
+/// Leases: a live session under another manager's unexpired lease is held (claim and
+/// `take_lease` refuse, naming the owner); an expired lease is taken over with a higher
+/// token; writes and deletes carrying an old token are refused and change nothing;
+/// `put` keeps the stored lease; `renew_leases` renews only its owner's live sessions.
+pub async fn state_leases(store: &dyn StateStore) {
+    let tenant = unique("t");
+    let key = SessionKey::new(&tenant, "s").unwrap();
+    let now = Utc::now();
+    let secs = Duration::seconds;
+
+    // m1 claims and makes the session live.
+    let ClaimOutcome::Claimed { record, .. } = store
+        .claim(&claim_of(key.clone(), "m1", None))
+        .await
+        .unwrap()
+    else {
+        panic!("a first claim succeeds")
+    };
+    let first = record.token();
+    assert!(first > 0, "a claim carries a fencing token");
+    assert_eq!(record.lease.as_ref().unwrap().owner, "m1");
+    let mut live = record.clone();
+    live.status = SandboxStatus::Running;
+    live.sandbox_id = Some(SandboxId::new("sb-1").unwrap());
+    store.put(&live).await.unwrap();
+
+    // m2 is refused while m1's lease runs, and writes nothing.
+    assert!(matches!(
+        store.claim(&claim_of(key.clone(), "m2", None)).await.unwrap(),
+        ClaimOutcome::Held(held) if held.lease.as_ref().unwrap().owner == "m1"
+    ));
+    let err = store
+        .take_lease(&key, "m2", now, now + secs(30))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert!(err.to_string().contains("m1"), "names the owner: {err}");
+    assert_eq!(store.get(&key).await.unwrap().unwrap().token(), first);
+
+    // m1 renews: only its live sessions.
+    let until = now + secs(300);
+    assert!(store.renew_leases("m1", until).await.unwrap() >= 1);
+    assert_eq!(
+        store.renew_leases(&unique("nobody"), until).await.unwrap(),
+        0
+    );
+    let renewed = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        renewed.lease.as_ref().unwrap().expires_at,
+        Lease::new("m1", 0, until).expires_at
+    );
+    assert_eq!(renewed.token(), first, "renewing keeps the token");
+
+    // Past the lease (seen from a later "now"), m2 takes over with a higher token.
+    let later = until + secs(1);
+    let taken = store
+        .take_lease(&key, "m2", later, later + secs(30))
+        .await
+        .unwrap();
+    assert!(taken.token() > first, "a takeover raises the token");
+    assert_eq!(taken.lease.as_ref().unwrap().owner, "m2");
+
+    // m1's late writes are refused and change nothing.
+    let mut late = live.clone();
+    late.status = SandboxStatus::Suspended;
+    late.sandbox_id = None;
+    let err = store.put(&late).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    assert!(err.to_string().contains("m2"), "names the new owner: {err}");
+    let err = store.delete(&key, first).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err}");
+    let stored = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(stored.status, SandboxStatus::Running);
+    assert_eq!(stored.lease, taken.lease);
+    // And m1's renewals no longer touch it.
+    store.renew_leases("m1", later + secs(600)).await.unwrap();
+    assert_eq!(store.get(&key).await.unwrap().unwrap().lease, taken.lease);
+
+    // m2's writes go through and keep its lease; a put cannot move the lease.
+    let mut mine = taken.clone();
+    mine.status = SandboxStatus::Idle;
+    mine.lease = Some(Lease::new("m2", taken.token(), later - secs(100)));
+    store.put(&mine).await.unwrap();
+    let stored = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(stored.status, SandboxStatus::Idle);
+    assert_eq!(stored.lease, taken.lease);
+
+    // A session without a sandbox blocks nobody: m1 may take it at once.
+    mine.status = SandboxStatus::Suspended;
+    mine.sandbox_id = None;
+    store.put(&mine).await.unwrap();
+    assert_eq!(
+        store.renew_leases("m2", later + secs(600)).await.unwrap(),
+        0
+    );
+    let back = store
+        .take_lease(&key, "m1", later, later + secs(30))
+        .await
+        .unwrap();
+    assert!(back.token() > taken.token());
+
+    // Unknown sessions: no lease to take; deleting is done already.
+    let missing = SessionKey::new(&tenant, "missing").unwrap();
+    let err = store
+        .take_lease(&missing, "m1", now, now)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    store.delete(&missing, 7).await.unwrap();
+    let mut ghost = record.clone();
+    ghost.key = missing.clone();
+    assert_eq!(
+        store.put(&ghost).await.unwrap_err().kind(),
+        ErrorKind::Conflict,
+        "a leased write of a deleted session is refused"
+    );
+    assert_eq!(store.get(&missing).await.unwrap(), None);
+
+    store.delete(&key, back.token()).await.unwrap();
+    assert_eq!(store.get(&key).await.unwrap(), None);
 }
 
 /// `touch` moves `last_active` forward only and ignores unknown keys.
@@ -168,7 +302,7 @@ pub async fn state_touch(store: &dyn StateStore) {
     store.touch(&key, later).await.unwrap();
     store.touch(&key, r.last_active).await.unwrap();
     assert_eq!(store.get(&key).await.unwrap().unwrap().last_active, later);
-    store.delete(&key).await.unwrap();
+    store.delete(&key, 0).await.unwrap();
 }
 
 /// Pool entries: only ready ones are taken, oldest first, each at most once.
@@ -236,6 +370,62 @@ pub async fn snapshot_store_all(store: &dyn SnapshotStore) {
     snapshot_round_trip(store).await;
     snapshot_manifest_is_the_commit_point(store).await;
     snapshot_failed_blob_keeps_nothing(store).await;
+    snapshot_orphans_are_swept(store).await;
+}
+
+/// `sweep_orphans` deletes a blob without a manifest once it is older than the cut-off,
+/// and never a committed snapshot or a younger blob.
+pub async fn snapshot_orphans_are_swept(store: &dyn SnapshotStore) {
+    let session = SessionKey::new(unique("t"), "s").unwrap();
+    let orphan = SnapshotKey::new(session.clone(), "orphan").unwrap();
+    let kept = SnapshotKey::new(session.clone(), "kept").unwrap();
+    store
+        .put_blob(&orphan, bytes_stream(b"lost"))
+        .await
+        .unwrap();
+    store.put_blob(&kept, bytes_stream(b"kept")).await.unwrap();
+    store
+        .put_manifest(&kept, &manifest_for(&kept, b"kept", 0))
+        .await
+        .unwrap();
+
+    // Within the grace period: an upload whose manifest may still come.
+    let swept = store
+        .sweep_orphans(Utc::now() - Duration::hours(1))
+        .await
+        .unwrap();
+    assert!(!swept.contains(&orphan), "{swept:?}");
+    // Past it (object stores keep whole seconds): gone, and only it.
+    let swept = store
+        .sweep_orphans(Utc::now() + Duration::seconds(5))
+        .await
+        .unwrap();
+    assert!(swept.contains(&orphan), "{swept:?}");
+    assert!(!swept.contains(&kept), "{swept:?}");
+    assert_eq!(
+        store
+            .put_manifest(&orphan, &manifest_for(&orphan, b"lost", 0))
+            .await
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound,
+        "the swept blob is gone"
+    );
+    let blob: Vec<Bytes> = store
+        .blob(&kept)
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    assert_eq!(blob.concat(), b"kept");
+    assert!(store
+        .sweep_orphans(Utc::now() + Duration::seconds(5))
+        .await
+        .unwrap()
+        .iter()
+        .all(|k| k.session() != &session));
+    store.delete(&kept).await.unwrap();
 }
 
 /// Blob and manifest round-trip; `list` is oldest first; `delete` is idempotent.

@@ -190,7 +190,7 @@ impl ErrorBody {
 pub fn status_for(kind: ErrorKind) -> u16 {
     match kind {
         ErrorKind::NotFound => 404,
-        ErrorKind::AlreadyExists => 409,
+        ErrorKind::AlreadyExists | ErrorKind::Conflict => 409,
         ErrorKind::Unsupported => 501,
         ErrorKind::InvalidInput => 400,
         ErrorKind::PermissionDenied => 403,

@@ -57,6 +57,9 @@ impl From<Error> for CliError {
                 "the snapshot is damaged; `sandcell release SESSION --purge` starts over"
             }
             ErrorKind::InvalidState => "check the session with `sandcell list`",
+            ErrorKind::Conflict => {
+                "another manager holds the session; use it there, or wait for its lease to expire"
+            }
             ErrorKind::Unsupported => "this backend cannot do that; try another backend",
             _ => "rerun with SANDCELL_LOG=debug for details",
         };

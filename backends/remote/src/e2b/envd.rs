@@ -132,6 +132,7 @@ pub fn code_for(kind: ErrorKind) -> &'static str {
         ErrorKind::Timeout => "deadline_exceeded",
         ErrorKind::Unavailable => "unavailable",
         ErrorKind::InvalidState => "failed_precondition",
+        ErrorKind::Conflict => "aborted",
         ErrorKind::Corrupt => "data_loss",
         _ => "internal",
     }
@@ -148,7 +149,8 @@ pub fn kind_for_code(code: &str) -> ErrorKind {
         "resource_exhausted" => ErrorKind::LimitExceeded,
         "deadline_exceeded" | "canceled" => ErrorKind::Timeout,
         "unavailable" => ErrorKind::Unavailable,
-        "failed_precondition" | "aborted" => ErrorKind::InvalidState,
+        "failed_precondition" => ErrorKind::InvalidState,
+        "aborted" => ErrorKind::Conflict,
         "data_loss" => ErrorKind::Corrupt,
         _ => ErrorKind::Backend,
     }
