@@ -585,3 +585,91 @@ async fn an_e2b_session_lives_on_a_sandcell_servers_e2b_face() {
     assert_one_line_error(&out, 2, "E2B_API_KEY");
     server.abort();
 }
+
+/// Creates a bucket on the S3-protocol server at `endpoint` (moto takes unsigned
+/// bucket requests); returns its name.
+fn make_bucket(endpoint: &str) -> String {
+    use std::io::Read;
+    let bucket = format!("sandcell-{}", uuid::Uuid::new_v4().simple());
+    let authority = endpoint.trim_start_matches("http://").trim_end_matches('/');
+    let mut stream = std::net::TcpStream::connect(authority).unwrap();
+    write!(
+        stream,
+        "PUT /{bucket} HTTP/1.1\r\nHost: {authority}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
+    bucket
+}
+
+#[test]
+fn two_hosts_share_one_postgres_and_one_bucket() {
+    let postgres = std::env::var("SANDCELL_POSTGRES_URL").unwrap_or_default();
+    let s3 = std::env::var("AWS_ENDPOINT_URL").unwrap_or_default();
+    let probe = match (postgres.is_empty(), s3.is_empty()) {
+        (false, false) => Ok(()),
+        _ => Err("SANDCELL_POSTGRES_URL and AWS_ENDPOINT_URL must both be set".to_owned()),
+    };
+    if !sandcell::testing::require_or_skip("POSTGRES", "PostgreSQL and an S3 server", probe) {
+        return;
+    }
+    let bucket = make_bucket(&s3);
+    let dir = tempfile::tempdir().unwrap();
+    // Two "hosts": each its own data directory (its own local sandboxes) and manager
+    // id, sharing the state in PostgreSQL and the snapshots in one bucket.
+    let host = |name: &str| Cli {
+        data_dir: dir.path().join(name),
+        backend: vec![
+            "--state".into(),
+            postgres.clone(),
+            "--snapshots".into(),
+            format!("s3://{bucket}/snapshots"),
+            "--manager-id".into(),
+            name.into(),
+        ],
+    };
+    let (a, b) = (host("host-a"), host("host-b"));
+    let tenant = format!("hosts-{}", uuid::Uuid::new_v4().simple());
+    let t = ["--tenant", tenant.as_str()];
+
+    let acquired = a.json(&[&["acquire", "chat"][..], &t].concat());
+    assert_eq!(acquired["outcome"], "created");
+    let out = a.run(
+        &[
+            &["exec", "chat"][..],
+            &t,
+            &["--", "sh", "-c", "echo from-a > f.txt"],
+        ]
+        .concat(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Live on host A (its lease has not expired): host B is told so, and makes nothing.
+    let out = b.run(&[&["acquire", "chat"][..], &t].concat());
+    assert_one_line_error(&out, 1, "'host-a'");
+    assert!(b.sandbox_dirs().is_empty());
+
+    // Suspended on A, the session moves to B from the bucket.
+    let suspended = a.json(&[&["suspend", "chat"][..], &t].concat());
+    assert_eq!(suspended["status"], "suspended");
+    let restored = b.json(&[&["acquire", "chat"][..], &t].concat());
+    assert_eq!(restored["outcome"], "restored");
+    assert_eq!(
+        b.ok(&[&["read", "chat", "f.txt"][..], &t].concat()),
+        b"from-a\n"
+    );
+    assert!(a.sandbox_dirs().is_empty());
+    assert_eq!(b.sandbox_dirs().len(), 1);
+
+    // And now A is the one refused.
+    let out = a.run(&[&["acquire", "chat"][..], &t].concat());
+    assert_one_line_error(&out, 1, "'host-b'");
+    let purged = b.json(&[&["release", "chat", "--purge"][..], &t].concat());
+    assert_eq!(purged["status"], "purged");
+}

@@ -40,7 +40,8 @@ use crate::manager::{ManagerSettings, SandboxManager};
 /// Which backend to use, with its options, plus the manager's settings; deserialize it
 /// from YAML, TOML or JSON with the format crate of your choice.
 ///
-/// Every key besides `type`, `data_dir`, `state_url` and `manager` is an option of the backend,
+/// Every key besides `type`, `data_dir`, `state_url`, `snapshots_url` and `manager` is an
+/// option of the backend,
 /// checked by the backend's factory (unknown options are an error there).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -54,9 +55,15 @@ pub struct SandboxConfig {
     pub data_dir: Option<PathBuf>,
     /// Where the manager keeps session state instead of `data_dir`'s SQLite file:
     /// `postgres://user:password@host/db` (feature `postgres`), shared by managers on
-    /// several hosts, or `sqlite:///path/state.db`. Snapshots stay under `data_dir`.
+    /// several hosts, or `sqlite:PATH` (see [`open_state_store`](crate::store::open_state_store)).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state_url: Option<String>,
+    /// Where the manager keeps snapshots instead of `data_dir`'s `snapshots/`:
+    /// `s3://bucket/prefix` (feature `s3`, configured by the `AWS_*` variables),
+    /// `gs://...`, `az://...` or `file:DIR` (see
+    /// [`open_snapshot_store`](crate::store::open_snapshot_store)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshots_url: Option<String>,
     /// The manager's settings.
     #[serde(default)]
     pub manager: ManagerSettings,
@@ -72,6 +79,7 @@ impl SandboxConfig {
             backend: backend.into(),
             data_dir: None,
             state_url: None,
+            snapshots_url: None,
             manager: ManagerSettings::default(),
             options: serde_json::Map::new(),
         }
@@ -111,38 +119,13 @@ impl SandboxConfig {
             builder = builder.data_dir(dir);
         }
         if let Some(url) = &self.state_url {
-            builder = open_state_store(builder, url).await?;
+            builder = builder.state_store(crate::store::open_state_store(url).await?);
+        }
+        if let Some(url) = &self.snapshots_url {
+            builder = builder.snapshot_store(crate::store::open_snapshot_store(url)?);
         }
         builder.build().await
     }
-}
-
-/// The state store `url` names, set on `builder`.
-async fn open_state_store<B: SandboxBackend>(
-    builder: crate::ManagerBuilder<B>,
-    url: &str,
-) -> Result<crate::ManagerBuilder<B>> {
-    let _ = &builder;
-    if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-        #[cfg(feature = "postgres")]
-        return Ok(builder.state_store(crate::store::PostgresStateStore::connect(url).await?));
-        #[cfg(not(feature = "postgres"))]
-        return Err(crate::Error::unsupported(
-            "state_url names PostgreSQL, but sandcell was built without its `postgres` feature",
-        ));
-    }
-    if let Some(path) = url.strip_prefix("sqlite://") {
-        #[cfg(feature = "sqlite")]
-        return Ok(builder.state_store(crate::store::SqliteStateStore::open(path).await?));
-        #[cfg(not(feature = "sqlite"))]
-        return Err(crate::Error::unsupported(format!(
-            "state_url names SQLite ({path}), but sandcell was built without its `sqlite` feature"
-        )));
-    }
-    let scheme = url.split("://").next().unwrap_or_default();
-    Err(crate::Error::invalid_input(format!(
-        "state_url: unknown scheme {scheme:?}; use postgres:// or sqlite://"
-    )))
 }
 
 /// What a backend's construction from its options answers, where it must connect first.

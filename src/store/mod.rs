@@ -23,6 +23,7 @@ pub(crate) mod session;
 mod snapshots;
 #[cfg(feature = "sqlite")]
 mod sqlite;
+mod url;
 
 pub use fs::FsSnapshotStore;
 pub use memory::{InMemorySnapshotStore, InMemoryStateStore};
@@ -37,3 +38,4 @@ pub use session::{
 pub use snapshots::{SnapshotKey, SnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStateStore;
+pub use url::{open_snapshot_store, open_state_store};

@@ -50,6 +50,55 @@ fn store_error(context: impl std::fmt::Display, e: object_store::Error) -> Error
 }
 
 impl ObjectSnapshotStore {
+    /// A store at `url`, configured from the environment as each service's own tools
+    /// are:
+    ///
+    /// | URL | feature | configuration |
+    /// |---|---|---|
+    /// | `s3://bucket/prefix` | `s3` | `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_REGION`, `AWS_ENDPOINT_URL` (an S3-protocol server; `AWS_ALLOW_HTTP=true` for plain HTTP) ... |
+    /// | `gs://bucket/prefix` | `gcs` | `GOOGLE_SERVICE_ACCOUNT`, `GOOGLE_APPLICATION_CREDENTIALS` ... |
+    /// | `az://container/prefix` | `azure` | `AZURE_STORAGE_ACCOUNT_NAME`, `AZURE_STORAGE_ACCOUNT_KEY` ... |
+    /// | `memory:` | — | none: an empty store in this process |
+    ///
+    /// A request is retried at most three times, within 30 s, before its error is
+    /// returned.
+    ///
+    /// # Errors
+    /// `InvalidInput` for a malformed URL or configuration; `Unsupported` for a scheme
+    /// whose feature this build lacks.
+    ///
+    /// ```
+    /// # fn demo() -> sandcell::Result<()> {
+    /// use sandcell::store::ObjectSnapshotStore;
+    /// let store = ObjectSnapshotStore::from_url("memory:")?;
+    /// # Ok(()) }
+    /// # demo().unwrap();
+    /// ```
+    pub fn from_url(url: &str) -> Result<Self> {
+        let (scheme, rest) = url.split_once(':').ok_or_else(|| {
+            Error::invalid_input(format!("snapshot store URL {url:?} has no scheme"))
+        })?;
+        if scheme == "memory" {
+            return Ok(Self::new(
+                Arc::new(object_store::memory::InMemory::new()),
+                "",
+            ));
+        }
+        let rest = rest.strip_prefix("//").ok_or_else(|| {
+            Error::invalid_input(format!(
+                "snapshot store URL {url:?} should read {scheme}://bucket/prefix"
+            ))
+        })?;
+        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+        if bucket.is_empty() {
+            return Err(Error::invalid_input(format!(
+                "snapshot store URL {url:?} names no bucket"
+            )));
+        }
+        let store = cloud_store(scheme, bucket, url)?;
+        Ok(Self::new(store, prefix.trim_end_matches('/')))
+    }
+
     /// A store keeping its objects under `prefix` (may be empty) of `store`.
     pub fn new(store: Arc<dyn ObjectStore>, prefix: &str) -> Self {
         ObjectSnapshotStore {
@@ -71,6 +120,94 @@ impl ObjectSnapshotStore {
         self.session_prefix(key.session())
             .child(format!("{}.json", key.id()))
     }
+}
+
+#[cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
+fn retry() -> object_store::RetryConfig {
+    object_store::RetryConfig {
+        max_retries: 3,
+        retry_timeout: std::time::Duration::from_secs(30),
+        ..Default::default()
+    }
+}
+
+#[cfg(any(feature = "s3", feature = "gcs", feature = "azure"))]
+fn built(url: &str, store: object_store::Result<impl ObjectStore>) -> Result<Arc<dyn ObjectStore>> {
+    match store {
+        Ok(store) => Ok(Arc::new(store)),
+        Err(e) => Err(Error::with_source(
+            ErrorKind::InvalidInput,
+            format!("configuring the snapshot store at {url}"),
+            e,
+        )),
+    }
+}
+
+/// The object store of a cloud `scheme` for `bucket`, or why this build has none.
+fn cloud_store(scheme: &str, bucket: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    match scheme {
+        "s3" => s3(bucket, url),
+        "gs" => gcs(bucket, url),
+        "az" | "azure" => azure(bucket, url),
+        other => Err(Error::invalid_input(format!(
+            "snapshot store URL {url:?}: unknown scheme {other:?} (s3://, gs://, az://, memory:)"
+        ))),
+    }
+}
+
+#[cfg(not(all(feature = "s3", feature = "gcs", feature = "azure")))]
+fn without(feature: &str, url: &str) -> Error {
+    Error::unsupported(format!(
+        "snapshot store URL {url:?} needs sandcell's `{feature}` feature"
+    ))
+}
+
+#[cfg(feature = "s3")]
+fn s3(bucket: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    built(
+        url,
+        object_store::aws::AmazonS3Builder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(retry())
+            .build(),
+    )
+}
+
+#[cfg(not(feature = "s3"))]
+fn s3(_: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    Err(without("s3", url))
+}
+
+#[cfg(feature = "gcs")]
+fn gcs(bucket: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    built(
+        url,
+        object_store::gcp::GoogleCloudStorageBuilder::from_env()
+            .with_bucket_name(bucket)
+            .with_retry(retry())
+            .build(),
+    )
+}
+
+#[cfg(not(feature = "gcs"))]
+fn gcs(_: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    Err(without("gcs", url))
+}
+
+#[cfg(feature = "azure")]
+fn azure(bucket: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    built(
+        url,
+        object_store::azure::MicrosoftAzureBuilder::from_env()
+            .with_container_name(bucket)
+            .with_retry(retry())
+            .build(),
+    )
+}
+
+#[cfg(not(feature = "azure"))]
+fn azure(_: &str, url: &str) -> Result<Arc<dyn ObjectStore>> {
+    Err(without("azure", url))
 }
 
 #[async_trait]

@@ -344,7 +344,9 @@ pub async fn state_pool(store: &dyn StateStore) {
         .any(|e| e.pool == pool));
 }
 
-fn manifest_for(key: &SnapshotKey, data: &[u8], age_secs: i64) -> SnapshotManifest {
+/// A manifest for a blob of `data` stored under `key`, taken `age_secs` ago: what a
+/// snapshot-store test commits a blob with.
+pub fn manifest_for(key: &SnapshotKey, data: &[u8], age_secs: i64) -> SnapshotManifest {
     let blob = PackedBlob {
         tar_bytes: 0,
         size_bytes: data.len() as u64,

@@ -102,7 +102,7 @@ impl Watcher {
             .add(dir.as_fd(), root.clone())
             .map_err(|e| Error::io(format_args!("watching {root}"), e.into()))?;
         if recursive {
-            watcher.add_beneath(dir.as_fd(), &root, false);
+            watcher.add_beneath(dir.as_fd(), &root, &mut None);
         }
         Ok(watcher)
     }
@@ -116,9 +116,14 @@ impl Watcher {
     }
 
     /// Watches every directory beneath `dir` (at `path`). With `report`, everything
-    /// found is also reported as created: it appeared in a directory that was not
-    /// watched yet, and the events of its making were never seen.
-    fn add_beneath(&mut self, dir: BorrowedFd<'_>, path: &SandboxPath, report: bool) {
+    /// found is also collected there as created: it appeared in a directory that was
+    /// not watched yet, and the events of its making were never seen.
+    fn add_beneath(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        path: &SandboxPath,
+        report: &mut Option<Vec<WatchEvent>>,
+    ) {
         let mut pending: Vec<(OwnedFd, SandboxPath)> = Vec::new();
         let mut current: Option<(OwnedFd, SandboxPath)> = None;
         loop {
@@ -133,17 +138,18 @@ impl Watcher {
                 match open_subdir(fd_ref, &name) {
                     Ok(sub) => {
                         if self.add(sub.as_fd(), child.clone()).is_ok() {
-                            if report {
-                                self.emit(WatchEvent::new(WatchEventKind::Created, child.clone()));
+                            if let Some(found) = report.as_mut() {
+                                found.push(WatchEvent::new(WatchEventKind::Created, child.clone()));
                             }
                             pending.push((sub, child));
                         }
                     }
                     // Not a directory (or a link, not followed): a file.
-                    Err(_) if report => {
-                        self.emit(WatchEvent::new(WatchEventKind::Created, child));
+                    Err(_) => {
+                        if let Some(found) = report.as_mut() {
+                            found.push(WatchEvent::new(WatchEventKind::Created, child));
+                        }
                     }
-                    Err(_) => {}
                 }
             }
             match pending.pop() {
@@ -298,11 +304,31 @@ impl Watcher {
 
     /// Something appeared at `path` (made, or moved in); a directory is watched too in
     /// a recursive watch, and what it already holds reported.
+    ///
+    /// The new directory is watched before its creation is reported, so a consumer that
+    /// has seen the creation knows later changes inside it arrive in order.
     fn created(&mut self, path: SandboxPath, is_dir: bool, parent_wd: i32) {
-        self.emit(WatchEvent::new(WatchEventKind::Created, path.clone()));
+        let created = WatchEvent::new(WatchEventKind::Created, path.clone());
         if !(is_dir && self.recursive) {
+            self.emit(created);
             return;
         }
+        let mut found = Some(Vec::new());
+        self.watch_new_dir(&path, parent_wd, &mut found);
+        self.emit(created);
+        for event in found.unwrap_or_default() {
+            self.emit(event);
+        }
+    }
+
+    /// Watches the directory just made at `path`, and everything beneath it (reported
+    /// into `found`).
+    fn watch_new_dir(
+        &mut self,
+        path: &SandboxPath,
+        parent_wd: i32,
+        found: &mut Option<Vec<WatchEvent>>,
+    ) {
         let Some(name) = path.file_name().and_then(|n| CString::new(n).ok()) else {
             return;
         };
@@ -314,7 +340,7 @@ impl Watcher {
         if let Some(parent_fd) = self.reopen(&parent) {
             if let Ok(sub) = open_subdir(parent_fd.as_fd(), &name) {
                 if self.add(sub.as_fd(), path.clone()).is_ok() {
-                    self.add_beneath(sub.as_fd(), &path, true);
+                    self.add_beneath(sub.as_fd(), path, found);
                 }
             }
         }

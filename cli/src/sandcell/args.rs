@@ -27,6 +27,8 @@ pub(crate) struct Cli {
     /// Which backend runs the sandboxes.
     #[arg(long, global = true, value_enum, default_value_t = BackendKind::Local)]
     pub(crate) backend: BackendKind,
+    #[command(flatten)]
+    pub(crate) stores: StoreArgs,
     /// Control-plane URL of the remote backend (a sandcell-server, or a Fly Machines
     /// endpoint), e.g. `http://127.0.0.1:7711`.
     #[arg(long, global = true)]
@@ -56,6 +58,35 @@ pub(crate) struct Cli {
     pub(crate) e2b_domain: Option<String>,
     #[command(subcommand)]
     pub(crate) command: Command,
+}
+
+/// Where the manager keeps its state and snapshots, and who it is to other managers
+/// sharing them.
+#[derive(Debug, Clone, Args)]
+pub(crate) struct StoreArgs {
+    /// The session state: `sqlite:PATH` or `postgres://user:password@host/db` (shared by
+    /// several hosts). Default: `state.db` in the data directory.
+    #[arg(
+        long = "state",
+        global = true,
+        env = "SANDCELL_STATE",
+        hide_env_values = true
+    )]
+    pub(crate) state: Option<String>,
+    /// The snapshots: `file:DIR` or `s3://bucket/prefix` (endpoint, region and
+    /// credentials from the `AWS_*` variables); also `gs://` and `az://`. Default:
+    /// `snapshots/` in the data directory.
+    #[arg(long = "snapshots", global = true, env = "SANDCELL_SNAPSHOTS")]
+    pub(crate) snapshots: Option<String>,
+    /// This manager's id: the owner of the session leases it takes. Give every host
+    /// sharing one state store its own.
+    #[arg(
+        long,
+        global = true,
+        env = "SANDCELL_MANAGER_ID",
+        default_value = "sandcell"
+    )]
+    pub(crate) manager_id: String,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -50,8 +50,9 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Session(command) => {
-            let manager =
-                std::sync::Arc::new(open_manager(data_dir, backend, hosted, &command).await?);
+            let manager = std::sync::Arc::new(
+                open_manager(data_dir, &cli.stores, backend, hosted, &command).await?,
+            );
             run_session_command(&manager, data_dir, backend, command).await
         }
     }

@@ -7,7 +7,7 @@ use sandcell::store::SessionRecord;
 use sandcell::{SandboxBackend, SandboxManager, SessionKey};
 use sandcell_local::LocalBackend;
 
-use crate::args::{BackendKind, Cli, SessionCommand};
+use crate::args::{BackendKind, Cli, SessionCommand, StoreArgs};
 use crate::error::CliError;
 use crate::output::Progress;
 use crate::templates::Templates;
@@ -71,6 +71,7 @@ fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
 /// their sandboxes, and reconcile runs only in `gc`, where the user asked for it.
 pub(crate) async fn open_manager(
     data_dir: &Path,
+    stores: &StoreArgs,
     kind: BackendKind,
     hosted: Option<Hosted>,
     command: &SessionCommand,
@@ -102,8 +103,15 @@ pub(crate) async fn open_manager(
     };
     let mut builder = SandboxManager::builder(backend)
         .data_dir(data_dir)
+        .manager_id(&stores.manager_id)
         .shutdown_policy(ShutdownPolicy::Keep)
         .reconcile_on_start(false);
+    if let Some(url) = &stores.state {
+        builder = builder.state_store(sandcell::store::open_state_store(url).await?);
+    }
+    if let Some(url) = &stores.snapshots {
+        builder = builder.snapshot_store(sandcell::store::open_snapshot_store(url)?);
+    }
     if let SessionCommand::Gc {
         idle_timeout,
         keep_last,

@@ -40,10 +40,28 @@ fn normalize(events: &[WatchEvent]) -> Vec<String> {
         .collect()
 }
 
-/// Reads events until `expected.len()` normalized ones arrived (or 10 s passed), then
-/// for 300 ms more, so an extra event shows up too.
-async fn expect_events(watch: &mut WatchStream, expected: &[&str], what: &str) {
+/// Reads events until one is `wanted` (or 10 s passed); returns all it read.
+async fn events_until(watch: &mut WatchStream, wanted: &str) -> Vec<WatchEvent> {
     let mut events = Vec::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while !normalize(&events).iter().any(|e| e == wanted) {
+        match tokio::time::timeout_at(deadline, watch.next()).await {
+            Ok(Some(event)) => events.push(event.expect("a watch event")),
+            Ok(None) | Err(_) => break,
+        }
+    }
+    events
+}
+
+/// Reads events until `expected.len()` normalized ones arrived with those `seen`
+/// before (or 10 s passed), then for 300 ms more, so an extra event shows up too.
+async fn expect_events(
+    watch: &mut WatchStream,
+    seen: Vec<WatchEvent>,
+    expected: &[&str],
+    what: &str,
+) {
+    let mut events = seen;
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while normalize(&events).len() < expected.len() {
         match tokio::time::timeout_at(deadline, watch.next()).await {
@@ -122,6 +140,9 @@ pub async fn watch_reports_changes_in_order(b: &dyn SandboxBackend) {
             .await
             .unwrap();
         b.mkdir(&id, &p("w/sub")).await.unwrap();
+        // A recursive watch learns of a new directory from its creation; once that is
+        // reported, what happens inside it is reported in order with the rest.
+        let seen_deep = events_until(&mut deep, "Created w/sub").await;
         b.write(&id, &p("w/a.txt"), Bytes::from_static(b"22"))
             .await
             .unwrap();
@@ -176,8 +197,8 @@ pub async fn watch_reports_changes_in_order(b: &dyn SandboxBackend) {
                 expected.extend(["Created w/sh.txt", "Attributes w/sh.txt"]);
             }
         }
-        expect_events(&mut deep, &expected_deep, "recursive watch").await;
-        expect_events(&mut flat, &expected_flat, "watch").await;
+        expect_events(&mut deep, seen_deep, &expected_deep, "recursive watch").await;
+        expect_events(&mut flat, Vec::new(), &expected_flat, "watch").await;
         drop(flat);
 
         // The stream ends when the sandbox goes.
