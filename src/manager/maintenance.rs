@@ -600,8 +600,17 @@ impl<B: SandboxBackend> Inner<B> {
         let Some(pool) = self.pools.iter().find(|p| p.spec == *spec) else {
             return Ok(None);
         };
-        // Whatever happens, the pool needs refilling.
+        let taken = self.take_ready(pool).await;
+        // Whatever happened, the pool needs refilling. Woken only now, after the take,
+        // a fill that starts at once counts the pool without the taken sandbox; woken
+        // before it, a fill could find the pool still full and sleep through the gap.
         self.pool_wakeup.notify_one();
+        taken
+    }
+
+    /// Takes the oldest ready sandbox of `pool` that is still running; dead ones found
+    /// on the way are dropped.
+    async fn take_ready(&self, pool: &crate::manager::WarmPool) -> Result<Option<SandboxInfo>> {
         while let Some(entry) = self.state.pool_take(&pool.name).await? {
             lock(&self.own_slots).remove(&entry.slot);
             let Some(id) = entry.sandbox_id else { continue };

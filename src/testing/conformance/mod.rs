@@ -55,7 +55,7 @@ pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
     unknown_sandbox_is_not_found,
 };
-pub use manager::manager_sessions;
+pub use manager::{manager_housekeeping, manager_sessions};
 pub use observe::{metrics_report_use, watch_reports_changes_in_order};
 pub use pty::pty_terminal;
 pub use snapshots::{
@@ -180,7 +180,7 @@ pub async fn run_all(b: &dyn SandboxBackend) {
 
 /// The suite's cases, in the order [`run_all`] runs them: the one list both it and
 /// [`conformance_tests!`](crate::conformance_tests) expand, so a new case is added here
-/// once. (`manager_sessions` takes the backend shared and is listed by the test macro.)
+/// once. (`manager_sessions` and `manager_housekeeping` take the backend shared and are listed by the test macro.)
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
@@ -232,7 +232,7 @@ macro_rules! __conformance_run_all {
 }
 
 /// Generates the conformance suite as tests: one `#[test]` per case, plus
-/// `manager_sessions`, each on a fresh backend from `setup` (an `async fn` or closure
+/// `manager_sessions` and `manager_housekeeping`, each on a fresh backend from `setup` (an `async fn` or closure
 /// answering a [`Fixture`](crate::testing::conformance::Fixture)). Put it in a module
 /// of its own per backend variant; cargo then names each case as
 /// `module::case`.
@@ -278,6 +278,18 @@ macro_rules! __conformance_tests {
                 ))
             }
             $crate::testing::conformance::run_case("manager_sessions", $setup, case);
+        }
+
+        #[test]
+        fn manager_housekeeping() {
+            fn case(
+                backend: &$crate::testing::conformance::SharedBackend,
+            ) -> $crate::testing::conformance::CaseFuture<'_> {
+                ::std::boxed::Box::pin($crate::testing::conformance::manager_housekeeping(
+                    ::std::sync::Arc::clone(backend),
+                ))
+            }
+            $crate::testing::conformance::run_case("manager_housekeeping", $setup, case);
         }
     };
 }
