@@ -282,7 +282,8 @@ pub struct Claim {
     /// At most this many sessions of the tenant may hold a sandbox.
     pub tenant_limit: Option<u32>,
     /// `Provisioning` records last updated before this are abandoned (their acquirer
-    /// died) and neither block the key nor count against the limit.
+    /// died) and neither block the key nor count against the limit; so are those whose
+    /// claimer's lease has expired.
     pub stale_before: DateTime<Utc>,
 }
 
@@ -344,10 +345,14 @@ pub fn decide_claim<'a>(
     existing: Option<&SessionRecord>,
     tenant_records: impl IntoIterator<Item = &'a SessionRecord>,
 ) -> Result<ClaimOutcome> {
-    let fresh = |r: &SessionRecord| {
-        r.status != SandboxStatus::Provisioning || r.updated_at >= claim.stale_before
-    };
     let now = claim.record.updated_at;
+    // A claim in flight is abandoned once provision_timeout has passed, or as soon as
+    // its claimer's lease lapsed (it died; a live claimer renews it while it works).
+    let fresh = |r: &SessionRecord| {
+        r.status != SandboxStatus::Provisioning
+            || (r.updated_at >= claim.stale_before
+                && r.lease.as_ref().is_none_or(|l| l.expires_at > now))
+    };
     let lease = Lease::next(
         existing.and_then(|r| r.lease.as_ref()),
         &claim.owner,
@@ -588,6 +593,13 @@ mod tests {
             decide_claim(&claim("c", None), Some(&inflight), [&inflight]).unwrap(),
             ClaimOutcome::Busy(_)
         ));
+        // A claimer whose lease lapsed died: its claim is abandoned at once.
+        inflight.lease = Some(Lease::new("dead", 3, now - chrono::Duration::seconds(1)));
+        assert!(matches!(
+            decide_claim(&claim("c", None), Some(&inflight), [&inflight]).unwrap(),
+            ClaimOutcome::Claimed { record, .. } if record.token() == 4
+        ));
+        inflight.lease = None;
         inflight.updated_at = now - chrono::Duration::seconds(120);
         assert!(matches!(
             decide_claim(&claim("c", Some(1)), Some(&inflight), [&inflight, &live])
