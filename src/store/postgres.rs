@@ -163,10 +163,14 @@ impl StateStore for PostgresStateStore {
             .await
             .map_err(|e| db_error("locking the tenant", e))?;
         // FOR UPDATE: a lease take or fenced write of one of these rows waits for us.
+        // Only what the rule looks at: the key's record and the tenant's sessions that
+        // hold a sandbox, not every session the tenant ever had.
         let rows = sqlx::query(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 FOR UPDATE"
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = $1 AND (live OR session = $2) \
+             FOR UPDATE"
         ))
         .bind(key.tenant())
+        .bind(key.session())
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| db_error("reading the tenant's sessions", e))?;

@@ -168,10 +168,13 @@ impl StateStore for SqliteStateStore {
             .begin_with("BEGIN IMMEDIATE")
             .await
             .map_err(|e| db_error("starting a claim", e))?;
+        // Only what the rule looks at: the key's record and the tenant's sessions that
+        // hold a sandbox, not every session the tenant ever had.
         let rows = sqlx::query(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ?"
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND (live = 1 OR session = ?)"
         ))
         .bind(key.tenant())
+        .bind(key.session())
         .fetch_all(&mut *tx)
         .await
         .map_err(|e| db_error("reading the tenant's sessions", e))?;

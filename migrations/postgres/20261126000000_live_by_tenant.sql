@@ -1,0 +1,6 @@
+-- Claims read only the tenant's sessions that hold a sandbox; records written before
+-- the lease migration get `live` from their status.
+CREATE INDEX sessions_live_by_tenant ON sessions (tenant, live);
+
+UPDATE sessions SET live = TRUE
+WHERE (data::json ->> 'status') IN ('provisioning', 'running', 'paused', 'idle');
