@@ -9,7 +9,7 @@ use sqlx::postgres::{PgPool, PgPoolOptions};
 use sqlx::Row;
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::records::{decode, encode, micros, session_from_row, LeaseColumns};
+use crate::store::records::{decode, encode, micros, refused, session_from_row, LeaseColumns};
 use crate::store::session::{
     check_fence, decide_claim, decide_lease, Claim, ClaimOutcome, PoolEntry, SessionKey,
     SessionRecord, StateStore,
@@ -126,26 +126,6 @@ async fn write_session(
     Ok(())
 }
 
-impl PostgresStateStore {
-    /// The error for a fenced write that changed no row: the stored record says why
-    /// (or, if it has since come to match, the write raced another and is refused).
-    async fn refused(&self, key: &SessionKey, token: u64) -> Error {
-        match self.get(key).await {
-            Ok(stored) => check_fence(key, stored.as_ref(), token)
-                .err()
-                .unwrap_or_else(|| {
-                    Error::new(
-                        ErrorKind::Conflict,
-                        format!(
-                            "session {key} changed while it was written; the write was refused"
-                        ),
-                    )
-                }),
-            Err(e) => e,
-        }
-    }
-}
-
 #[async_trait]
 impl StateStore for PostgresStateStore {
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
@@ -233,7 +213,7 @@ impl StateStore for PostgresStateStore {
             .await
             .map_err(|e| db_error("writing a session", e))?;
         if done.rows_affected() == 0 {
-            return Err(self.refused(key, token).await);
+            return Err(refused(key, token, self.get(key).await));
         }
         Ok(())
     }

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::session::{Lease, SessionRecord};
+use crate::store::session::{check_fence, Lease, SessionKey, SessionRecord};
 
 /// A stored record read back.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {
@@ -69,4 +69,25 @@ pub(crate) fn micros(at: DateTime<Utc>) -> i64 {
 
 fn from_micros(us: i64) -> DateTime<Utc> {
     DateTime::from_timestamp_micros(us).unwrap_or_default()
+}
+
+/// The error for a fenced write that changed no row, from the record stored now: it
+/// says who holds the session (or, if it has since come to match, the write raced
+/// another and is refused all the same).
+pub(crate) fn refused(
+    key: &SessionKey,
+    token: u64,
+    stored: Result<Option<SessionRecord>>,
+) -> Error {
+    match stored {
+        Ok(stored) => check_fence(key, stored.as_ref(), token)
+            .err()
+            .unwrap_or_else(|| {
+                Error::new(
+                    ErrorKind::Conflict,
+                    format!("session {key} changed while it was written; the write was refused"),
+                )
+            }),
+        Err(e) => e,
+    }
 }
