@@ -268,6 +268,9 @@ fn read_log(path: &Path) -> Vec<Value> {
         .collect()
 }
 
+/// ADVERSARIAL 22 across hosts: a manager process SIGKILLed mid-run, twice, leaves
+/// nothing behind once restarted and reconciled, and its sessions are taken over only
+/// once its leases lapse.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_processes_share_one_database_through_kills_and_restarts() {
     if std::env::var("SANDCELL_LOAD_WORKER").is_ok() {

@@ -137,6 +137,8 @@ async fn a_snapshot_larger_than_a_part_goes_up_in_parts_and_comes_back_whole() {
     assert!(back == data, "the blob came back changed");
 }
 
+/// No half-written snapshot: a cut upload leaves no object, no open multipart upload
+/// and no visible snapshot.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upload_cut_off_midway_leaves_nothing() {
     let Some(endpoint) = endpoint() else { return };
