@@ -15,16 +15,7 @@ use sandcell::testing::stores;
 use sandcell::{ErrorKind, SandboxSpec};
 
 fn url() -> Option<String> {
-    let url = std::env::var("SANDCELL_POSTGRES_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| "SANDCELL_POSTGRES_URL is not set".to_owned());
-    let ok = sandcell::testing::require_or_skip(
-        "POSTGRES",
-        "a PostgreSQL server",
-        url.as_ref().map(drop).map_err(Clone::clone),
-    );
-    ok.then(|| url.unwrap())
+    sandcell::testing::require_env("POSTGRES", "SANDCELL_POSTGRES_URL", "a PostgreSQL server")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,16 +19,7 @@ use sha2::Digest;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 fn endpoint() -> Option<String> {
-    let endpoint = std::env::var("AWS_ENDPOINT_URL")
-        .ok()
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| "AWS_ENDPOINT_URL is not set".to_owned());
-    let ok = sandcell::testing::require_or_skip(
-        "S3",
-        "an S3-protocol server",
-        endpoint.as_ref().map(drop).map_err(Clone::clone),
-    );
-    ok.then(|| endpoint.unwrap())
+    sandcell::testing::require_env("S3", "AWS_ENDPOINT_URL", "an S3-protocol server")
 }
 
 /// One plain HTTP/1.1 request to the server (moto takes unsigned bucket requests):

@@ -183,16 +183,26 @@ impl<B: SandboxBackend> SandboxManager<B> {
         let cancel = self.inner.cancel.clone();
         let mut tasks = lock(&self.inner.tasks);
         if let Some(interval) = self.inner.settings.reaper_interval {
-            tasks.push(tokio::spawn(reaper_loop(
+            tasks.push(tokio::spawn(every(
                 weak.clone(),
                 cancel.clone(),
                 interval,
+                "reaper pass",
+                |inner| async move {
+                    let pass = inner.reap_once();
+                    pass.instrument(tracing::info_span!("sandcell.reap"))
+                        .await
+                        .map(drop)
+                },
             )));
         }
-        tasks.push(tokio::spawn(lease_loop(
+        // Leases last three intervals: one missed renewal loses nothing.
+        tasks.push(tokio::spawn(every(
             weak.clone(),
             cancel.clone(),
             (self.inner.settings.lease_ttl / 3).max(Duration::from_millis(1)),
+            "renewing session leases",
+            |inner| async move { inner.renew_leases().await.map(drop) },
         )));
         if !self.inner.pools.is_empty() {
             let wakeup = Arc::clone(&self.inner.pool_wakeup);
@@ -201,11 +211,19 @@ impl<B: SandboxBackend> SandboxManager<B> {
     }
 }
 
-async fn reaper_loop<B: SandboxBackend>(
+/// Runs `pass` every `interval` until `cancel` or until the manager is dropped: it is
+/// held only during a pass. A failed pass is logged as `what` and tried again next tick.
+async fn every<B, F, Fut>(
     inner: Weak<Inner<B>>,
     cancel: tokio_util::sync::CancellationToken,
     interval: Duration,
-) {
+    what: &'static str,
+    pass: F,
+) where
+    B: SandboxBackend,
+    F: Fn(Arc<Inner<B>>) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ticker.tick().await;
@@ -214,38 +232,12 @@ async fn reaper_loop<B: SandboxBackend>(
             _ = cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        // Hold the manager only for the pass, so dropping it ends this task.
         let Some(inner) = inner.upgrade() else { return };
-        let pass = inner
-            .reap_once()
-            .instrument(tracing::info_span!("sandcell.reap"));
         tokio::select! {
             _ = cancel.cancelled() => return,
-            result = pass => if let Err(e) = result {
-                tracing::warn!(error = %e, "reaper pass failed; retrying next interval");
+            result = pass(inner) => if let Err(e) = result {
+                tracing::warn!(error = %e, "{what} failed; retrying next interval");
             }
-        }
-    }
-}
-
-/// Renews this manager's leases while it lives, so sessions it holds are not taken over.
-async fn lease_loop<B: SandboxBackend>(
-    inner: Weak<Inner<B>>,
-    cancel: tokio_util::sync::CancellationToken,
-    interval: Duration,
-) {
-    let mut ticker = tokio::time::interval(interval);
-    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticker.tick().await;
-    loop {
-        tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = ticker.tick() => {}
-        }
-        let Some(inner) = inner.upgrade() else { return };
-        if let Err(e) = inner.renew_leases().await {
-            // The next tick tries again; leases last three intervals.
-            tracing::warn!(error = %e, "renewing session leases failed");
         }
     }
 }

@@ -45,6 +45,6 @@ mod wire_loop;
 
 pub use hostile::{hostile_archives, HostileArchive};
 pub use mock::{MockBackend, MockCall, MockReply};
-pub use require::require_or_skip;
+pub use require::{require_env, require_or_skip};
 pub use tar_builder::RawTar;
 pub use wire_loop::WireLoop;

@@ -26,3 +26,22 @@ pub fn require_or_skip(need: &str, what: &str, probe: Result<(), String>) -> boo
     eprintln!("SKIPPED: {what} is unavailable ({why}); set {variable}=1 to fail instead");
     false
 }
+
+/// The value of environment variable `variable` that names an outside service, as
+/// [`require_or_skip`] decides for `need`: `None` (the test skips) when it is unset or
+/// empty, unless `SANDCELL_REQUIRE_<NEED>=1`.
+///
+/// ```
+/// let url = sandcell::testing::require_env("EXAMPLE", "SANDCELL_EXAMPLE_URL", "a service");
+/// assert!(url.is_none());
+/// ```
+pub fn require_env(need: &str, variable: &str, what: &str) -> Option<String> {
+    let value = std::env::var(variable).ok().filter(|v| !v.is_empty());
+    let probe = match &value {
+        Some(_) => Ok(()),
+        None => Err(format!("{variable} is not set")),
+    };
+    require_or_skip(need, what, probe)
+        .then_some(value)
+        .flatten()
+}
