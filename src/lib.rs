@@ -69,6 +69,7 @@ mod backend;
 pub mod background;
 mod capabilities;
 pub mod config;
+pub mod egress;
 mod error;
 mod exec;
 mod ext;

@@ -34,6 +34,10 @@ pub struct SandboxMetrics {
     /// template: the template's files and the changes to them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// Connections the sandbox's egress proxy allowed and denied, by host, for a
+    /// sandbox with [`Network::Allowlist`](crate::Network::Allowlist) (empty otherwise).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<crate::egress::EgressCount>,
 }
 
 impl SandboxMetrics {
@@ -46,6 +50,7 @@ impl SandboxMetrics {
             memory_limit_bytes: None,
             processes: None,
             disk_bytes: None,
+            egress: Vec::new(),
         }
     }
 }

@@ -177,6 +177,9 @@ impl SandboxSpec {
                 return Err(Error::invalid_input(format!("invalid label name {key:?}")));
             }
         }
+        if let Network::Allowlist(entries) = &self.network {
+            crate::egress::Allowlist::parse(entries)?;
+        }
         for mount in &self.mounts {
             if !mount.host.is_absolute() {
                 return Err(Error::invalid_input(format!(
@@ -357,7 +360,10 @@ pub enum Network {
     /// Unrestricted network. Needs
     /// [`Capabilities::network_full`](crate::Capabilities::network_full).
     Full,
-    /// Only these hosts (names or addresses, optionally `host:port`). Needs
+    /// Only these hosts: names (`pypi.org`), wildcards (`*.pythonhosted.org`),
+    /// addresses and ranges (`10.0.0.0/8`), each optionally with `:PORT`; the grammar
+    /// and what each allows is [`egress::Allowlist`](crate::egress::Allowlist). Names
+    /// are resolved by the enforcing side, never the sandbox. Needs
     /// [`Capabilities::network_allowlist`](crate::Capabilities::network_allowlist).
     Allowlist(Vec<String>),
 }
@@ -519,6 +525,7 @@ mod tests {
             SandboxSpec::new("a/b"),
             SandboxSpec::new("t").env("A=B", "x"),
             SandboxSpec::new("t").env("A", "x\0y"),
+            SandboxSpec::new("t").network(Network::Allowlist(vec!["a.test:0".into()])),
             SandboxSpec::new("t")
                 .mount(Mount::read_only("relative", SandboxPath::new("k").unwrap())),
             SandboxSpec::new("t").mount(Mount::read_only("/data", SandboxPath::root())),

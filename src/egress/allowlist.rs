@@ -1,0 +1,402 @@
+//! The rules of a [`Network::Allowlist`](crate::Network::Allowlist), parsed: which host
+//! names, addresses and ports a sandbox may connect to.
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use crate::{Error, Result};
+
+/// A parsed allowlist: a connection is allowed when one rule matches it.
+///
+/// Each entry of `Network::Allowlist` is one rule, optionally ending in `:PORT`:
+///
+/// | entry | allows |
+/// |---|---|
+/// | `pypi.org` | that name, any port |
+/// | `pypi.org:443` | that name, port 443 |
+/// | `*.pythonhosted.org` | every name beneath it (not the name itself) |
+/// | `203.0.113.7`, `[2001:db8::7]:22` | that address |
+/// | `10.0.0.0/8`, `[fd00::/8]:443` | every address in the range |
+///
+/// A name rule never allows a connection to a raw address, and an address a name
+/// resolves to must itself be public unless an address rule allows it (see
+/// [`is_private`]): a name cannot be pointed at this host or its network.
+///
+/// ```
+/// use sandcell::egress::Allowlist;
+/// let rules = Allowlist::parse(["pypi.org:443", "*.pythonhosted.org", "10.1.0.0/16"]).unwrap();
+/// assert!(rules.allows_name("pypi.org", 443).is_some());
+/// assert!(rules.allows_name("pypi.org", 80).is_none());
+/// assert!(rules.allows_name("files.pythonhosted.org", 443).is_some());
+/// assert!(rules.allows_name("pythonhosted.org", 443).is_none());
+/// assert!(rules.allows_addr("10.1.2.3".parse().unwrap(), 5432).is_some());
+/// assert!(Allowlist::parse(["*.org/8"]).is_err());
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Allowlist {
+    rules: Vec<Rule>,
+}
+
+/// One allowlist entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    target: Target,
+    port: Option<u16>,
+    text: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    /// An exact, lowercase name without a trailing dot.
+    Name(String),
+    /// `*.suffix`: the suffix with its leading dot, lowercase.
+    Beneath(String),
+    /// An address range (a single address is a full-length prefix).
+    Range { network: IpAddr, prefix: u8 },
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl Allowlist {
+    /// Parses the entries of a `Network::Allowlist`; a malformed one is
+    /// `InvalidInput`, naming it.
+    pub fn parse<I, S>(entries: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let rules = entries
+            .into_iter()
+            .map(|entry| Rule::parse(entry.as_ref()))
+            .collect::<Result<_>>()?;
+        Ok(Allowlist { rules })
+    }
+
+    /// The rules, in the order given.
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+
+    /// The first rule that allows connecting to host name `name` on `port`. `name` is
+    /// compared without case and without a trailing dot; an address written as a name
+    /// matches no name rule.
+    pub fn allows_name(&self, name: &str, port: u16) -> Option<&Rule> {
+        let name = normalize_name(name)?;
+        self.rules.iter().find(|rule| {
+            rule.port_matches(port)
+                && match &rule.target {
+                    Target::Name(exact) => *exact == name,
+                    Target::Beneath(suffix) => {
+                        name.len() > suffix.len() && name.ends_with(suffix.as_str())
+                    }
+                    Target::Range { .. } => false,
+                }
+        })
+    }
+
+    /// The first address rule that allows connecting to `addr` on `port`.
+    pub fn allows_addr(&self, addr: IpAddr, port: u16) -> Option<&Rule> {
+        let addr = canonical(addr);
+        self.rules.iter().find(|rule| {
+            rule.port_matches(port)
+                && match rule.target {
+                    Target::Range { network, prefix } => in_range(addr, network, prefix),
+                    _ => false,
+                }
+        })
+    }
+}
+
+impl Rule {
+    fn parse(entry: &str) -> Result<Rule> {
+        let bad = |why: &str| {
+            Error::invalid_input(format!(
+                "network allowlist entry {entry:?} is not valid: {why}"
+            ))
+        };
+        let text = entry.trim();
+        if text.is_empty() {
+            return Err(bad("it is empty"));
+        }
+        let (host, port) = split_port(text).map_err(|why| bad(&why))?;
+        let target = if let Some((addr, prefix)) = host.split_once('/') {
+            let network: IpAddr = addr
+                .parse()
+                .map_err(|_| bad("a range must be ADDRESS/PREFIX"))?;
+            let network = canonical(network);
+            let max = if network.is_ipv4() { 32 } else { 128 };
+            let prefix: u8 = prefix
+                .parse()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| bad(&format!("the prefix must be 0 to {max}")))?;
+            Target::Range { network, prefix }
+        } else if let Ok(addr) = host.parse::<IpAddr>() {
+            let addr = canonical(addr);
+            let prefix = if addr.is_ipv4() { 32 } else { 128 };
+            Target::Range {
+                network: addr,
+                prefix,
+            }
+        } else if let Some(suffix) = host.strip_prefix("*.") {
+            let suffix = normalize_name(suffix)
+                .ok_or_else(|| bad("a wildcard must be `*.` followed by a host name"))?;
+            Target::Beneath(format!(".{suffix}"))
+        } else {
+            let name = normalize_name(host).ok_or_else(|| {
+                bad("expected a host name, `*.suffix`, an address or an ADDRESS/PREFIX range")
+            })?;
+            Target::Name(name)
+        };
+        Ok(Rule {
+            target,
+            port,
+            text: text.to_owned(),
+        })
+    }
+
+    fn port_matches(&self, port: u16) -> bool {
+        self.port.is_none_or(|p| p == port)
+    }
+}
+
+/// `host[:port]`, where an IPv6 host with a port is bracketed (`[::1]:443`) and one
+/// without may be bare (`::1`, `fd00::/8`).
+fn split_port(text: &str) -> std::result::Result<(&str, Option<u16>), String> {
+    let parse_port = |p: &str| {
+        p.parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .map(Some)
+            .ok_or_else(|| format!("the port {p:?} must be 1 to 65535"))
+    };
+    if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest
+            .split_once(']')
+            .ok_or_else(|| "a `[` needs its `]`".to_owned())?;
+        return match after {
+            "" => Ok((host, None)),
+            _ => match after.strip_prefix(':') {
+                Some(port) => Ok((host, parse_port(port)?)),
+                None => Err("expected `:PORT` after `]`".to_owned()),
+            },
+        };
+    }
+    match text.matches(':').count() {
+        0 => Ok((text, None)),
+        1 => {
+            let (host, port) = text.split_once(':').unwrap_or((text, ""));
+            Ok((host, parse_port(port)?))
+        }
+        // A bare IPv6 address or range: no port.
+        _ => Ok((text, None)),
+    }
+}
+
+/// A host name in lowercase without its trailing dot, or `None` if it is not one
+/// (labels of letters, digits, `-` and `_`, each 1 to 63 bytes, 253 in all; not an
+/// address).
+pub(crate) fn normalize_name(name: &str) -> Option<String> {
+    let name = name.strip_suffix('.').unwrap_or(name).to_ascii_lowercase();
+    let valid = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+        })
+        && name.parse::<IpAddr>().is_err()
+        // `1.2.3` and friends: all-numeric names are addresses to some resolvers.
+        && !name.split('.').all(|l| l.bytes().all(|b| b.is_ascii_digit()));
+    valid.then_some(name)
+}
+
+/// An IPv4 address written as IPv6 (`::ffff:10.0.0.1`) is the IPv4 address.
+fn canonical(addr: IpAddr) -> IpAddr {
+    match addr {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => addr,
+        },
+        v4 => v4,
+    }
+}
+
+fn in_range(addr: IpAddr, network: IpAddr, prefix: u8) -> bool {
+    match (addr, network) {
+        (IpAddr::V4(a), IpAddr::V4(n)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(a) & mask == u32::from(n) & mask
+        }
+        (IpAddr::V6(a), IpAddr::V6(n)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(a) & mask == u128::from(n) & mask
+        }
+        _ => false,
+    }
+}
+
+/// Whether `addr` reaches this host, its local networks, or no single host: loopback,
+/// unspecified, private (RFC 1918, IPv6 unique-local), shared (100.64.0.0/10),
+/// link-local (cloud metadata services live there), multicast and broadcast, and the
+/// "this network" block. A name that resolves to such an address is refused unless an
+/// address rule allows it, so DNS cannot point an allowed name at the host.
+///
+/// ```
+/// use sandcell::egress::is_private;
+/// assert!(is_private("127.0.0.1".parse().unwrap()));
+/// assert!(is_private("169.254.169.254".parse().unwrap()));
+/// assert!(is_private("::ffff:10.0.0.1".parse().unwrap()));
+/// assert!(!is_private("151.101.0.223".parse().unwrap()));
+/// ```
+pub fn is_private(addr: IpAddr) -> bool {
+    match canonical(addr) {
+        IpAddr::V4(v4) => private_v4(v4),
+        IpAddr::V6(v6) => private_v6(v6),
+    }
+}
+
+fn private_v4(v4: Ipv4Addr) -> bool {
+    let [a, b, ..] = v4.octets();
+    v4.is_loopback()
+        || v4.is_unspecified()
+        || v4.is_private()
+        || v4.is_link_local()
+        || v4.is_multicast()
+        || v4.is_broadcast()
+        || a == 0
+        || (a == 100 && (64..128).contains(&b))
+        || a >= 240
+}
+
+fn private_v6(v6: Ipv6Addr) -> bool {
+    let first = v6.segments()[0];
+    v6.is_loopback()
+        || v6.is_unspecified()
+        || v6.is_multicast()
+        || (first & 0xfe00) == 0xfc00 // unique local
+        || (first & 0xffc0) == 0xfe80 // link local
+        || (first & 0xffc0) == 0xfec0 // site local (deprecated)
+        // IPv4-compatible (::a.b.c.d) and NAT64 (64:ff9b::/96) carry an IPv4 address.
+        || v6.to_ipv4().is_some_and(private_v4)
+        || (v6.segments()[..6] == [0x64, 0xff9b, 0, 0, 0, 0]
+            && private_v4(Ipv4Addr::from((u128::from(v6) & 0xffff_ffff) as u32)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn entries_parse_with_and_without_ports() {
+        let list = Allowlist::parse([
+            "A.Test",
+            "b.test:8080",
+            "*.pkg.test:443",
+            "192.0.2.1",
+            "198.51.100.0/24:22",
+            "[2001:db8::1]:443",
+            "2001:db8:1::/48",
+            "::ffff:203.0.113.9",
+        ])
+        .unwrap();
+        assert!(list.allows_name("a.test", 1).is_some());
+        assert!(list.allows_name("A.TEST.", 65535).is_some());
+        assert!(list.allows_name("b.test", 8080).is_some());
+        assert!(list.allows_name("b.test", 80).is_none());
+        assert!(list.allows_name("x.y.pkg.test", 443).is_some());
+        assert!(list.allows_name("pkg.test", 443).is_none());
+        assert!(list.allows_name("evilpkg.test", 443).is_none());
+        assert!(list.allows_name("c.test", 80).is_none());
+        assert!(list.allows_addr(ip("192.0.2.1"), 9).is_some());
+        assert!(list.allows_addr(ip("::ffff:192.0.2.1"), 9).is_some());
+        assert!(list.allows_addr(ip("192.0.2.2"), 9).is_none());
+        assert!(list.allows_addr(ip("198.51.100.77"), 22).is_some());
+        assert!(list.allows_addr(ip("198.51.100.77"), 23).is_none());
+        assert!(list.allows_addr(ip("2001:db8::1"), 443).is_some());
+        assert!(list.allows_addr(ip("2001:db8::1"), 80).is_none());
+        assert!(list.allows_addr(ip("2001:db8:1:ffff::5"), 1).is_some());
+        assert!(list.allows_addr(ip("203.0.113.9"), 1).is_some());
+        assert_eq!(
+            list.allows_name("b.test", 8080).unwrap().to_string(),
+            "b.test:8080"
+        );
+    }
+
+    #[test]
+    fn a_name_rule_never_allows_an_address_and_an_address_is_not_a_name() {
+        let list = Allowlist::parse(["a.test", "10.0.0.0/8"]).unwrap();
+        assert!(list.allows_name("10.1.1.1", 80).is_none());
+        assert!(list.allows_addr(ip("10.1.1.1"), 80).is_some());
+        assert!(list.allows_name("127.1", 80).is_none());
+    }
+
+    #[test]
+    fn malformed_entries_are_refused_by_name() {
+        for bad in [
+            "",
+            "  ",
+            "a.test:0",
+            "a.test:65536",
+            "a.test:http",
+            "*.",
+            "*",
+            "a..test",
+            "a test",
+            "10.0.0.0/33",
+            "10.0.0.0/x",
+            "name/8",
+            "[::1",
+            "[::1]x",
+            "a.test:80:90x",
+            "-bad-/",
+        ] {
+            let err = Allowlist::parse([bad]).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{bad:?}");
+            assert!(err.to_string().contains("allowlist entry"), "{err}");
+        }
+    }
+
+    #[test]
+    fn private_addresses_are_the_ones_that_reach_the_host_or_its_networks() {
+        for private in [
+            "127.0.0.1",
+            "10.1.2.3",
+            "172.16.0.1",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "0.1.2.3",
+            "224.0.0.1",
+            "255.255.255.255",
+            "::1",
+            "::",
+            "fd00::1",
+            "fe80::1",
+            "ff02::1",
+            "::ffff:127.0.0.1",
+            "64:ff9b::a00:1",
+        ] {
+            assert!(is_private(ip(private)), "{private}");
+        }
+        for public in [
+            "8.8.8.8",
+            "192.0.2.1",
+            "2606:4700::1111",
+            "64:ff9b::808:808",
+        ] {
+            assert!(!is_private(ip(public)), "{public}");
+        }
+    }
+}

@@ -1,0 +1,751 @@
+//! The egress proxy: an HTTP proxy (`CONNECT` tunnels and absolute-form requests) that
+//! lets a sandbox connect only where its [`Allowlist`] allows, resolving names itself.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::allowlist::{is_private, normalize_name, Allowlist};
+use super::sni::{self, Hello};
+
+/// The largest request head the proxy reads.
+const MAX_HEAD: usize = 16 * 1024;
+/// How long a client has to send its request head, and a tunnel its TLS hello.
+const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
+/// How long resolving a name and connecting to it may take.
+const UPSTREAM_PATIENCE: Duration = Duration::from_secs(10);
+/// Buffer per direction of a relayed connection.
+const RELAY_BUFFER: usize = 64 * 1024;
+/// Hosts counted one by one; beyond this many the rest share one entry, so a sandbox
+/// asking for endless names cannot grow the proxy's memory.
+const MAX_COUNTED_HOSTS: usize = 1024;
+/// The entry hosts beyond [`MAX_COUNTED_HOSTS`] are counted under.
+pub const OTHER_HOSTS: &str = "(other hosts)";
+
+/// The response header that says why the proxy refused a connection.
+pub const DENIED_HEADER: &str = "x-sandcell-egress-denied";
+
+/// Connections to one host the proxy allowed and denied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct EgressCount {
+    /// The host as the sandbox asked for it: a name, or an address.
+    pub host: String,
+    /// Connections the allowlist allowed (made or not: a refused or unreachable
+    /// upstream still counts).
+    pub allowed: u64,
+    /// Connections the allowlist refused.
+    pub denied: u64,
+}
+
+/// An egress proxy for one sandbox (or several sharing a policy). Cheap to clone: the
+/// clones share the allowlist and the counts.
+///
+/// Hand it each connection the sandbox opens with [`serve`](Self::serve), or a listener
+/// with [`spawn_listener`](Self::spawn_listener). It speaks HTTP/1.1 proxying:
+///
+/// - `CONNECT host:port` opens a tunnel (HTTPS, or any TCP protocol) when a rule allows
+///   the host. If the tunnel starts with a TLS ClientHello, the server name in it must
+///   be allowed too, so a tunnel opened to an allowed name cannot be fronted to another.
+/// - `GET http://host/...` (any method, absolute form) is forwarded when a rule allows
+///   the host.
+/// - Names are resolved here, never by the sandbox: an allowed name that resolves only
+///   to [private](super::is_private) addresses no address rule allows is refused, and
+///   the connection goes to an address that was checked.
+/// - A refusal is `403 Forbidden` with the reason in the body and in the
+///   [`DENIED_HEADER`] header; an upstream that cannot be resolved or reached is
+///   `502 Bad Gateway`.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use sandcell::egress::{Allowlist, EgressProxy};
+/// use tokio::io::{AsyncReadExt, AsyncWriteExt};
+///
+/// let proxy = EgressProxy::new(Allowlist::parse(["pypi.org:443"]).unwrap());
+/// let (mut sandbox, proxied) = tokio::io::duplex(4096);
+/// let serving = tokio::spawn({
+///     let proxy = proxy.clone();
+///     async move { proxy.serve(proxied).await }
+/// });
+/// sandbox.write_all(b"CONNECT evil.test:443 HTTP/1.1\r\n\r\n").await.unwrap();
+/// let mut answer = String::new();
+/// sandbox.read_to_string(&mut answer).await.unwrap();
+/// assert!(answer.starts_with("HTTP/1.1 403"));
+/// assert!(answer.contains("evil.test:443"));
+/// serving.await.unwrap();
+/// assert_eq!(proxy.counts()[0].denied, 1);
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct EgressProxy {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    allowlist: RwLock<Arc<Allowlist>>,
+    hosts: BTreeMap<String, Vec<IpAddr>>,
+    counts: Mutex<BTreeMap<String, EgressCount>>,
+}
+
+impl std::fmt::Debug for EgressProxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EgressProxy")
+            .field("allowlist", &self.allowlist())
+            .field("hosts", &self.inner.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a connection was not made.
+enum Refusal {
+    /// The allowlist refuses it: 403.
+    Denied(String),
+    /// The upstream cannot be resolved or reached: 502.
+    Failed(String),
+    /// The request is not one a proxy serves: 400.
+    Malformed(String),
+}
+
+/// Where a request asked to go.
+struct Target {
+    host: String,
+    port: u16,
+}
+
+impl EgressProxy {
+    /// A proxy enforcing `allowlist`, resolving names with the system's resolver.
+    pub fn new(allowlist: Allowlist) -> Self {
+        Self::with_hosts(allowlist, BTreeMap::new())
+    }
+
+    /// A proxy that resolves the names in `hosts` to the given addresses instead of
+    /// asking the system's resolver (as an `/etc/hosts` of its own would). The
+    /// addresses are checked like resolved ones.
+    pub fn with_hosts(allowlist: Allowlist, hosts: BTreeMap<String, Vec<IpAddr>>) -> Self {
+        let hosts = hosts
+            .into_iter()
+            .filter_map(|(name, addrs)| Some((normalize_name(&name)?, addrs)))
+            .collect();
+        EgressProxy {
+            inner: Arc::new(Inner {
+                allowlist: RwLock::new(Arc::new(allowlist)),
+                hosts,
+                counts: Mutex::new(BTreeMap::new()),
+            }),
+        }
+    }
+
+    /// The allowlist in force.
+    pub fn allowlist(&self) -> Arc<Allowlist> {
+        Arc::clone(
+            &self
+                .inner
+                .allowlist
+                .read()
+                .unwrap_or_else(|p| p.into_inner()),
+        )
+    }
+
+    /// Replaces the allowlist. New connections see it at once; open ones stay open.
+    pub fn set_allowlist(&self, allowlist: Allowlist) {
+        *self
+            .inner
+            .allowlist
+            .write()
+            .unwrap_or_else(|p| p.into_inner()) = Arc::new(allowlist);
+    }
+
+    /// Connections allowed and denied so far, by host, sorted by host.
+    pub fn counts(&self) -> Vec<EgressCount> {
+        self.inner
+            .counts
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .cloned()
+            .collect()
+    }
+
+    /// Serves `listener` until the returned task is aborted (or dropped with the
+    /// runtime); aborting it closes every connection it opened.
+    pub fn spawn_listener(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
+        let proxy = self.clone();
+        tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                tokio::select! {
+                    accepted = listener.accept() => {
+                        let Ok((client, _)) = accepted else {
+                            // Out of descriptors: give the others time to close.
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                            continue;
+                        };
+                        let _ = client.set_nodelay(true);
+                        let proxy = proxy.clone();
+                        connections.spawn(async move { proxy.serve(client).await });
+                    }
+                    Some(_) = connections.join_next(), if !connections.is_empty() => {}
+                }
+            }
+        })
+    }
+
+    /// Serves one connection from the sandbox: reads its request, refuses it or relays
+    /// it, and returns when either side closes.
+    pub async fn serve<S>(&self, mut client: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Ok(Ok(Some((head, rest)))) =
+            tokio::time::timeout(CLIENT_PATIENCE, read_head(&mut client)).await
+        else {
+            let _ = respond(&mut client, 400, "the request head is missing or too long").await;
+            return;
+        };
+        let request = match Request::parse(&head) {
+            Ok(request) => request,
+            Err(why) => {
+                let _ = respond(&mut client, 400, &why).await;
+                return;
+            }
+        };
+        let upstream = match self.open(&request.target).await {
+            Ok(upstream) => upstream,
+            Err(Refusal::Denied(why)) => {
+                let _ = respond(&mut client, 403, &why).await;
+                return;
+            }
+            Err(Refusal::Failed(why)) => {
+                let _ = respond(&mut client, 502, &why).await;
+                return;
+            }
+            Err(Refusal::Malformed(why)) => {
+                let _ = respond(&mut client, 400, &why).await;
+                return;
+            }
+        };
+        if request.connect {
+            if client
+                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                .await
+                .is_err()
+            {
+                return;
+            }
+            let by_name = request.target.host.parse::<IpAddr>().is_err();
+            self.tunnel(
+                client,
+                upstream,
+                rest,
+                by_name.then_some(request.target.port),
+            )
+            .await;
+        } else {
+            let mut first = request.forwarded_head();
+            first.extend_from_slice(&rest);
+            relay(client, upstream, first).await;
+        }
+    }
+
+    /// Checks `target` against the allowlist, resolving a name, and connects to the
+    /// first address that passes.
+    async fn open(&self, target: &Target) -> Result<TcpStream, Refusal> {
+        let allowlist = self.allowlist();
+        let port = target.port;
+        let candidates: Vec<SocketAddr> = if let Ok(addr) = target.host.parse::<IpAddr>() {
+            if allowlist.allows_addr(addr, port).is_none() {
+                self.count(&target.host, false);
+                return Err(Refusal::Denied(format!(
+                    "no rule of the sandbox's network allowlist allows address {addr} port {port}"
+                )));
+            }
+            vec![SocketAddr::new(addr, port)]
+        } else {
+            let Some(name) = normalize_name(&target.host) else {
+                return Err(Refusal::Malformed(format!(
+                    "{:?} is not a host name",
+                    target.host
+                )));
+            };
+            let Some(rule) = allowlist.allows_name(&name, port) else {
+                self.count(&name, false);
+                return Err(Refusal::Denied(format!(
+                    "no rule of the sandbox's network allowlist allows {name}:{port}"
+                )));
+            };
+            let resolved = self.resolve(&name, port).await?;
+            let (passed, refused): (Vec<SocketAddr>, Vec<SocketAddr>) =
+                resolved.into_iter().partition(|addr| {
+                    !is_private(addr.ip()) || allowlist.allows_addr(addr.ip(), port).is_some()
+                });
+            if passed.is_empty() {
+                self.count(&name, false);
+                let addrs: Vec<String> = refused.iter().map(|a| a.ip().to_string()).collect();
+                return Err(Refusal::Denied(format!(
+                    "rule {rule:?} allows {name}, but it resolves to {}: a private address no \
+                     address rule allows",
+                    addrs.join(", ")
+                )));
+            }
+            passed
+        };
+        self.count(&target.host, true);
+        let mut last = String::from("no address");
+        for addr in candidates {
+            match tokio::time::timeout(UPSTREAM_PATIENCE, TcpStream::connect(addr)).await {
+                Ok(Ok(stream)) => {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(stream);
+                }
+                Ok(Err(e)) => last = format!("{addr}: {e}"),
+                Err(_) => last = format!("{addr}: no answer in {UPSTREAM_PATIENCE:?}"),
+            }
+        }
+        Err(Refusal::Failed(format!(
+            "cannot connect to {}:{port} ({last})",
+            target.host
+        )))
+    }
+
+    async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, Refusal> {
+        if let Some(addrs) = self.inner.hosts.get(name) {
+            return Ok(addrs.iter().map(|ip| SocketAddr::new(*ip, port)).collect());
+        }
+        match tokio::time::timeout(UPSTREAM_PATIENCE, tokio::net::lookup_host((name, port))).await {
+            Ok(Ok(addrs)) => Ok(addrs.collect()),
+            Ok(Err(e)) => Err(Refusal::Failed(format!("cannot resolve {name}: {e}"))),
+            Err(_) => Err(Refusal::Failed(format!(
+                "cannot resolve {name}: no answer in {UPSTREAM_PATIENCE:?}"
+            ))),
+        }
+    }
+
+    fn count(&self, host: &str, allowed: bool) {
+        let mut counts = self.inner.counts.lock().unwrap_or_else(|p| p.into_inner());
+        let key = if counts.contains_key(host) || counts.len() < MAX_COUNTED_HOSTS {
+            host
+        } else {
+            OTHER_HOSTS
+        };
+        let entry = counts.entry(key.to_owned()).or_insert_with(|| EgressCount {
+            host: key.to_owned(),
+            allowed: 0,
+            denied: 0,
+        });
+        if allowed {
+            entry.allowed += 1;
+        } else {
+            entry.denied += 1;
+        }
+    }
+
+    /// Relays a `CONNECT` tunnel. When the tunnel was opened to a name (`sni_port`), a
+    /// TLS ClientHello at its start must name a host the allowlist allows on that port.
+    async fn tunnel<S>(&self, client: S, upstream: TcpStream, rest: Vec<u8>, sni_port: Option<u16>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        let Some(port) = sni_port else {
+            relay(client, upstream, rest).await;
+            return;
+        };
+        let (mut client_read, client_write) = tokio::io::split(client);
+        let (upstream_read, mut upstream_write) = upstream.into_split();
+        // The server may speak first (SSH, SMTP): its direction runs from the start.
+        let mut down = std::pin::pin!(pump(upstream_read, client_write));
+        let mut first = rest;
+        let check = tokio::time::timeout(CLIENT_PATIENCE, async {
+            loop {
+                match sni::client_hello(&first) {
+                    Hello::Incomplete if first.len() < sni::MAX_RECORD => {
+                        let mut buf = [0u8; 4096];
+                        match client_read.read(&mut buf).await {
+                            Ok(0) | Err(_) => return false,
+                            Ok(n) => first.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    Hello::Incomplete => return false,
+                    Hello::NotTls | Hello::Nameless => return true,
+                    Hello::Name(name) => {
+                        let allowed = self.allowlist().allows_name(&name, port).is_some();
+                        if !allowed {
+                            self.count(&name, false);
+                        }
+                        return allowed;
+                    }
+                }
+            }
+        });
+        let checked = tokio::select! {
+            checked = check => checked.unwrap_or(false),
+            () = &mut down => false,
+        };
+        if !checked || upstream_write.write_all(&first).await.is_err() {
+            return;
+        }
+        tokio::join!(pump(client_read, upstream_write), down);
+    }
+}
+
+/// Copies both ways until both sides are done, after sending `first` upstream.
+async fn relay<S>(client: S, upstream: TcpStream, first: Vec<u8>)
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send,
+{
+    let (client_read, client_write) = tokio::io::split(client);
+    let (upstream_read, mut upstream_write) = upstream.into_split();
+    if !first.is_empty() && upstream_write.write_all(&first).await.is_err() {
+        return;
+    }
+    tokio::join!(
+        pump(client_read, upstream_write),
+        pump(upstream_read, client_write)
+    );
+}
+
+/// Copies `from` to `to` until `from` ends, then closes `to` for writing.
+async fn pump<R, W>(mut from: R, mut to: W)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; RELAY_BUFFER];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Reads up to the end of the request head; returns the head and what came after it.
+async fn read_head<S: AsyncRead + Unpin>(
+    client: &mut S,
+) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 2048];
+    loop {
+        if let Some(end) = find(&buf, b"\r\n\r\n") {
+            let rest = buf.split_off(end + 4);
+            return Ok(Some((buf, rest)));
+        }
+        if buf.len() > MAX_HEAD {
+            return Ok(None);
+        }
+        let n = client.read(&mut chunk).await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+/// A proxy request's head.
+struct Request {
+    connect: bool,
+    target: Target,
+    method: String,
+    /// The origin-form path of an absolute-form request.
+    path: String,
+    version: String,
+    /// Header lines, without the request line.
+    headers: Vec<String>,
+}
+
+impl Request {
+    fn parse(head: &[u8]) -> Result<Request, String> {
+        let text = std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8")?;
+        let mut lines = text.split("\r\n").filter(|l| !l.is_empty());
+        let line = lines.next().ok_or("the request line is missing")?;
+        let mut parts = line.split(' ');
+        let (Some(method), Some(uri), Some(version), None) =
+            (parts.next(), parts.next(), parts.next(), parts.next())
+        else {
+            return Err(format!("malformed request line {line:?}"));
+        };
+        if !version.starts_with("HTTP/1.") {
+            return Err(format!("unsupported protocol version {version:?}"));
+        }
+        let headers = lines.map(str::to_owned).collect();
+        if method.eq_ignore_ascii_case("CONNECT") {
+            let target = authority(uri, None)?;
+            return Ok(Request {
+                connect: true,
+                target,
+                method: method.to_owned(),
+                path: String::new(),
+                version: version.to_owned(),
+                headers,
+            });
+        }
+        let Some(rest) = uri.strip_prefix("http://") else {
+            return Err(if uri.starts_with("https://") {
+                "use CONNECT for https: URLs".to_owned()
+            } else {
+                format!("{uri:?} is not an absolute http: URL; this is a proxy")
+            });
+        };
+        let (authority_part, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, "/"),
+        };
+        if authority_part.contains('@') {
+            return Err("credentials in the URL are not forwarded".to_owned());
+        }
+        Ok(Request {
+            connect: false,
+            target: authority(authority_part, Some(80))?,
+            method: method.to_owned(),
+            path: path.to_owned(),
+            version: version.to_owned(),
+            headers,
+        })
+    }
+
+    /// The head to send upstream: origin form, without the proxy's own headers.
+    fn forwarded_head(&self) -> Vec<u8> {
+        let mut out = format!("{} {} {}\r\n", self.method, self.path, self.version);
+        for header in &self.headers {
+            let name = header.split(':').next().unwrap_or("").trim();
+            if name.eq_ignore_ascii_case("proxy-connection")
+                || name.eq_ignore_ascii_case("proxy-authorization")
+            {
+                continue;
+            }
+            out.push_str(header);
+            out.push_str("\r\n");
+        }
+        out.push_str("\r\n");
+        out.into_bytes()
+    }
+}
+
+/// `host:port` (`[v6]:port`); the port may be left out where a default is given.
+fn authority(text: &str, default_port: Option<u16>) -> Result<Target, String> {
+    let bad = || format!("{text:?} is not host:port");
+    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+        let (host, after) = rest.split_once(']').ok_or_else(bad)?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match text.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (text, None),
+        }
+    };
+    let port = match (port, default_port) {
+        (Some(p), _) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(bad)?,
+        (None, Some(p)) => p,
+        (None, None) => return Err(bad()),
+    };
+    if host.is_empty() {
+        return Err(bad());
+    }
+    Ok(Target {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
+}
+
+async fn respond<S: AsyncWrite + Unpin>(
+    client: &mut S,
+    status: u16,
+    why: &str,
+) -> std::io::Result<()> {
+    let reason = match status {
+        400 => "Bad Request",
+        403 => "Forbidden",
+        _ => "Bad Gateway",
+    };
+    // One line, so it is a valid header value.
+    let why = why.replace(['\r', '\n'], " ");
+    let body = format!("sandcell egress proxy: {why}\n");
+    let header = if status == 403 {
+        format!("{DENIED_HEADER}: {why}\r\n")
+    } else {
+        String::new()
+    };
+    let response = format!(
+        "HTTP/1.1 {status} {reason}\r\n{header}content-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    client.write_all(response.as_bytes()).await?;
+    client.shutdown().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn ask(proxy: &EgressProxy, request: &[u8]) -> String {
+        let (mut sandbox, proxied) = tokio::io::duplex(64 * 1024);
+        let serving = tokio::spawn({
+            let proxy = proxy.clone();
+            async move { proxy.serve(proxied).await }
+        });
+        sandbox.write_all(request).await.unwrap();
+        // The sandbox sends nothing more (a tunnel's proxy would otherwise wait for it).
+        sandbox.shutdown().await.unwrap();
+        let mut answer = Vec::new();
+        sandbox.read_to_end(&mut answer).await.unwrap();
+        serving.await.unwrap();
+        String::from_utf8_lossy(&answer).into_owned()
+    }
+
+    async fn upstream() -> (TcpListener, u16) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        (listener, port)
+    }
+
+    fn proxy(rules: &[&str], hosts: &[(&str, &str)]) -> EgressProxy {
+        EgressProxy::with_hosts(
+            Allowlist::parse(rules).unwrap(),
+            hosts
+                .iter()
+                .map(|(n, a)| (n.to_string(), vec![a.parse().unwrap()]))
+                .collect(),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_denied_name_or_address_gets_403_with_the_reason() {
+        let proxy = proxy(&["a.test:443"], &[]);
+        let answer = ask(&proxy, b"CONNECT b.test:443 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 403 Forbidden\r\n"), "{answer}");
+        assert!(
+            answer.contains("x-sandcell-egress-denied: no rule"),
+            "{answer}"
+        );
+        assert!(answer.contains("b.test:443"), "{answer}");
+        let answer = ask(&proxy, b"GET http://192.0.2.9/ HTTP/1.1\r\nhost: x\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(answer.contains("address 192.0.2.9 port 80"), "{answer}");
+        let answer = ask(&proxy, b"CONNECT a.test:80 HTTP/1.1\r\n\r\n").await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        let counts = proxy.counts();
+        assert_eq!(counts.len(), 3);
+        assert!(counts.iter().all(|c| c.denied == 1 && c.allowed == 0));
+    }
+
+    #[tokio::test]
+    async fn a_name_pointed_at_a_private_address_is_refused() {
+        let (_listener, port) = upstream().await;
+        let proxy = proxy(&["*.pkg.test"], &[("evil.pkg.test", "127.0.0.1")]);
+        let request = format!("CONNECT evil.pkg.test:{port} HTTP/1.1\r\n\r\n");
+        let answer = ask(&proxy, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+        assert!(
+            answer.contains("resolves to 127.0.0.1: a private address"),
+            "{answer}"
+        );
+        // An address rule for it lets it through.
+        let proxy = self::proxy(
+            &["*.pkg.test", &format!("127.0.0.1:{port}")],
+            &[("evil.pkg.test", "127.0.0.1")],
+        );
+        let answer = ask(&proxy, request.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    }
+
+    #[tokio::test]
+    async fn malformed_requests_get_400_and_nothing_is_opened() {
+        let proxy = proxy(&["a.test"], &[]);
+        for request in [
+            &b"GET / HTTP/1.1\r\nhost: a.test\r\n\r\n"[..],
+            b"GET https://a.test/ HTTP/1.1\r\n\r\n",
+            b"CONNECT a.test HTTP/1.1\r\n\r\n",
+            b"CONNECT a.test:0 HTTP/1.1\r\n\r\n",
+            b"CONNECT a.test:1 HTTP/2\r\n\r\n",
+            b"GET http://u:p@a.test/ HTTP/1.1\r\n\r\n",
+            b"CONNECT a..test:80 HTTP/1.1\r\n\r\n",
+            b"no head at all",
+            b"\xff\xfe\r\n\r\n",
+        ] {
+            let answer = ask(&proxy, request).await;
+            assert!(answer.starts_with("HTTP/1.1 400"), "{request:?}: {answer}");
+        }
+        let mut huge = b"GET http://a.test/ HTTP/1.1\r\n".to_vec();
+        huge.extend(std::iter::repeat_n(b'x', MAX_HEAD + 10));
+        assert!(ask(&proxy, &huge).await.starts_with("HTTP/1.1 400"));
+        assert!(proxy.counts().is_empty());
+    }
+
+    #[tokio::test]
+    async fn an_allowed_request_is_forwarded_in_origin_form() {
+        let (listener, port) = upstream().await;
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let (head, _) = read_head(&mut s).await.unwrap().unwrap();
+            s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nhi")
+                .await
+                .unwrap();
+            s.shutdown().await.unwrap();
+            String::from_utf8(head).unwrap()
+        });
+        let proxy = proxy(&[&format!("127.0.0.1:{port}")], &[]);
+        let request = format!(
+            "GET http://127.0.0.1:{port}/p?q=1 HTTP/1.1\r\nhost: 127.0.0.1\r\nproxy-connection: keep-alive\r\n\r\n"
+        );
+        let answer = ask(&proxy, request.as_bytes()).await;
+        assert!(answer.ends_with("hi"), "{answer}");
+        let head = server.await.unwrap();
+        assert!(head.starts_with("GET /p?q=1 HTTP/1.1\r\n"), "{head}");
+        assert!(!head.contains("proxy-connection"), "{head}");
+        assert_eq!(proxy.counts()[0].allowed, 1);
+    }
+
+    #[tokio::test]
+    async fn a_tunnel_fronted_to_a_denied_name_is_closed() {
+        let (listener, port) = upstream().await;
+        let received = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got).await;
+            got
+        });
+        let proxy = proxy(
+            &[&format!("a.test:{port}"), &format!("127.0.0.1:{port}")],
+            &[("a.test", "127.0.0.1")],
+        );
+        let mut request = format!("CONNECT a.test:{port} HTTP/1.1\r\n\r\n").into_bytes();
+        request.extend(sni::tests::hello_for(Some("b.test")));
+        let answer = ask(&proxy, &request).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            received.await.unwrap().is_empty(),
+            "nothing reaches upstream"
+        );
+        let b = proxy
+            .counts()
+            .into_iter()
+            .find(|c| c.host == "b.test")
+            .unwrap();
+        assert_eq!(b.denied, 1);
+    }
+
+    #[tokio::test]
+    async fn counts_stay_bounded_whatever_the_sandbox_asks() {
+        let proxy = proxy(&["a.test"], &[]);
+        for i in 0..(MAX_COUNTED_HOSTS + 50) {
+            proxy.count(&format!("h{i}.test"), false);
+        }
+        let counts = proxy.counts();
+        assert_eq!(counts.len(), MAX_COUNTED_HOSTS + 1);
+        let other = counts.iter().find(|c| c.host == OTHER_HOSTS).unwrap();
+        assert_eq!(other.denied, 50);
+    }
+}
