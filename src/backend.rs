@@ -283,6 +283,25 @@ pub trait SandboxBackend: Send + Sync + 'static {
         )))
     }
 
+    /// Replaces the network allowlist of a running sandbox. Needs
+    /// [`Capabilities::network_update`].
+    ///
+    /// # Behavior
+    /// - Without the capability: `Unsupported`.
+    /// - The sandbox must have been created with a
+    ///   [`Network::Allowlist`](crate::Network::Allowlist) (an empty one allows nothing
+    ///   yet); one created with another policy is `Unsupported`, as is asking for a
+    ///   policy other than an allowlist. A malformed entry is `InvalidInput`.
+    /// - New connections follow the new list at once; connections already open stay
+    ///   open. [`inspect`](Self::inspect) reports the new list.
+    async fn set_network(&self, id: &SandboxId, network: &crate::Network) -> Result<()> {
+        let _ = (id, network);
+        Err(crate::Error::unsupported(format!(
+            "backend {} cannot change a running sandbox's network",
+            self.name()
+        )))
+    }
+
     /// Reads the sandbox's resource use now. Needs [`Capabilities::metrics`].
     ///
     /// # Behavior
@@ -438,6 +457,9 @@ macro_rules! forward_backend {
             }
             async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
                 (**self).metrics(id).await
+            }
+            async fn set_network(&self, id: &SandboxId, network: &crate::Network) -> Result<()> {
+                (**self).set_network(id, network).await
             }
             async fn clone_sandbox(
                 &self,

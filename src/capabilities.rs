@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// | group | fields | enforced by |
 /// |---|---|---|
-/// | gate **calls** | `pause`, `reset`, `port_exposure`, `incremental_snapshot`, `interactive_exec`, `files_while_paused`, `shell`, `python`, `symlinks`, `watch`, `metrics`, `clone` | the method itself answers [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (or `InvalidState` for `files_while_paused`) when the field is false, and the conformance suite checks every field that is true has a working method (`claimed_capabilities_work`; `watch_reports_changes_in_order`, `metrics_report_use` and `clone_is_independent` for the last three) |
+/// | gate **calls** | `pause`, `reset`, `port_exposure`, `incremental_snapshot`, `interactive_exec`, `files_while_paused`, `shell`, `python`, `symlinks`, `watch`, `metrics`, `clone`, `network_update` | the method itself answers [`ErrorKind::Unsupported`](crate::ErrorKind::Unsupported) (or `InvalidState` for `files_while_paused`) when the field is false, and the conformance suite checks every field that is true has a working method (`claimed_capabilities_work`; `watch_reports_changes_in_order`, `metrics_report_use` and `clone_is_independent` for the last three) |
 /// | gate **request fields** | `pty` | [`ExecRequest::check_supported`](crate::ExecRequest::check_supported), called by every backend's `exec`: a terminal the backend cannot give is `Unsupported` and nothing runs |
 /// | gate **spec fields** | `network_isolation`, `network_full`, `network_allowlist`, `host_mounts`, `cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`, `choose_user` | [`SandboxSpec::check_supported`](crate::SandboxSpec::check_supported), called by every backend's `create` and by the manager before it: a spec asking for what the backend cannot honour is `Unsupported`, naming the field, and nothing is created |
 /// | inform | `read_only_mounts_enforced` | nothing: it says how strong a read-only mount is |
@@ -51,6 +51,9 @@ pub struct Capabilities {
     pub network_full: bool,
     /// [`Network::Allowlist`](crate::Network::Allowlist) is enforced.
     pub network_allowlist: bool,
+    /// [`set_network`](crate::SandboxBackend::set_network) replaces a running sandbox's
+    /// allowlist.
+    pub network_update: bool,
     /// `Limits::cpu_millis` is enforced.
     pub cpu_limit: bool,
     /// `Limits::memory_bytes` is enforced.
@@ -106,6 +109,7 @@ impl Capabilities {
             network_isolation: false,
             network_full: false,
             network_allowlist: false,
+            network_update: false,
             cpu_limit: false,
             memory_limit: false,
             pids_limit: false,

@@ -34,6 +34,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 pub mod conformance;
+pub mod egress;
 pub mod fuzz;
 mod hostile;
 pub mod measure;

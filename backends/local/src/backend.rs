@@ -57,6 +57,8 @@ struct Inner {
     probed: Probed,
     /// Landlock rulesets by sandbox: built on first exec, enforced by every child.
     rulesets: std::sync::Mutex<HashMap<SandboxId, Arc<OwnedFd>>>,
+    /// The egress proxies this process serves for allowlisted sandboxes.
+    egress: crate::egress::Proxies,
 }
 
 /// What `build()` found out about the host for the chosen isolation level.
@@ -119,6 +121,10 @@ impl LocalBackend {
         // keeps it from opening network sockets. Without isolation it has the host's.
         capabilities.network_isolation = config.isolation != Isolation::None;
         capabilities.network_full = true;
+        // An allowlist needs a network of the sandbox's own whose only way out is the
+        // egress proxy's listener.
+        capabilities.network_allowlist = config.isolation == Isolation::Namespaces;
+        capabilities.network_update = capabilities.network_allowlist;
         capabilities.incremental_snapshot = !matches!(
             config.workspace,
             WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace
@@ -140,6 +146,7 @@ impl LocalBackend {
                 cgroups,
                 probed,
                 rulesets: std::sync::Mutex::new(HashMap::new()),
+                egress: crate::egress::Proxies::default(),
             }),
         }
     }
@@ -246,12 +253,32 @@ impl LocalBackend {
         .await?;
         if self.inner.config.isolation == Isolation::Namespaces {
             let tools = self.namespace_tools()?;
-            if let Err(e) = start_namespaces(tools, &dir, &mut meta).await {
+            let started = match start_namespaces(tools, &dir, &mut meta).await {
+                Ok(()) => self.serve_egress(&meta),
+                Err(e) => Err(e),
+            };
+            if let Err(e) = started {
                 let _ = self.destroy(&meta.id).await;
                 return Err(e);
             }
         }
         Ok(meta)
+    }
+
+    /// Serves the egress proxy of an allowlisted sandbox from this process, unless it
+    /// already does (or another process does).
+    fn serve_egress(&self, meta: &SandboxMeta) -> Result<()> {
+        let Some(init) = meta.ns_init else {
+            return Ok(());
+        };
+        self.inner.egress.ensure(
+            &meta.id,
+            &meta.spec.network,
+            init,
+            meta.ns_user,
+            &self.namespace_tools()?.noop,
+            &self.inner.config.egress_hosts,
+        )
     }
 
     fn set_status(&self, id: &SandboxId, status: SandboxStatus) -> Result<()> {
@@ -381,6 +408,7 @@ impl SandboxBackend for LocalBackend {
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
         self.lock_rulesets().remove(id);
+        self.inner.egress.forget(id);
         let dir = self.dir(id);
         let id = id.clone();
         blocking(move || {
@@ -456,7 +484,9 @@ impl SandboxBackend for LocalBackend {
         if self.inner.config.isolation == Isolation::Namespaces {
             // Killing everything took the namespaces' pid 1 too; make fresh ones.
             let (dir, mut meta) = self.meta(id)?;
+            self.inner.egress.forget(id);
             start_namespaces(self.namespace_tools()?, &dir, &mut meta).await?;
+            self.serve_egress(&meta)?;
         }
         self.set_status(id, SandboxStatus::Running)
     }
@@ -540,8 +570,46 @@ impl SandboxBackend for LocalBackend {
         Ok(stream)
     }
 
+    /// The proxy this process serves takes the new list; one served by another
+    /// process (which made the sandbox and still runs) cannot be reached from here.
+    async fn set_network(&self, id: &SandboxId, network: &sandcell::Network) -> Result<()> {
+        if !self.inner.capabilities.network_update {
+            return Err(Error::unsupported(
+                "backend local changes a sandbox's allowlist only at Isolation::Namespaces",
+            ));
+        }
+        let sandcell::Network::Allowlist(entries) = network else {
+            return Err(Error::unsupported(format!(
+                "set_network takes an allowlist, not network {:?}",
+                network.mode()
+            )));
+        };
+        let allowlist = sandcell::egress::Allowlist::parse(entries)?;
+        let (dir, mut meta) = self.meta(id)?;
+        if !matches!(meta.spec.network, sandcell::Network::Allowlist(_)) {
+            return Err(Error::unsupported(format!(
+                "sandbox {id} was created with network {:?}; only a sandbox created with an \
+                 allowlist can change it",
+                meta.spec.network.mode()
+            )));
+        }
+        self.serve_egress(&meta)?;
+        if !self.inner.egress.set_allowlist(id, allowlist) {
+            return Err(Error::new(
+                ErrorKind::InvalidState,
+                format!(
+                    "the egress proxy of sandbox {id} is served by another process; change \
+                     its network there"
+                ),
+            ));
+        }
+        meta.spec.network = network.clone();
+        dir.write_meta(&meta)
+    }
+
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
         let (dir, meta) = self.meta(id)?;
+        let egress = self.inner.egress.counts(id);
         blocking(move || {
             let mut metrics = SandboxMetrics::now();
             match &meta.cgroups {
@@ -564,6 +632,7 @@ impl SandboxBackend for LocalBackend {
             }
             metrics.memory_limit_bytes = meta.spec.limits.memory_bytes;
             metrics.disk_bytes = Some(Workspace::open(&dir.workspace())?.disk_usage()?);
+            metrics.egress = egress;
             Ok(metrics)
         })
         .await
@@ -603,6 +672,8 @@ impl SandboxBackend for LocalBackend {
                     ));
                 }
                 program_exists(&argv[0], &cwd)?;
+                // Another process may have made the sandbox: serve its way out here too.
+                self.serve_egress(&meta)?;
                 let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
                 let rel = SandboxPath::new(&rel.to_string_lossy())?;
                 let tools = self.namespace_tools()?;
@@ -628,6 +699,9 @@ impl SandboxBackend for LocalBackend {
         env.insert("HOME".to_owned(), home);
         env.insert("TMPDIR".to_owned(), tmp);
         env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
+        if matches!(meta.spec.network, sandcell::Network::Allowlist(_)) {
+            env.extend(sandcell::egress::proxy_env(crate::egress::PROXY_ADDR));
+        }
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
         // A cgroup per command, so a timeout or kill reaches what left its group.

@@ -91,6 +91,11 @@ pub struct LocalConfig {
     pub hidden: Vec<PathBuf>,
     /// Limits applied where a spec leaves one unset.
     pub default_limits: sandcell::Limits,
+    /// Names the egress proxy of a `Network::Allowlist` sandbox resolves to these
+    /// addresses instead of asking the system's resolver, as an `/etc/hosts` of its own
+    /// (an internal package mirror, a test server). The addresses are checked like
+    /// resolved ones: a private one needs an address rule.
+    pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 impl Default for LocalConfig {
@@ -104,6 +109,7 @@ impl Default for LocalConfig {
             readable: crate::SYSTEM_READABLE.iter().map(PathBuf::from).collect(),
             hidden: crate::SYSTEM_HIDDEN.iter().map(PathBuf::from).collect(),
             default_limits: sandcell::Limits::default(),
+            egress_hosts: BTreeMap::new(),
         }
     }
 }
@@ -160,6 +166,13 @@ impl LocalBackendBuilder {
     /// Sets the limits applied where a spec leaves one unset.
     pub fn default_limits(mut self, limits: sandcell::Limits) -> Self {
         self.config.default_limits = limits;
+        self
+    }
+
+    /// Makes the egress proxy of allowlisted sandboxes resolve `name` to `addrs`
+    /// ([`LocalConfig::egress_hosts`]).
+    pub fn egress_host(mut self, name: impl Into<String>, addrs: Vec<std::net::IpAddr>) -> Self {
+        self.config.egress_hosts.insert(name.into(), addrs);
         self
     }
 

@@ -62,6 +62,7 @@ mod backend;
 mod cgroup;
 mod config;
 mod contained;
+mod egress;
 mod import;
 mod landlock;
 mod layout;

@@ -36,6 +36,8 @@ pub(crate) struct Tools {
     nsenter: PathBuf,
     setpriv: PathBuf,
     setsid: PathBuf,
+    /// `true`, which the helper that opens an egress listener execs when done.
+    pub(crate) noop: PathBuf,
     /// What stays unreadable beneath the bound system directories
     /// ([`LocalConfig::hidden`](crate::LocalConfig::hidden)).
     hidden: Vec<PathBuf>,
@@ -60,6 +62,9 @@ pub(crate) fn probe(hidden: &[PathBuf]) -> Result<Tools> {
         nsenter: util_linux("nsenter")?,
         setpriv: util_linux("setpriv")?,
         setsid: util_linux("setsid")?,
+        noop: find("true").ok_or_else(|| {
+            Error::unsupported("isolation level Namespaces needs `true` from coreutils")
+        })?,
         bwrap,
         hidden: hidden.to_vec(),
     };
@@ -136,7 +141,8 @@ pub(crate) fn init_command(
 ) -> Result<tokio::process::Command> {
     let mut args: Vec<String> = vec!["--unshare-all".into()];
     match network {
-        Network::None => {}
+        // An allowlist's only way out is the egress listener made in the namespace.
+        Network::None | Network::Allowlist(_) => {}
         Network::Full => args.push("--share-net".into()),
         // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
         other => {

@@ -1,9 +1,12 @@
 //! The crate's only `unsafe`: raw system calls without a safe wrapper (Landlock,
-//! seccomp), and work done in the child between `fork` and `exec`.
+//! seccomp), work done in the child between `fork` and `exec`, and passing a
+//! descriptor over a Unix socket.
 
 #![allow(unsafe_code)]
 
-use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::process::CommandExt;
+use std::path::Path;
 
 use rustix::io::Errno;
 
@@ -242,4 +245,141 @@ pub(crate) fn async_fd(fd: OwnedFd) -> std::io::Result<tokio::io::unix::AsyncFd<
     // `OwnedFd` until it deregisters it: nothing can close or replace the descriptor
     // while it is registered.
     unsafe { tokio::io::unix::AsyncFd::register(fd) }.map_err(std::io::Error::from)
+}
+
+/// A TCP listener on `127.0.0.1:port` in the network namespace `net_ns` (entered
+/// through `user_ns` where that is the namespace's owner and not ours).
+///
+/// A child joins the namespaces (a user namespace can be joined only by a
+/// single-threaded process, which this one is not), opens the listener, sends it back
+/// with `SCM_RIGHTS`, and execs `noop`. Everything it does between fork and exec is a
+/// plain system call on memory prepared before the fork.
+pub(crate) fn listen_in_namespace(
+    user_ns: Option<&OwnedFd>,
+    net_ns: &OwnedFd,
+    port: u16,
+    noop: &Path,
+) -> std::io::Result<std::net::TcpListener> {
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair()?;
+    let user_fd: RawFd = user_ns.map_or(-1, |fd| fd.as_raw_fd());
+    let net_fd = net_ns.as_raw_fd();
+    let chan = theirs.as_raw_fd();
+    let mut cmd = std::process::Command::new(noop);
+    cmd.stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    // SAFETY: the closure makes only async-signal-safe system calls on values prepared
+    // before the fork, and allocates nothing.
+    unsafe {
+        cmd.pre_exec(move || listen_and_send(user_fd, net_fd, port, chan));
+    }
+    let status = cmd.status()?;
+    drop(theirs);
+    if !status.success() {
+        return Err(std::io::Error::other(format!(
+            "the helper that opens it exited with {status}"
+        )));
+    }
+    let fd = receive_fd(ours.as_raw_fd())?;
+    Ok(std::net::TcpListener::from(fd))
+}
+
+/// The child's part: join the namespaces, listen, send the socket.
+fn listen_and_send(user_fd: RawFd, net_fd: RawFd, port: u16, chan: RawFd) -> std::io::Result<()> {
+    let check = |r: libc::c_int| {
+        if r < 0 {
+            Err(std::io::Error::last_os_error())
+        } else {
+            Ok(r)
+        }
+    };
+    // SAFETY: plain system calls on descriptors this process holds and on stack memory.
+    unsafe {
+        if user_fd >= 0 {
+            check(libc::setns(user_fd, libc::CLONE_NEWUSER))?;
+        }
+        check(libc::setns(net_fd, libc::CLONE_NEWNET))?;
+        let sock = check(libc::socket(
+            libc::AF_INET,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?;
+        let addr = libc::sockaddr_in {
+            sin_family: libc::AF_INET as libc::sa_family_t,
+            sin_port: port.to_be(),
+            sin_addr: libc::in_addr {
+                s_addr: u32::from(std::net::Ipv4Addr::LOCALHOST).to_be(),
+            },
+            sin_zero: [0; 8],
+        };
+        check(libc::bind(
+            sock,
+            std::ptr::addr_of!(addr).cast(),
+            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
+        ))?;
+        check(libc::listen(sock, 128))?;
+        send_fd(chan, sock)
+    }
+}
+
+/// Room for one descriptor's control message, aligned for `cmsghdr`.
+#[repr(C, align(8))]
+struct FdMessage([u8; 32]);
+
+/// Sends `fd` over the Unix socket `chan` with one byte of data.
+///
+/// # Safety
+/// `chan` must be a connected Unix socket and `fd` an open descriptor.
+unsafe fn send_fd(chan: RawFd, fd: RawFd) -> std::io::Result<()> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = FdMessage([0; 32]);
+    let mut msg: libc::msghdr = std::mem::zeroed();
+    msg.msg_iov = &mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<RawFd>() as u32) as _;
+    let header = libc::CMSG_FIRSTHDR(&msg);
+    (*header).cmsg_level = libc::SOL_SOCKET;
+    (*header).cmsg_type = libc::SCM_RIGHTS;
+    (*header).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<RawFd>() as u32) as _;
+    std::ptr::write_unaligned(libc::CMSG_DATA(header).cast::<RawFd>(), fd);
+    if libc::sendmsg(chan, &msg, 0) < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Receives the descriptor [`send_fd`] sent.
+fn receive_fd(chan: RawFd) -> std::io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut control = FdMessage([0; 32]);
+    // SAFETY: the message points at live stack buffers of the lengths given, and the
+    // descriptor is taken only from a well-formed SCM_RIGHTS message.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = control.0.len() as _;
+        if libc::recvmsg(chan, &mut msg, libc::MSG_CMSG_CLOEXEC) < 1 {
+            return Err(std::io::Error::other("the helper sent no listener"));
+        }
+        let header = libc::CMSG_FIRSTHDR(&msg);
+        if header.is_null()
+            || (*header).cmsg_level != libc::SOL_SOCKET
+            || (*header).cmsg_type != libc::SCM_RIGHTS
+        {
+            return Err(std::io::Error::other("the helper sent no listener"));
+        }
+        let fd = std::ptr::read_unaligned(libc::CMSG_DATA(header).cast::<RawFd>());
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
 }
