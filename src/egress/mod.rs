@@ -9,10 +9,12 @@
 
 mod allowlist;
 mod proxy;
+mod served;
 mod sni;
 
 pub use allowlist::{is_private, Allowlist, Rule};
 pub use proxy::{EgressCount, EgressProxy, DENIED_HEADER, OTHER_HOSTS};
+pub use served::ServedProxies;
 
 /// The environment that points a sandbox's tools at a proxy listening on `addr` inside
 /// the sandbox: `HTTP_PROXY`, `HTTPS_PROXY` and `ALL_PROXY` (with lowercase twins, as

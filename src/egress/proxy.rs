@@ -175,18 +175,47 @@ impl EgressProxy {
     /// Serves `listener` until the returned task is aborted (or dropped with the
     /// runtime); aborting it closes every connection it opened.
     pub fn spawn_listener(&self, listener: TcpListener) -> tokio::task::JoinHandle<()> {
+        let listener = Arc::new(listener);
+        self.spawn_accepting(move || {
+            let listener = Arc::clone(&listener);
+            async move {
+                let (client, _) = listener.accept().await?;
+                let _ = client.set_nodelay(true);
+                Ok(client)
+            }
+        })
+    }
+
+    /// [`spawn_listener`](Self::spawn_listener) for a Unix socket (a sandbox that
+    /// reaches its proxy through a socket mounted into it).
+    pub fn spawn_unix_listener(
+        &self,
+        listener: tokio::net::UnixListener,
+    ) -> tokio::task::JoinHandle<()> {
+        let listener = Arc::new(listener);
+        self.spawn_accepting(move || {
+            let listener = Arc::clone(&listener);
+            async move { listener.accept().await.map(|(client, _)| client) }
+        })
+    }
+
+    fn spawn_accepting<S, A, F>(&self, mut accept: A) -> tokio::task::JoinHandle<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        A: FnMut() -> F + Send + 'static,
+        F: std::future::Future<Output = std::io::Result<S>> + Send,
+    {
         let proxy = self.clone();
         tokio::spawn(async move {
             let mut connections = tokio::task::JoinSet::new();
             loop {
                 tokio::select! {
-                    accepted = listener.accept() => {
-                        let Ok((client, _)) = accepted else {
+                    accepted = accept() => {
+                        let Ok(client) = accepted else {
                             // Out of descriptors: give the others time to close.
                             tokio::time::sleep(Duration::from_millis(50)).await;
                             continue;
                         };
-                        let _ = client.set_nodelay(true);
                         let proxy = proxy.clone();
                         connections.spawn(async move { proxy.serve(client).await });
                     }

@@ -282,6 +282,13 @@ pub struct DockerConfig {
     pub agent: Option<PathBuf>,
     /// Where the workspace is inside the container.
     pub workspace: String,
+    /// Where this backend keeps a directory per allowlisted sandbox on this host (its
+    /// egress proxy's socket, mounted into the container); default
+    /// `<temp dir>/sandcell-docker`.
+    pub runtime_dir: PathBuf,
+    /// Names the egress proxy of a `Network::Allowlist` sandbox resolves to these
+    /// addresses instead of asking the system's resolver (checked like resolved ones).
+    pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
 }
 
 impl Default for DockerConfig {
@@ -296,6 +303,8 @@ impl Default for DockerConfig {
             runtime: None,
             agent: None,
             workspace: "/workspace".to_owned(),
+            runtime_dir: std::env::temp_dir().join("sandcell-docker"),
+            egress_hosts: BTreeMap::new(),
         }
     }
 }
@@ -391,6 +400,20 @@ impl DockerBackendBuilder {
     /// Uses another OCI runtime, e.g. `runsc` (gVisor) where installed.
     pub fn runtime(mut self, runtime: impl Into<String>) -> Self {
         self.config.runtime = Some(runtime.into());
+        self
+    }
+
+    /// Makes the egress proxy of allowlisted sandboxes resolve `name` to `addrs`
+    /// ([`DockerConfig::egress_hosts`]).
+    pub fn egress_host(mut self, name: impl Into<String>, addrs: Vec<std::net::IpAddr>) -> Self {
+        self.config.egress_hosts.insert(name.into(), addrs);
+        self
+    }
+
+    /// Sets where allowlisted sandboxes' host directories live
+    /// ([`DockerConfig::runtime_dir`]).
+    pub fn runtime_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.config.runtime_dir = dir.into();
         self
     }
 

@@ -50,12 +50,14 @@ impl ContainerSettings {
 
 /// The container for a sandbox from `spec` (already prepared: `Network::Default`
 /// resolved, unclaimed fields refused) on `image`, joined to `task_network` when it has
-/// service containers.
+/// service containers; `egress_dir` is the host directory of an allowlisted sandbox's
+/// egress proxy, mounted in, with the agent told to relay to it.
 pub(crate) fn container_body(
     spec: &SandboxSpec,
     config: &DockerConfig,
     image: String,
     task_network: Option<&str>,
+    egress_dir: Option<&std::path::Path>,
 ) -> ContainerCreateBody {
     let limits = &spec.limits;
     let mut labels: HashMap<String, String> = spec
@@ -91,6 +93,15 @@ pub(crate) fn container_body(
             crate::agent::SOCKET.to_owned(),
             "--stdio".to_owned(),
         ]
+        .into_iter()
+        .chain(
+            egress_dir
+                .is_some()
+                .then(|| ["--egress".to_owned(), crate::egress::agent_argument()])
+                .into_iter()
+                .flatten(),
+        )
+        .collect()
     } else {
         // Any image with a `sleep` stays up; the init process forwards SIGTERM.
         vec!["sleep".to_owned(), "2147483647".to_owned()]
@@ -101,7 +112,7 @@ pub(crate) fn container_body(
         (Network::Full, None) => config.network.clone(),
         (_, None) => "none".to_owned(),
     };
-    let binds: Vec<String> = spec
+    let mut binds: Vec<String> = spec
         .mounts
         .iter()
         .map(|m| {
@@ -110,6 +121,17 @@ pub(crate) fn container_body(
             format!("{}:{target}:{mode}", m.host.display())
         })
         .collect();
+    let mut env: Vec<String> = spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    if let Some(dir) = egress_dir {
+        binds.push(format!(
+            "{}:{}:ro",
+            dir.display(),
+            crate::egress::CONTAINER_DIR
+        ));
+        // The spec's own settings come later and win.
+        let proxy = sandcell::egress::proxy_env(crate::egress::LISTEN);
+        env.splice(0..0, proxy.into_iter().map(|(k, v)| format!("{k}={v}")));
+    }
     let user = spec.user.clone().or_else(|| config.user.clone());
     let host_config = HostConfig {
         cap_drop: Some(vec!["ALL".to_owned()]),
@@ -136,7 +158,7 @@ pub(crate) fn container_body(
         entrypoint: Some(Vec::new()),
         working_dir: Some(config.workspace.as_str().to_owned()),
         user: user.clone(),
-        env: Some(spec.env.iter().map(|(k, v)| format!("{k}={v}")).collect()),
+        env: Some(env),
         labels: Some(labels),
         host_config: Some(host_config),
         networking_config: task_network.map(|n| crate::task::endpoint(n, Vec::new())),
@@ -161,6 +183,7 @@ pub(crate) fn info_of(
     spec.network = match labels.get(LABEL_NETWORK).map(String::as_str) {
         Some("full") => Network::Full,
         Some("none") => Network::None,
+        Some("allowlist") => Network::Allowlist(Vec::new()),
         _ => Network::Default,
     };
     spec.labels = labels

@@ -25,6 +25,7 @@ mod agent;
 mod archive;
 mod backend;
 mod config;
+mod egress;
 mod engine;
 mod error;
 mod hardening;

@@ -58,7 +58,7 @@ struct Inner {
     /// Landlock rulesets by sandbox: built on first exec, enforced by every child.
     rulesets: std::sync::Mutex<HashMap<SandboxId, Arc<OwnedFd>>>,
     /// The egress proxies this process serves for allowlisted sandboxes.
-    egress: crate::egress::Proxies,
+    egress: sandcell::egress::ServedProxies,
 }
 
 /// What `build()` found out about the host for the chosen isolation level.
@@ -146,7 +146,7 @@ impl LocalBackend {
                 cgroups,
                 probed,
                 rulesets: std::sync::Mutex::new(HashMap::new()),
-                egress: crate::egress::Proxies::default(),
+                egress: sandcell::egress::ServedProxies::default(),
             }),
         }
     }
@@ -271,7 +271,8 @@ impl LocalBackend {
         let Some(init) = meta.ns_init else {
             return Ok(());
         };
-        self.inner.egress.ensure(
+        crate::egress::ensure(
+            &self.inner.egress,
             &meta.id,
             &meta.spec.network,
             init,

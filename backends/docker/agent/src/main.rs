@@ -3,14 +3,16 @@
 //! an engine API call.
 //!
 //! ```text
-//! sandcell-agent serve [--workspace DIR] [--state DIR] [--socket PATH] [--stdio]
+//! sandcell-agent serve [--workspace DIR] [--state DIR] [--socket PATH] [--stdio] [--egress LISTEN=SOCKET]
 //! sandcell-agent connect [--socket PATH]
 //! ```
 //!
 //! `serve` is the container's keep-alive process: it serves the workspace directory as
 //! one sandbox of the local backend (in place, as the container's user) over the wire
 //! protocol on a Unix socket, and with `--stdio` also on its own stdin and stdout (the
-//! connection of whoever attached to the container before it started). `connect` relays its stdin and stdout to that socket; the
+//! connection of whoever attached to the container before it started). With `--egress` it also
+//! relays each TCP connection to `LISTEN` to the Unix socket `SOCKET` (the host's egress
+//! proxy, for a container whose only way out that is). `connect` relays its stdin and stdout to that socket; the
 //! host starts it with the engine's exec API once per connection. Build it statically
 //! (`RUSTFLAGS="-C target-feature=+crt-static" cargo build --release -p sandcell-agent
 //! --target x86_64-unknown-linux-gnu`) so it runs in any image, even one without libc.
@@ -37,12 +39,20 @@ fn main() -> ExitCode {
     let mut state = PathBuf::from(DEFAULT_STATE);
     let mut socket = PathBuf::from(DEFAULT_SOCKET);
     let mut stdio = false;
+    let mut egress: Option<String> = None;
     while let Some(flag) = args.next() {
         let target = match flag.as_str() {
             "--stdio" => {
                 stdio = true;
                 continue;
             }
+            "--egress" => match args.next() {
+                Some(value) => {
+                    egress = Some(value);
+                    continue;
+                }
+                None => return usage("--egress needs LISTEN=SOCKET"),
+            },
             "--workspace" => &mut workspace,
             "--state" => &mut state,
             "--socket" => &mut socket,
@@ -54,7 +64,7 @@ fn main() -> ExitCode {
         }
     }
     let result = match command.as_deref() {
-        Some("serve") => serve(&workspace, &state, &socket, stdio),
+        Some("serve") => serve(&workspace, &state, &socket, stdio, egress.as_deref()),
         Some("connect") => connect(&socket),
         Some("--version") => {
             println!("sandcell-agent {}", env!("CARGO_PKG_VERSION"));
@@ -78,7 +88,13 @@ fn usage(problem: &str) -> ExitCode {
     ExitCode::from(2)
 }
 
-fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(), String> {
+fn serve(
+    workspace: &Path,
+    state: &Path,
+    socket: &Path,
+    stdio: bool,
+    egress: Option<&str>,
+) -> Result<(), String> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -103,6 +119,15 @@ fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(
             .create(&spec)
             .await
             .map_err(|e| format!("serving {}: {e}", workspace.display()))?;
+        if let Some(egress) = egress {
+            let (listen, relay_to) = egress
+                .split_once('=')
+                .ok_or_else(|| format!("--egress {egress:?}: expected LISTEN=SOCKET"))?;
+            let listener = tokio::net::TcpListener::bind(listen)
+                .await
+                .map_err(|e| format!("listening for egress on {listen}: {e}"))?;
+            tokio::spawn(relay_egress(listener, PathBuf::from(relay_to)));
+        }
         let backend: Arc<dyn SandboxBackend> = Arc::new(backend);
         let _ = std::fs::remove_file(socket);
         let listener = tokio::net::UnixListener::bind(socket)
@@ -142,6 +167,32 @@ fn serve(workspace: &Path, state: &Path, socket: &Path, stdio: bool) -> Result<(
         let _ = std::fs::remove_file(socket);
         Ok(())
     })
+}
+
+/// Relays each connection to `listener` (the container's only way out) to the host's
+/// egress proxy at the Unix socket `to`, which decides where it may go.
+async fn relay_egress(listener: tokio::net::TcpListener, to: PathBuf) {
+    loop {
+        let Ok((mut client, _)) = listener.accept().await else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
+        };
+        let to = to.clone();
+        tokio::spawn(async move {
+            match tokio::net::UnixStream::connect(&to).await {
+                Ok(mut proxy) => {
+                    let _ = tokio::io::copy_bidirectional_with_sizes(
+                        &mut client,
+                        &mut proxy,
+                        64 * 1024,
+                        64 * 1024,
+                    )
+                    .await;
+                }
+                Err(e) => eprintln!("sandcell-agent: egress proxy {}: {e}", to.display()),
+            }
+        });
+    }
 }
 
 /// Relays stdin to the socket and the socket to stdout, unbuffered, until either ends.

@@ -76,6 +76,11 @@ struct Inner {
     ports: crate::ports::Forwarders,
     /// Per template whose image is prepared: whether `python3` is on its `PATH`.
     python: Mutex<HashMap<String, bool>>,
+    /// The egress proxies of allowlisted sandboxes this process serves.
+    egress: sandcell::egress::ServedProxies,
+    /// Whether the engine runs on this host, where a socket can be mounted into a
+    /// container (not over TCP).
+    local_engine: bool,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -110,7 +115,8 @@ impl DockerBackend {
             .unwrap_or_else(|| format!("unix://{DEFAULT_SOCKET}"));
         // Long enough for image builds and pulls, which are single requests.
         let timeout = 3600;
-        let docker = if host.starts_with("unix://") || host.starts_with('/') {
+        let local_engine = host.starts_with("unix://") || host.starts_with('/');
+        let docker = if local_engine {
             Docker::connect_with_unix(&host, timeout, &API_VERSION)
         } else if host.starts_with("tcp://") || host.starts_with("http://") {
             Docker::connect_with_http(&host, timeout, &API_VERSION)
@@ -135,6 +141,8 @@ impl DockerBackend {
                 paused: Mutex::new(HashSet::new()),
                 ports: crate::ports::Forwarders::default(),
                 python: Mutex::new(HashMap::new()),
+                egress: sandcell::egress::ServedProxies::default(),
+                local_engine,
             }),
         })
     }
@@ -236,6 +244,16 @@ impl DockerBackend {
         Ok(client)
     }
 
+    /// `info` with the allowlist in force, which the container's labels cannot carry
+    /// (it may change after create).
+    fn with_allowlist(&self, mut info: SandboxInfo) -> SandboxInfo {
+        if let sandcell::Network::Allowlist(entries) = &mut info.network {
+            *entries = crate::egress::entries(&self.inner.config.runtime_dir, &info.id)
+                .unwrap_or_default();
+        }
+        info
+    }
+
     fn forget(&self, id: &SandboxId) {
         lock(&self.inner.clients).remove(id);
         lock(&self.inner.settings).remove(id);
@@ -297,7 +315,26 @@ impl DockerBackend {
     ) -> Result<()> {
         let config = &self.inner.config;
         let agent = config.agent.is_some();
-        let body = crate::hardening::container_body(spec, config, image, task_network);
+        let egress_dir = match &spec.network {
+            sandcell::Network::Allowlist(entries) => {
+                crate::egress::serve(
+                    &self.inner.egress,
+                    &config.runtime_dir,
+                    id,
+                    entries,
+                    &config.egress_hosts,
+                )?;
+                Some(crate::egress::host_dir(&config.runtime_dir, id))
+            }
+            _ => None,
+        };
+        let body = crate::hardening::container_body(
+            spec,
+            config,
+            image,
+            task_network,
+            egress_dir.as_deref(),
+        );
         // The user the container runs as, as the hardening chose it.
         let user = body.user.clone();
         self.inner
@@ -341,6 +378,7 @@ impl DockerBackend {
         .await;
         if let Err(e) = started {
             let _ = self.remove_container(id.as_str()).await;
+            crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
             return Err(e);
         }
         Ok(())
@@ -379,6 +417,9 @@ impl SandboxBackend for DockerBackend {
         caps.read_only_mounts_enforced = true;
         caps.network_isolation = true;
         caps.network_full = true;
+        // The agent relays to the egress proxy through a socket mounted from this host.
+        caps.network_allowlist = self.inner.config.agent.is_some() && self.inner.local_engine;
+        caps.network_update = caps.network_allowlist;
         caps.cpu_limit = true;
         caps.memory_limit = true;
         caps.pids_limit = true;
@@ -485,7 +526,7 @@ impl SandboxBackend for DockerBackend {
             "exec".to_owned(),
             labels.get(LABEL_EXEC).cloned().unwrap_or_default(),
         );
-        Ok(info_of(id.clone(), labels, status, created_at, details))
+        Ok(self.with_allowlist(info_of(id.clone(), labels, status, created_at, details)))
     }
 
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
@@ -524,7 +565,7 @@ impl SandboxBackend for DockerBackend {
             if let Some(cid) = c.id {
                 details.insert("container_id".to_owned(), cid);
             }
-            out.push(info_of(id, labels, status, created_at, details));
+            out.push(self.with_allowlist(info_of(id, labels, status, created_at, details)));
         }
         out.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
         Ok(out)
@@ -533,6 +574,7 @@ impl SandboxBackend for DockerBackend {
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
         self.forget(id);
         self.remove_container(id.as_str()).await?;
+        crate::egress::remove(&self.inner.egress, &self.inner.config.runtime_dir, id);
         crate::task::teardown(&self.inner.docker, id).await
     }
 
@@ -594,6 +636,14 @@ impl SandboxBackend for DockerBackend {
         request.check_supported(&self.capabilities())?;
         let settings = self.settings(id).await?;
         self.check_not_paused(id)?;
+        // A backend in a new process serves the way out of sandboxes made before.
+        let config = &self.inner.config;
+        crate::egress::adopt(
+            &self.inner.egress,
+            &config.runtime_dir,
+            id,
+            &config.egress_hosts,
+        )?;
         if request.timeout.is_none() {
             request.timeout = settings.command_timeout;
         }
@@ -703,6 +753,7 @@ impl SandboxBackend for DockerBackend {
             .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?
             .host_config;
         let mut metrics = client.metrics().await?;
+        metrics.egress = self.inner.egress.counts(id);
         metrics.cpu_time = stats
             .cpu_stats
             .and_then(|c| c.cpu_usage)
@@ -725,5 +776,34 @@ impl SandboxBackend for DockerBackend {
         options: ImportOptions,
     ) -> Result<()> {
         self.client(id).await?.import_tar(path, tar, options).await
+    }
+
+    async fn set_network(&self, id: &SandboxId, network: &sandcell::Network) -> Result<()> {
+        if !self.capabilities().network_update {
+            return Err(Error::unsupported(
+                "backend docker changes allowlists only with the agent and an engine on this host",
+            ));
+        }
+        let sandcell::Network::Allowlist(entries) = network else {
+            return Err(Error::unsupported(format!(
+                "set_network takes an allowlist, not network {:?}",
+                network.mode()
+            )));
+        };
+        sandcell::egress::Allowlist::parse(entries)?;
+        self.settings(id).await?;
+        let config = &self.inner.config;
+        if crate::egress::entries(&config.runtime_dir, id).is_none() {
+            return Err(Error::unsupported(format!(
+                "sandbox {id} was not created with an allowlist; only such a sandbox can change it"
+            )));
+        }
+        crate::egress::adopt(
+            &self.inner.egress,
+            &config.runtime_dir,
+            id,
+            &config.egress_hosts,
+        )?;
+        crate::egress::update(&self.inner.egress, &config.runtime_dir, id, entries)
     }
 }
