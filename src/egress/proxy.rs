@@ -20,7 +20,7 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
 /// How long resolving a name and connecting to it may take.
 const UPSTREAM_PATIENCE: Duration = Duration::from_secs(10);
 /// Buffer per direction of a relayed connection.
-const RELAY_BUFFER: usize = 64 * 1024;
+const RELAY_BUFFER: usize = 256 * 1024;
 /// Hosts counted one by one; beyond this many the rest share one entry, so a sandbox
 /// asking for endless names cannot grow the proxy's memory.
 const MAX_COUNTED_HOSTS: usize = 1024;

@@ -46,6 +46,8 @@ pub struct EgressWorld {
     pub b_http: u16,
     /// The loopback service's port on `127.0.0.1`.
     pub loopback: u16,
+    /// Host A's port that answers [`BULK_BYTES`] zero bytes over HTTP (for benches).
+    pub a_bulk: u16,
     ca_pem: String,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -104,7 +106,13 @@ impl EgressWorld {
         )
         .await;
         tasks.push(task);
+        let bulk = TcpListener::bind(SocketAddr::from((HOST_A, 0)))
+            .await
+            .expect("listening for bulk downloads");
+        let a_bulk = bulk.local_addr().expect("local address").port();
+        tasks.push(tokio::spawn(serve_bulk(bulk)));
         EgressWorld {
+            a_bulk,
             a_http,
             a_https,
             b_http,
@@ -181,6 +189,41 @@ async fn serve(
         }
     });
     (port, task)
+}
+
+/// How many bytes [`EgressWorld::a_bulk`] answers: 100 MiB.
+pub const BULK_BYTES: usize = 100 << 20;
+
+async fn serve_bulk(listener: TcpListener) {
+    loop {
+        let Ok((mut stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        tokio::spawn(async move {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 1024];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let response = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {BULK_BYTES}\r\nconnection: close\r\n\r\n"
+            );
+            if stream.write_all(response.as_bytes()).await.is_err() {
+                return;
+            }
+            let chunk = vec![0u8; 256 * 1024];
+            for _ in 0..BULK_BYTES / chunk.len() {
+                if stream.write_all(&chunk).await.is_err() {
+                    return;
+                }
+            }
+            let _ = stream.shutdown().await;
+        });
+    }
 }
 
 /// Reads one request head and answers `body`, closing the connection.

@@ -202,6 +202,11 @@ impl SandboxBackend for WireLoop {
         self.live(id).await?.metrics().await
     }
 
+    /// Lifecycle, as create and clone: straight to the served backend.
+    async fn set_network(&self, id: &SandboxId, network: &crate::Network) -> Result<()> {
+        self.inner.set_network(id, network).await
+    }
+
     async fn clone_sandbox(
         &self,
         id: &SandboxId,

@@ -57,3 +57,44 @@ pub fn busybox_rootfs(busybox: &Path, dir: &Path) -> Result<()> {
     .map_err(|e| io("home/sandbox", e))?;
     Ok(())
 }
+
+/// Copies the host's `program` into `rootfs/bin`, and every library `ldd` names for it
+/// at its own path, so a dynamically linked tool (such as `curl`) runs in an image built
+/// from `rootfs`.
+pub fn copy_host_program(program: &Path, rootfs: &Path) -> Result<()> {
+    let io = |what: &Path, e| {
+        Error::io(
+            format_args!("copying {} into the root file system", what.display()),
+            e,
+        )
+    };
+    let ldd = std::process::Command::new("ldd")
+        .arg(program)
+        .output()
+        .map_err(|e| io(program, e))?;
+    let mut libraries = Vec::new();
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        // `libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)`, or the loader's
+        // `/lib64/ld-linux-x86-64.so.2 (0x...)`.
+        if let Some(path) = line
+            .split("=>")
+            .last()
+            .and_then(|rest| rest.split_whitespace().next())
+            .filter(|p| p.starts_with('/'))
+        {
+            libraries.push(PathBuf::from(path));
+        }
+    }
+    for library in libraries {
+        let target = rootfs.join(library.strip_prefix("/").unwrap_or(&library));
+        if let Some(parent) = target.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| io(&library, e))?;
+        }
+        // The file itself, under the name it is linked by.
+        std::fs::copy(&library, &target).map_err(|e| io(&library, e))?;
+    }
+    let name = program.file_name().unwrap_or(program.as_os_str());
+    std::fs::create_dir_all(rootfs.join("bin")).map_err(|e| io(program, e))?;
+    std::fs::copy(program, rootfs.join("bin").join(name)).map_err(|e| io(program, e))?;
+    Ok(())
+}

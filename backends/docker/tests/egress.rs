@@ -15,34 +15,6 @@ mod common;
 
 const CURL_IMAGE: &str = "sandcell-test/busybox-curl:latest";
 
-/// Copies `program` and every library `ldd` names for it into `rootfs`, at the same
-/// paths, so it runs there.
-fn copy_with_libraries(program: &Path, rootfs: &Path) {
-    let ldd = std::process::Command::new("ldd")
-        .arg(program)
-        .output()
-        .unwrap();
-    let listing = String::from_utf8_lossy(&ldd.stdout);
-    let mut files = vec![program.to_path_buf()];
-    for line in listing.lines() {
-        // `libz.so.1 => /lib/x86_64-linux-gnu/libz.so.1 (0x...)` or `/lib64/ld-linux... (0x...)`
-        let path = line
-            .split("=>")
-            .last()
-            .and_then(|rest| rest.split_whitespace().next())
-            .filter(|p| p.starts_with('/'));
-        if let Some(path) = path {
-            files.push(path.into());
-        }
-    }
-    for file in files {
-        let target = rootfs.join(file.strip_prefix("/").unwrap());
-        std::fs::create_dir_all(target.parent().unwrap()).unwrap();
-        // Follow links: the image gets the file itself under the linked name.
-        std::fs::copy(&file, &target).unwrap();
-    }
-}
-
 async fn curl_image() {
     static READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
     READY
@@ -57,9 +29,7 @@ async fn curl_image() {
                 curl.is_file(),
                 "the egress tests need curl on this host (apt-get install curl)"
             );
-            copy_with_libraries(curl, &rootfs);
-            // The container's PATH finds it in /bin.
-            std::fs::rename(rootfs.join("usr/bin/curl"), rootfs.join("bin/curl")).unwrap();
+            sandcell_docker::testing::copy_host_program(curl, &rootfs).unwrap();
             // Always afresh: the host's curl may have changed.
             DockerBackend::builder()
                 .template("curl", ImageSpec::import(&rootfs, CURL_IMAGE))

@@ -390,7 +390,13 @@ impl SandboxBackend for RemoteBackend {
 
     fn capabilities(&self) -> Capabilities {
         match &self.inner.server {
-            Some(server) => server.capabilities,
+            Some(server) => {
+                let mut caps = server.capabilities;
+                // The served backend's allowlist applies (the spec travels whole), but
+                // changing it is not carried over the wire yet.
+                caps.network_update = false;
+                caps
+            }
             None => {
                 // A plain Fly Machines endpoint: machines have the network, a guest
                 // size, and nothing else a spec can ask for. Its restart wipes the root
