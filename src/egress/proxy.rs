@@ -24,7 +24,7 @@ const RELAY_BUFFER: usize = 256 * 1024;
 /// Hosts counted one by one; beyond this many the rest share one entry, so a sandbox
 /// asking for endless names cannot grow the proxy's memory.
 const MAX_COUNTED_HOSTS: usize = 1024;
-/// The entry hosts beyond [`MAX_COUNTED_HOSTS`] are counted under.
+/// The entry hosts beyond the first 1,024 counted are counted under.
 pub const OTHER_HOSTS: &str = "(other hosts)";
 
 /// The response header that says why the proxy refused a connection.
