@@ -201,13 +201,8 @@ async fn serve_bulk(listener: TcpListener) {
         };
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            let mut head = Vec::new();
-            let mut buf = [0u8; 1024];
-            while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
-                match stream.read(&mut buf).await {
-                    Ok(0) | Err(_) => return,
-                    Ok(n) => head.extend_from_slice(&buf[..n]),
-                }
+            if !read_head(&mut stream).await {
+                return;
             }
             let response = format!(
                 "HTTP/1.1 200 OK\r\ncontent-length: {BULK_BYTES}\r\nconnection: close\r\n\r\n"
@@ -226,15 +221,23 @@ async fn serve_bulk(listener: TcpListener) {
     }
 }
 
-/// Reads one request head and answers `body`, closing the connection.
-async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, body: &str) {
+/// Reads a request head (up to 16 KiB); `false` if the client went away first.
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> bool {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
         match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return,
+            Ok(0) | Err(_) => return false,
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
+    }
+    true
+}
+
+/// Reads one request head and answers `body`, closing the connection.
+async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, body: &str) {
+    if !read_head(&mut stream).await {
+        return;
     }
     let response = format!(
         "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",

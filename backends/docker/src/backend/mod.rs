@@ -254,6 +254,18 @@ impl DockerBackend {
         info
     }
 
+    /// Serves the way out of an allowlisted sandbox made by a backend in another
+    /// (earlier) process, unless this one already does.
+    fn adopt_egress(&self, id: &SandboxId) -> Result<()> {
+        let config = &self.inner.config;
+        crate::egress::adopt(
+            &self.inner.egress,
+            &config.runtime_dir,
+            id,
+            &config.egress_hosts,
+        )
+    }
+
     fn forget(&self, id: &SandboxId) {
         lock(&self.inner.clients).remove(id);
         lock(&self.inner.settings).remove(id);
@@ -636,14 +648,7 @@ impl SandboxBackend for DockerBackend {
         request.check_supported(&self.capabilities())?;
         let settings = self.settings(id).await?;
         self.check_not_paused(id)?;
-        // A backend in a new process serves the way out of sandboxes made before.
-        let config = &self.inner.config;
-        crate::egress::adopt(
-            &self.inner.egress,
-            &config.runtime_dir,
-            id,
-            &config.egress_hosts,
-        )?;
+        self.adopt_egress(id)?;
         if request.timeout.is_none() {
             request.timeout = settings.command_timeout;
         }
@@ -798,12 +803,7 @@ impl SandboxBackend for DockerBackend {
                 "sandbox {id} was not created with an allowlist; only such a sandbox can change it"
             )));
         }
-        crate::egress::adopt(
-            &self.inner.egress,
-            &config.runtime_dir,
-            id,
-            &config.egress_hosts,
-        )?;
+        self.adopt_egress(id)?;
         crate::egress::update(&self.inner.egress, &config.runtime_dir, id, entries)
     }
 }
