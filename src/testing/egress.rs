@@ -306,7 +306,8 @@ where
 /// With the [`allowlist`], the sandbox reaches host A by name over HTTP and HTTPS, and
 /// nothing else: not B by name or address, not B by a connection that ignores the
 /// proxy, not the host's loopback through a name under the wildcard that resolves to
-/// it (DNS rebinding) or directly. Refusals are 403s naming the reason, and the
+/// it (DNS rebinding) or directly (ADVERSARIAL 33: a host loopback service is denied).
+/// Refusals are 403s naming the reason, and the
 /// sandbox's metrics count them. Where the backend claims `network_update`, a new list
 /// applies to the next connection.
 pub async fn allowlist_is_enforced(b: &dyn SandboxBackend, base: SandboxSpec, world: &EgressWorld) {
