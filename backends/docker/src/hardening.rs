@@ -28,6 +28,8 @@ pub(crate) struct ContainerSettings {
     pub(crate) agent: bool,
     pub(crate) output_bytes: Option<usize>,
     pub(crate) command_timeout: Option<Duration>,
+    /// Created with `Network::Allowlist`: its way out is an egress proxy on this host.
+    pub(crate) allowlist: bool,
 }
 
 impl ContainerSettings {
@@ -44,6 +46,7 @@ impl ContainerSettings {
                 .get(LABEL_COMMAND_TIMEOUT_MS)
                 .and_then(|v| v.parse().ok())
                 .map(Duration::from_millis),
+            allowlist: labels.get(LABEL_NETWORK).map(String::as_str) == Some("allowlist"),
         })
     }
 }
