@@ -13,6 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -48,6 +49,9 @@ pub struct EgressWorld {
     pub loopback: u16,
     /// Host A's port that answers [`BULK_BYTES`] zero bytes over HTTP (for benches).
     pub a_bulk: u16,
+    /// Host B's UDP port, which counts the datagrams it receives.
+    pub b_udp: u16,
+    udp_datagrams: Arc<AtomicUsize>,
     ca_pem: String,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
@@ -111,8 +115,22 @@ impl EgressWorld {
             .expect("listening for bulk downloads");
         let a_bulk = bulk.local_addr().expect("local address").port();
         tasks.push(tokio::spawn(serve_bulk(bulk)));
+        let udp = tokio::net::UdpSocket::bind(SocketAddr::from((HOST_B, 0)))
+            .await
+            .expect("a UDP socket on B");
+        let b_udp = udp.local_addr().expect("local address").port();
+        let udp_datagrams = Arc::new(AtomicUsize::new(0));
+        let seen = udp_datagrams.clone();
+        tasks.push(tokio::spawn(async move {
+            let mut buf = [0u8; 2048];
+            while udp.recv_from(&mut buf).await.is_ok() {
+                seen.fetch_add(1, Ordering::SeqCst);
+            }
+        }));
         EgressWorld {
             a_bulk,
+            b_udp,
+            udp_datagrams,
             a_http,
             a_https,
             b_http,
@@ -130,6 +148,27 @@ impl EgressWorld {
             ("b.test".to_owned(), vec![IpAddr::V4(HOST_B)]),
             (REBOUND.to_owned(), vec![IpAddr::V4(Ipv4Addr::LOCALHOST)]),
         ])
+    }
+
+    /// How many UDP datagrams host B has received.
+    pub fn udp_datagrams(&self) -> usize {
+        self.udp_datagrams.load(Ordering::SeqCst)
+    }
+
+    /// Serves [`BODY_B`] on host B at `port` too (with `SO_REUSEPORT`, so scenarios
+    /// running at once can each ask for the same port) until the handle is aborted.
+    pub fn b_also_on(&self, port: u16) -> tokio::task::JoinHandle<()> {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket.set_reuseport(true).expect("SO_REUSEPORT");
+        socket
+            .bind(SocketAddr::from((HOST_B, port)))
+            .unwrap_or_else(|e| panic!("listening on {HOST_B}:{port}: {e}"));
+        let listener = socket.listen(64).expect("listening");
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                tokio::spawn(answer(stream, BODY_B));
+            }
+        })
     }
 
     /// The test CA's certificate, for `curl --cacert`.
@@ -383,6 +422,31 @@ pub async fn allowlist_is_enforced(b: &dyn SandboxBackend, base: SandboxSpec, wo
             !seen.body.contains(BODY_LOOPBACK),
             "host loopback is out of reach: {seen:?}"
         );
+        // The one port the sandbox may connect to leads to the proxy alone, not to the
+        // same port on another host.
+        let port = proxy_port(b, id).await;
+        let b_on_proxy_port = world.b_also_on(port);
+        let seen = fetch(b, id, "--noproxy '*'", &format!("http://{HOST_B}:{port}/")).await;
+        b_on_proxy_port.abort();
+        assert!(
+            seen.exit != 0 && !seen.body.contains(BODY_B),
+            "B on the proxy's port is out of reach: {seen:?}"
+        );
+        // No UDP either (TFTP is curl's UDP protocol).
+        let before = world.udp_datagrams();
+        let seen = fetch(
+            b,
+            id,
+            "--noproxy '*' -m 3",
+            &format!("tftp://{HOST_B}:{}/x", world.b_udp),
+        )
+        .await;
+        assert_ne!(seen.exit, 0, "{seen:?}");
+        assert_eq!(
+            world.udp_datagrams(),
+            before,
+            "no datagram reaches B: {seen:?}"
+        );
 
         if b.capabilities().metrics {
             let egress = b.metrics(id).await.expect("metrics").egress;
@@ -422,8 +486,21 @@ pub async fn allowlist_is_enforced(b: &dyn SandboxBackend, base: SandboxSpec, wo
     eprintln!("egress[{}]: allowlist_is_enforced", b.name());
 }
 
+/// The port of the proxy the sandbox's `HTTP_PROXY` names.
+async fn proxy_port(b: &dyn SandboxBackend, id: &SandboxId) -> u16 {
+    let out = b
+        .run_shell(id, "printf %s \"$HTTP_PROXY\"")
+        .await
+        .expect("reading HTTP_PROXY");
+    let url = out.stdout_str();
+    url.rsplit(':')
+        .next()
+        .and_then(|p| p.trim_end_matches('/').parse().ok())
+        .unwrap_or_else(|| panic!("HTTP_PROXY is a proxy URL with a port: {url:?}"))
+}
+
 /// `Network::None` reaches neither host; `Network::Full` (where claimed) reaches both
-/// by address.
+/// by address (and B's UDP port: the check that no datagram arrives elsewhere can fail).
 pub async fn none_and_full_hold(b: &dyn SandboxBackend, base: SandboxSpec, world: &EgressWorld) {
     let a = format!("http://{HOST_A}:{}/", world.a_http);
     let bb = format!("http://{HOST_B}:{}/", world.b_http);
@@ -434,6 +511,10 @@ pub async fn none_and_full_hold(b: &dyn SandboxBackend, base: SandboxSpec, world
                 let seen = fetch(b, &id, "", url).await;
                 assert_ne!(seen.exit, 0, "Network::None reaches nothing: {seen:?}");
             }
+            let before = world.udp_datagrams();
+            let tftp = format!("tftp://{HOST_B}:{}/x", world.b_udp);
+            let seen = fetch(b, &id, "-m 2", &tftp).await;
+            assert_eq!(world.udp_datagrams(), before, "no datagram: {seen:?}");
         }
     })
     .await;
@@ -443,6 +524,13 @@ pub async fn none_and_full_hold(b: &dyn SandboxBackend, base: SandboxSpec, world
             assert_eq!(seen.body, BODY_A, "Network::Full reaches A: {seen:?}");
             let seen = fetch(b, &id, "--noproxy '*'", &bb).await;
             assert_eq!(seen.body, BODY_B, "Network::Full reaches B: {seen:?}");
+            let before = world.udp_datagrams();
+            let tftp = format!("tftp://{HOST_B}:{}/x", world.b_udp);
+            let seen = fetch(b, &id, "--noproxy '*' -m 2", &tftp).await;
+            assert!(
+                world.udp_datagrams() > before,
+                "Network::Full sends B a datagram: {seen:?}"
+            );
         })
         .await;
     }

@@ -19,9 +19,11 @@ use sandcell::{
 use crate::cgroup::CgroupRoots;
 use crate::config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};
 use crate::contained::Workspace;
+use crate::egress::Listener;
 use crate::layout::{SandboxDir, SandboxMeta};
 use crate::materialize;
 use crate::process::{self, Launch, DEFAULT_PATH};
+use crate::sys::SocketFilter;
 
 /// Sandboxes as directories under a root, with processes in their own process groups.
 ///
@@ -122,14 +124,23 @@ impl LocalBackend {
         capabilities.network_isolation = config.isolation != Isolation::None;
         capabilities.network_full = true;
         // An allowlist needs a network of the sandbox's own whose only way out is the
-        // egress proxy's listener.
-        capabilities.network_allowlist = config.isolation == Isolation::Namespaces;
+        // egress proxy's listener, or at Landlock the kernel narrowing the host's to it:
+        // Landlock's TCP rules (ABI 4) and a connect filter on the sandbox's cgroup.
+        let cgroups = CgroupRoots::detect();
+        capabilities.network_allowlist = match config.isolation {
+            Isolation::Namespaces => true,
+            Isolation::Landlock => {
+                probed.landlock_abi.is_some_and(|abi| abi >= 4)
+                    && cgroups.available()
+                    && crate::sys::connect_filters_load().is_ok()
+            }
+            Isolation::None => false,
+        };
         capabilities.network_update = capabilities.network_allowlist;
         capabilities.incremental_snapshot = !matches!(
             config.workspace,
             WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace
         );
-        let cgroups = CgroupRoots::detect();
         let limits = cgroups.enforces_limits();
         capabilities.cpu_limit = limits;
         capabilities.memory_limit = limits;
@@ -187,7 +198,13 @@ impl LocalBackend {
 
     /// The sandbox's Landlock ruleset, built on first use: the paths it names never
     /// change, and one ruleset can be enforced by any number of children.
-    fn ruleset(&self, id: &SandboxId, abi: u32, dir: &SandboxDir) -> Result<Arc<OwnedFd>> {
+    fn ruleset(
+        &self,
+        id: &SandboxId,
+        abi: u32,
+        dir: &SandboxDir,
+        egress_port: Option<u16>,
+    ) -> Result<Arc<OwnedFd>> {
         if let Some(fd) = self.lock_rulesets().get(id) {
             return Ok(fd.clone());
         }
@@ -195,6 +212,7 @@ impl LocalBackend {
             abi,
             &self.inner.probed.read_rules,
             &[dir.workspace(), dir.tmp()],
+            egress_port,
         )?);
         self.lock_rulesets().insert(id.clone(), fd.clone());
         Ok(fd)
@@ -236,6 +254,7 @@ impl LocalBackend {
                     cgroups: cgroups.clone(),
                     ns_init: None,
                     ns_user: false,
+                    egress_port: None,
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
@@ -251,33 +270,70 @@ impl LocalBackend {
             result
         })
         .await?;
-        if self.inner.config.isolation == Isolation::Namespaces {
-            let tools = self.namespace_tools()?;
-            let started = match start_namespaces(tools, &dir, &mut meta).await {
-                Ok(()) => self.serve_egress(&meta),
-                Err(e) => Err(e),
-            };
-            if let Err(e) = started {
-                let _ = self.destroy(&meta.id).await;
-                return Err(e);
+        let started = match self.inner.config.isolation {
+            Isolation::Namespaces => {
+                let tools = self.namespace_tools()?;
+                match start_namespaces(tools, &dir, &mut meta).await {
+                    Ok(()) => self.serve_egress(&meta),
+                    Err(e) => Err(e),
+                }
             }
+            Isolation::Landlock if matches!(meta.spec.network, sandcell::Network::Allowlist(_)) => {
+                self.start_host_egress(&dir, &mut meta)
+            }
+            _ => Ok(()),
+        };
+        if let Err(e) = started {
+            let _ = self.destroy(&meta.id).await;
+            return Err(e);
         }
         Ok(meta)
+    }
+
+    /// At `Isolation::Landlock`: the egress listener on the host's loopback, the
+    /// sandbox's cgroup narrowed to it, its port recorded.
+    fn start_host_egress(&self, dir: &SandboxDir, meta: &mut SandboxMeta) -> Result<()> {
+        let cgroups = meta.cgroups.as_ref().ok_or_else(|| {
+            Error::unsupported("an allowlist at Isolation::Landlock needs a cgroup v2 of its own")
+        })?;
+        let port = crate::egress::start_on_host(
+            &self.inner.egress,
+            &meta.id,
+            &meta.spec.network,
+            &cgroups.unified,
+            &self.inner.config.egress_hosts,
+        )?;
+        meta.egress_port = Some(port);
+        dir.write_meta(meta)
+    }
+
+    /// Where the egress listener of an allowlisted sandbox is, if it has one.
+    fn egress_listener<'a>(&'a self, meta: &SandboxMeta) -> Result<Option<Listener<'a>>> {
+        if !matches!(meta.spec.network, sandcell::Network::Allowlist(_)) {
+            return Ok(None);
+        }
+        Ok(match (meta.ns_init, meta.egress_port) {
+            (Some(init), _) => Some(Listener::Namespace {
+                init,
+                join_user_ns: meta.ns_user,
+                noop: &self.namespace_tools()?.noop,
+            }),
+            (None, Some(port)) => Some(Listener::HostPort(port)),
+            (None, None) => None,
+        })
     }
 
     /// Serves the egress proxy of an allowlisted sandbox from this process, unless it
     /// already does (or another process does).
     fn serve_egress(&self, meta: &SandboxMeta) -> Result<()> {
-        let Some(init) = meta.ns_init else {
+        let Some(listener) = self.egress_listener(meta)? else {
             return Ok(());
         };
         crate::egress::ensure(
             &self.inner.egress,
             &meta.id,
             &meta.spec.network,
-            init,
-            meta.ns_user,
-            &self.namespace_tools()?.noop,
+            listener,
             &self.inner.config.egress_hosts,
         )
     }
@@ -576,7 +632,8 @@ impl SandboxBackend for LocalBackend {
     async fn set_network(&self, id: &SandboxId, network: &sandcell::Network) -> Result<()> {
         if !self.inner.capabilities.network_update {
             return Err(Error::unsupported(
-                "backend local changes a sandbox's allowlist only at Isolation::Namespaces",
+                "backend local changes a sandbox's allowlist only where it enforces one \
+                 (Isolation::Namespaces, or Landlock with TCP rules and cgroup v2)",
             ));
         }
         let sandcell::Network::Allowlist(entries) = network else {
@@ -673,8 +730,6 @@ impl SandboxBackend for LocalBackend {
                     ));
                 }
                 program_exists(&argv[0], &cwd)?;
-                // Another process may have made the sandbox: serve its way out here too.
-                self.serve_egress(&meta)?;
                 let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
                 let rel = SandboxPath::new(&rel.to_string_lossy())?;
                 let tools = self.namespace_tools()?;
@@ -695,13 +750,15 @@ impl SandboxBackend for LocalBackend {
                 dir.tmp().display().to_string(),
             ),
         };
+        // Another process may have made the sandbox: serve its way out here too.
+        self.serve_egress(&meta)?;
         let mut env = BTreeMap::new();
         env.insert("PATH".to_owned(), DEFAULT_PATH.to_owned());
         env.insert("HOME".to_owned(), home);
         env.insert("TMPDIR".to_owned(), tmp);
         env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
-        if matches!(meta.spec.network, sandcell::Network::Allowlist(_)) {
-            env.extend(sandcell::egress::proxy_env(crate::egress::PROXY_ADDR));
+        if let Some(listener) = self.egress_listener(&meta)? {
+            env.extend(sandcell::egress::proxy_env(&listener.proxy_addr()));
         }
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
@@ -715,8 +772,17 @@ impl SandboxBackend for LocalBackend {
             _ => Vec::new(),
         };
         let landlock = match self.inner.probed.landlock_abi {
-            Some(abi) => Some(self.ruleset(id, abi, &dir)?),
+            Some(abi) => Some(self.ruleset(id, abi, &dir, meta.egress_port)?),
             None => None,
+        };
+        // Namespaced sandboxes have a network namespace of their own instead.
+        let sockets = match (&meta.spec.network, meta.ns_init) {
+            (_, Some(_)) => SocketFilter::Any,
+            (sandcell::Network::None, None) => SocketFilter::NoNetwork,
+            (sandcell::Network::Allowlist(_), None) => SocketFilter::TcpOnly,
+            (sandcell::Network::Full, None) => SocketFilter::Any,
+            // A kind of network this backend does not know yet gets none.
+            (_, None) => SocketFilter::NoNetwork,
         };
         let (process, pgid) = process::spawn(Launch {
             wrapped: meta.ns_init.is_some(),
@@ -734,8 +800,7 @@ impl SandboxBackend for LocalBackend {
                 cgroup_procs,
                 landlock,
                 max_file_bytes: meta.spec.limits.disk_bytes,
-                // Namespaced sandboxes have a network namespace of their own instead.
-                no_network: meta.spec.network == sandcell::Network::None && meta.ns_init.is_none(),
+                sockets,
                 // Without a cgroup, what leaves the group stays beneath the command.
                 subreaper: meta.cgroups.is_none() && meta.ns_init.is_none(),
                 // `process::spawn` sets the session up for a terminal.

@@ -18,6 +18,8 @@ const READ_DIR: u64 = 1 << 3;
 const ABI1_ALL: u64 = (1 << 13) - 1;
 const REFER: u64 = 1 << 13;
 const TRUNCATE: u64 = 1 << 14;
+/// `LANDLOCK_ACCESS_NET_CONNECT_TCP` (ABI 4).
+const CONNECT_TCP: u64 = 1 << 1;
 
 /// Device files every program expects to open for writing.
 const WRITABLE_DEVICES: &[&str] = &[
@@ -141,8 +143,14 @@ impl ReadRules {
 
 /// A ruleset for one sandbox process: read and execute per `read`, everything beneath
 /// `writable`, read and write on the usual device files; on ABI 6 and later, no
-/// abstract Unix sockets from outside (the host's services that listen on one).
-pub(crate) fn ruleset(abi: u32, read: &ReadRules, writable: &[PathBuf]) -> Result<OwnedFd> {
+/// abstract Unix sockets from outside (the host's services that listen on one). With
+/// `connect_only_to` (ABI 4 and later), TCP connections to that port alone.
+pub(crate) fn ruleset(
+    abi: u32,
+    read: &ReadRules,
+    writable: &[PathBuf],
+    connect_only_to: Option<u16>,
+) -> Result<OwnedFd> {
     let mut handled = ABI1_ALL;
     if abi >= 2 {
         handled |= REFER;
@@ -156,8 +164,21 @@ pub(crate) fn ruleset(abi: u32, read: &ReadRules, writable: &[PathBuf]) -> Resul
         0
     };
     let file_write = WRITE_FILE | READ_FILE | (handled & TRUNCATE);
-    let fd = sys::landlock_create_ruleset(handled, scoped)
+    let handled_net = if connect_only_to.is_some() {
+        CONNECT_TCP
+    } else {
+        0
+    };
+    let fd = sys::landlock_create_ruleset(handled, handled_net, scoped)
         .map_err(|e| Error::io("creating a Landlock ruleset", e.into()))?;
+    if let Some(port) = connect_only_to {
+        sys::landlock_add_port_rule(fd.as_fd(), port, CONNECT_TCP).map_err(|e| {
+            Error::io(
+                format_args!("adding a Landlock rule for TCP port {port}"),
+                e.into(),
+            )
+        })?;
+    }
     // Read rules were worked out when the backend was built: one whose path has gone
     // since grants nothing, and is skipped.
     for path in &read.list {

@@ -36,6 +36,10 @@ pub(crate) struct SandboxMeta {
     /// Whether those namespaces include a user namespace of their own to join.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) ns_user: bool,
+    /// At `Isolation::Landlock` with an allowlist: the port of the egress listener on
+    /// the host's loopback, the one place the sandbox may connect to.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) egress_port: Option<u16>,
 }
 
 impl SandboxMeta {

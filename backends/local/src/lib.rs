@@ -21,6 +21,7 @@
 //! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
 //! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
 //! | network isolation | at `Landlock` (no IPv4, IPv6 or packet sockets) and `Namespaces` (a network namespace of its own) |
+//! | network allowlists | at `Namespaces`, and at `Landlock` as root with cgroup v2 and Landlock ABI 4 (TCP only, to the egress proxy's port, by Landlock and a connect filter on the cgroup) |
 //!
 //! Isolation levels:
 //! - [`Isolation::Landlock`], the default: processes may write only beneath their

@@ -1,6 +1,6 @@
 //! The crate's only `unsafe`: raw system calls without a safe wrapper (Landlock,
-//! seccomp), work done in the child between `fork` and `exec`, and passing a
-//! descriptor over a Unix socket.
+//! seccomp, cgroup BPF), work done in the child between `fork` and `exec`, and passing
+//! a descriptor over a Unix socket.
 
 #![allow(unsafe_code)]
 
@@ -15,6 +15,7 @@ const SYS_LANDLOCK_ADD_RULE: libc::c_long = 445;
 const SYS_LANDLOCK_RESTRICT_SELF: libc::c_long = 446;
 const LANDLOCK_CREATE_RULESET_VERSION: u32 = 1;
 const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+const LANDLOCK_RULE_NET_PORT: libc::c_int = 2;
 
 /// `struct landlock_path_beneath_attr` (packed in the kernel's ABI).
 #[repr(C, packed)]
@@ -46,21 +47,32 @@ pub(crate) fn landlock_abi() -> Result<u32, Errno> {
     }
 }
 
-/// Creates a ruleset that handles the filesystem rights in `handled_access_fs` and,
-/// when `scoped` is not zero (ABI 6 and later), scopes the sandbox's IPC by it.
+/// `struct landlock_net_port_attr`.
+#[repr(C)]
+struct NetPort {
+    allowed_access: u64,
+    port: u64,
+}
+
+/// Creates a ruleset that handles the filesystem rights in `handled_access_fs`, the
+/// network rights in `handled_access_net` (ABI 4 and later, when not zero) and, when
+/// `scoped` is not zero (ABI 6 and later), scopes the sandbox's IPC by it.
 pub(crate) fn landlock_create_ruleset(
     handled_access_fs: u64,
+    handled_access_net: u64,
     scoped: u64,
 ) -> Result<OwnedFd, Errno> {
     // `struct landlock_ruleset_attr`: fs rights, net rights (ABI 4), scopes (ABI 6).
-    // Passing only the first field's size is valid on every ABI version; the whole
-    // struct only where the kernel knows its last field.
-    let attr: [u64; 3] = [handled_access_fs, 0, scoped];
-    let size = if scoped == 0 {
-        std::mem::size_of::<u64>()
+    // A prefix of the struct is valid on every ABI version that knows its last field.
+    let attr: [u64; 3] = [handled_access_fs, handled_access_net, scoped];
+    let fields = if scoped != 0 {
+        3
+    } else if handled_access_net != 0 {
+        2
     } else {
-        std::mem::size_of_val(&attr)
+        1
     };
+    let size = fields * std::mem::size_of::<u64>();
     // SAFETY: `attr` lives across the call and the size passed is at most its own; the
     // kernel returns a new descriptor we then own, or -1.
     let r = unsafe { libc::syscall(SYS_LANDLOCK_CREATE_RULESET, attr.as_ptr(), size, 0u32) };
@@ -99,6 +111,47 @@ pub(crate) fn landlock_add_path_rule(
     }
 }
 
+/// Allows `access` (TCP rights) on `port`.
+pub(crate) fn landlock_add_port_rule(
+    ruleset: BorrowedFd<'_>,
+    port: u16,
+    access: u64,
+) -> Result<(), Errno> {
+    let attr = NetPort {
+        allowed_access: access,
+        port: u64::from(port),
+    };
+    // SAFETY: the descriptor is borrowed and open for the call; `attr` outlives it and
+    // has the kernel's layout.
+    let r = unsafe {
+        libc::syscall(
+            SYS_LANDLOCK_ADD_RULE,
+            ruleset.as_raw_fd(),
+            LANDLOCK_RULE_NET_PORT,
+            &attr as *const NetPort,
+            0u32,
+        )
+    };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// Which sockets a sandbox process may open, enforced by seccomp.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SocketFilter {
+    /// Any (the network is the sandbox's own, or it has the host's on purpose).
+    #[default]
+    Any,
+    /// No IPv4, IPv6 or packet sockets: [`NO_NETWORK`].
+    NoNetwork,
+    /// IPv4 and IPv6 only as TCP, which Landlock's port rules and the cgroup's connect
+    /// filter govern: [`TCP_ONLY`].
+    TcpOnly,
+}
+
 /// What the child does before it execs.
 #[derive(Debug, Default)]
 pub(crate) struct ChildSetup {
@@ -108,9 +161,9 @@ pub(crate) struct ChildSetup {
     pub(crate) landlock: Option<std::sync::Arc<OwnedFd>>,
     /// Largest file the process may write (`RLIMIT_FSIZE`), from `Limits::disk_bytes`.
     pub(crate) max_file_bytes: Option<u64>,
-    /// Cut the process off the network with [`NO_NETWORK`] (for `Network::None`
-    /// below `Isolation::Namespaces`).
-    pub(crate) no_network: bool,
+    /// The sockets the process may open (narrowed for `Network::None` and
+    /// `Network::Allowlist` below `Isolation::Namespaces`).
+    pub(crate) sockets: SocketFilter,
     /// Make the command a child subreaper, so what it starts and then orphans (a double
     /// fork, `setsid ... &` whose parent exits) stays beneath it while it runs, where a
     /// timeout or kill finds it. For sandboxes without cgroups.
@@ -179,6 +232,40 @@ static NO_NETWORK: [libc::sock_filter; 13] = {
     ]
 };
 
+/// Like [`NO_NETWORK`], but IPv4 and IPv6 sockets are allowed as TCP: type
+/// `SOCK_STREAM` (flags aside) with protocol 0 or `IPPROTO_TCP`, so neither UDP, ICMP,
+/// raw sockets, SCTP nor MPTCP, which Landlock's TCP rules do not govern.
+static TCP_ONLY: [libc::sock_filter; 19] = {
+    const LD_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    const JGE: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
+    const AND: u32 = libc::BPF_ALU | libc::BPF_AND | libc::BPF_K;
+    const RET: u32 = libc::BPF_RET | libc::BPF_K;
+    /// `SOCK_TYPE_MASK`: the type without `SOCK_NONBLOCK` and `SOCK_CLOEXEC`.
+    const TYPE_MASK: u32 = 0xf;
+    [
+        /* 0 */ stmt(LD_ABS, 4),
+        /* 1 */ jump(JEQ, AUDIT_ARCH_NATIVE, 1, 0),
+        /* 2 */ stmt(RET, DENY),
+        /* 3 */ stmt(LD_ABS, 0),
+        /* 4 */ jump(JGE, X32_SYSCALL_BIT, 13, 0),
+        /* 5 */ jump(JEQ, libc::SYS_io_uring_setup as u32, 12, 0),
+        /* 6 */ jump(JEQ, libc::SYS_socket as u32, 0, 10),
+        /* 7 */ stmt(LD_ABS, 16),
+        /* 8 */ jump(JEQ, libc::AF_PACKET as u32, 9, 0),
+        /* 9 */ jump(JEQ, libc::AF_INET as u32, 1, 0),
+        /* 10 */ jump(JEQ, libc::AF_INET6 as u32, 0, 6),
+        /* 11 */ stmt(LD_ABS, 24),
+        /* 12 */ stmt(AND, TYPE_MASK),
+        /* 13 */ jump(JEQ, libc::SOCK_STREAM as u32, 0, 4),
+        /* 14 */ stmt(LD_ABS, 32),
+        /* 15 */ jump(JEQ, 0, 1, 0),
+        /* 16 */ jump(JEQ, libc::IPPROTO_TCP as u32, 0, 1),
+        /* 17 */ stmt(RET, SECCOMP_RET_ALLOW),
+        /* 18 */ stmt(RET, DENY),
+    ]
+};
+
 /// Makes the child join the sandbox's cgroups, drop core dumps and enforce its Landlock
 /// ruleset before it execs, so not even its first instruction runs outside them (moving
 /// it after `spawn` returns would race a fast `fork`).
@@ -215,7 +302,12 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
             if setup.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            if setup.landlock.is_some() || setup.no_network {
+            let filter: &[libc::sock_filter] = match setup.sockets {
+                SocketFilter::Any => &[],
+                SocketFilter::NoNetwork => &NO_NETWORK,
+                SocketFilter::TcpOnly => &TCP_ONLY,
+            };
+            if setup.landlock.is_some() || !filter.is_empty() {
                 rustix::thread::set_no_new_privs(true)?;
             }
             if let Some(ruleset) = &setup.landlock {
@@ -223,10 +315,10 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
                     return Err(std::io::Error::last_os_error());
                 }
             }
-            if setup.no_network {
+            if !filter.is_empty() {
                 let program = libc::sock_fprog {
-                    len: NO_NETWORK.len() as u16,
-                    filter: NO_NETWORK.as_ptr().cast_mut(),
+                    len: filter.len() as u16,
+                    filter: filter.as_ptr().cast_mut(),
                 };
                 let set_filter = 1u32; // SECCOMP_SET_MODE_FILTER
                 let program: *const libc::sock_fprog = &program;
@@ -237,6 +329,156 @@ pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) 
             Ok(())
         });
     }
+}
+
+const BPF_PROG_LOAD: libc::c_long = 5;
+const BPF_PROG_ATTACH: libc::c_long = 8;
+const BPF_PROG_TYPE_CGROUP_SOCK_ADDR: u32 = 18;
+const BPF_CGROUP_INET4_CONNECT: u32 = 10;
+const BPF_CGROUP_INET6_CONNECT: u32 = 11;
+
+/// `struct bpf_insn`: opcode, destination and source registers (4 bits each), offset,
+/// immediate.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct BpfInsn {
+    code: u8,
+    regs: u8,
+    off: i16,
+    imm: i32,
+}
+
+const fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> BpfInsn {
+    BpfInsn {
+        code,
+        regs: (src << 4) | dst,
+        off,
+        imm,
+    }
+}
+
+/// The head of `union bpf_attr` as `BPF_PROG_LOAD` reads it, up to
+/// `expected_attach_type`; the kernel takes a shorter attribute as zero-filled.
+#[repr(C)]
+struct ProgLoad {
+    prog_type: u32,
+    insn_cnt: u32,
+    insns: u64,
+    license: u64,
+    log_level: u32,
+    log_size: u32,
+    log_buf: u64,
+    kern_version: u32,
+    prog_flags: u32,
+    prog_name: [u8; 16],
+    prog_ifindex: u32,
+    expected_attach_type: u32,
+}
+
+/// `union bpf_attr` as `BPF_PROG_ATTACH` reads it.
+#[repr(C)]
+struct ProgAttach {
+    target_fd: u32,
+    attach_bpf_fd: u32,
+    attach_type: u32,
+    attach_flags: u32,
+}
+
+/// A `connect(2)` filter for IPv4 (`struct bpf_sock_addr`'s `user_ip4` at offset 4 and
+/// `user_port` at 24, both in network byte order): allow `127.0.0.1:port` only.
+fn connect4_only_to(port: u16) -> [BpfInsn; 8] {
+    const LDX_W: u8 = 0x61; // BPF_LDX | BPF_W | BPF_MEM
+    const JNE_K: u8 = 0x55; // BPF_JMP | BPF_JNE | BPF_K
+    const MOV_K: u8 = 0xb7; // BPF_ALU64 | BPF_MOV | BPF_K
+    const EXIT: u8 = 0x95; // BPF_JMP | BPF_EXIT
+    let ip = u32::from_ne_bytes(std::net::Ipv4Addr::LOCALHOST.octets()) as i32;
+    let [hi, lo] = port.to_be_bytes();
+    let port = u32::from_ne_bytes([hi, lo, 0, 0]) as i32;
+    [
+        insn(LDX_W, 2, 1, 4, 0),
+        insn(JNE_K, 2, 0, 4, ip),
+        insn(LDX_W, 2, 1, 24, 0),
+        insn(JNE_K, 2, 0, 2, port),
+        insn(MOV_K, 0, 0, 0, 1),
+        insn(EXIT, 0, 0, 0, 0),
+        insn(MOV_K, 0, 0, 0, 0),
+        insn(EXIT, 0, 0, 0, 0),
+    ]
+}
+
+/// A `connect(2)` filter that refuses every connection.
+const REFUSE_ALL: [BpfInsn; 2] = [insn(0xb7, 0, 0, 0, 0), insn(0x95, 0, 0, 0, 0)];
+
+fn bpf<T>(command: libc::c_long, attr: &T) -> Result<libc::c_long, Errno> {
+    // SAFETY: `attr` is a live, initialized `union bpf_attr` prefix of the size passed,
+    // and every pointer in it points at memory that outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_bpf,
+            command,
+            attr as *const T,
+            std::mem::size_of::<T>() as u32,
+        )
+    };
+    if r < 0 {
+        Err(errno())
+    } else {
+        Ok(r)
+    }
+}
+
+fn load_connect_filter(program: &[BpfInsn], attach_type: u32) -> Result<OwnedFd, Errno> {
+    let license = b"GPL\0";
+    let mut name = [0u8; 16];
+    name[..13].copy_from_slice(b"sandcell_conn");
+    let attr = ProgLoad {
+        prog_type: BPF_PROG_TYPE_CGROUP_SOCK_ADDR,
+        insn_cnt: program.len() as u32,
+        insns: program.as_ptr() as u64,
+        license: license.as_ptr() as u64,
+        log_level: 0,
+        log_size: 0,
+        log_buf: 0,
+        kern_version: 0,
+        prog_flags: 0,
+        prog_name: name,
+        prog_ifindex: 0,
+        expected_attach_type: attach_type,
+    };
+    let fd = bpf(BPF_PROG_LOAD, &attr)?;
+    // SAFETY: the kernel just returned this descriptor to us and nothing else owns it.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// Whether this kernel (and this process's privileges) can load the connect filters of
+/// [`restrict_connect`].
+pub(crate) fn connect_filters_load() -> Result<(), Errno> {
+    load_connect_filter(&connect4_only_to(1), BPF_CGROUP_INET4_CONNECT)?;
+    load_connect_filter(&REFUSE_ALL, BPF_CGROUP_INET6_CONNECT)?;
+    Ok(())
+}
+
+/// Attaches filters to the cgroup v2 directory open as `cgroup`, so that every process
+/// in it and beneath it may `connect(2)` (TCP fast open included) to
+/// `127.0.0.1:port` and nowhere else, over IPv4 or IPv6. The filters stay until the
+/// cgroup is removed.
+pub(crate) fn restrict_connect(cgroup: BorrowedFd<'_>, port: u16) -> Result<(), Errno> {
+    for (program, attach_type) in [
+        (&connect4_only_to(port)[..], BPF_CGROUP_INET4_CONNECT),
+        (&REFUSE_ALL[..], BPF_CGROUP_INET6_CONNECT),
+    ] {
+        let prog = load_connect_filter(program, attach_type)?;
+        let attr = ProgAttach {
+            target_fd: cgroup.as_raw_fd() as u32,
+            attach_bpf_fd: prog.as_raw_fd() as u32,
+            attach_type,
+            // No BPF_F_ALLOW_OVERRIDE or BPF_F_ALLOW_MULTI: nothing beneath can attach
+            // a filter of its own in place of this one.
+            attach_flags: 0,
+        };
+        bpf(BPF_PROG_ATTACH, &attr)?;
+    }
+    Ok(())
 }
 
 /// Registers `fd` (non-blocking) with the tokio reactor of the current runtime.
@@ -303,6 +545,16 @@ fn listen_and_send(user_fd: RawFd, net_fd: RawFd, port: u16, chan: RawFd) -> std
             libc::AF_INET,
             libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
             0,
+        ))?;
+        // Connections of an earlier listener in TIME_WAIT must not keep the port;
+        // a listener still open does (EADDRINUSE: another process serves it).
+        let one: libc::c_int = 1;
+        check(libc::setsockopt(
+            sock,
+            libc::SOL_SOCKET,
+            libc::SO_REUSEADDR,
+            std::ptr::addr_of!(one).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         ))?;
         let addr = libc::sockaddr_in {
             sin_family: libc::AF_INET as libc::sa_family_t,

@@ -6,7 +6,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sandcell::testing::egress::{self, EgressWorld};
-use sandcell::{ErrorKind, Network, SandboxBackend, SandboxSpec};
+use sandcell::{ErrorKind, Network, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
 fn backend(root: &std::path::Path, isolation: Isolation) -> Option<LocalBackend> {
@@ -40,47 +40,103 @@ async fn namespaces_enforce_an_allowlist() {
     egress::none_and_full_hold(&b, SandboxSpec::default(), &world).await;
 }
 
-/// The listener survives a reset (the namespaces are made afresh), and destroy stops it.
+/// At each level that enforces an allowlist: a backend in a new process (here, a new
+/// backend over the same root after the first is gone) serves the way out again; the
+/// listener survives a reset (at `Namespaces` the namespaces are made afresh); destroy
+/// stops it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_way_out_follows_reset_and_ends_with_destroy() {
-    let root = tempfile::tempdir().unwrap();
-    let Some(b) = backend(root.path(), Isolation::Namespaces) else {
-        return;
-    };
+async fn the_way_out_follows_a_new_backend_and_reset_and_ends_with_destroy() {
     let world = EgressWorld::start().await;
-    let info = b
-        .create(&SandboxSpec::default().network(egress::allowlist()))
-        .await
-        .unwrap();
     let a = format!("http://a.test:{}/", world.a_http);
-    assert_eq!(
-        egress::fetch(&b, &info.id, "", &a).await.body,
-        egress::BODY_A
-    );
-    b.reset(&info.id).await.unwrap();
-    let seen = egress::fetch(&b, &info.id, "", &a).await;
-    assert_eq!(seen.body, egress::BODY_A, "after reset: {seen:?}");
-    b.destroy(&info.id).await.unwrap();
-    assert!(b.metrics(&info.id).await.is_err());
-}
-
-/// Below `Namespaces` the sandbox shares the host's network, which cannot be narrowed to
-/// a proxy: an allowlist is refused, never silently widened.
-#[tokio::test]
-async fn levels_without_a_network_of_their_own_refuse_an_allowlist() {
-    for isolation in [Isolation::Landlock, Isolation::None] {
+    for isolation in [Isolation::Namespaces, Isolation::Landlock] {
         let root = tempfile::tempdir().unwrap();
-        let Some(b) = backend(root.path(), isolation) else {
+        let Some(first) = backend(root.path(), isolation) else {
             continue;
         };
-        assert!(!b.capabilities().network_allowlist);
-        let err = b
+        if !first.capabilities().network_allowlist {
+            continue;
+        }
+        let info = first
             .create(&SandboxSpec::default().network(egress::allowlist()))
             .await
-            .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
-        assert!(err.to_string().contains("allowlist"), "{err}");
+            .unwrap();
+        assert_eq!(
+            egress::fetch(&first, &info.id, "", &a).await.body,
+            egress::BODY_A
+        );
+        drop(first);
+        // The first backend's proxy task closes its listener when the runtime next polls
+        // the aborted task (a process that exits closes it at once).
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let b = backend(root.path(), isolation).unwrap();
+        let seen = egress::fetch(&b, &info.id, "", &a).await;
+        assert_eq!(
+            seen.body,
+            egress::BODY_A,
+            "{isolation:?}, adopted: {seen:?}"
+        );
+        b.reset(&info.id).await.unwrap();
+        let seen = egress::fetch(&b, &info.id, "", &a).await;
+        assert_eq!(
+            seen.body,
+            egress::BODY_A,
+            "{isolation:?}, after reset: {seen:?}"
+        );
+        let proxy = b
+            .run_shell(&info.id, "printf %s \"${HTTP_PROXY#http://}\"")
+            .await
+            .unwrap()
+            .stdout_str()
+            .into_owned();
+        b.destroy(&info.id).await.unwrap();
+        assert!(b.metrics(&info.id).await.is_err());
+        if isolation == Isolation::Landlock {
+            // Nothing listens on the host's port any more.
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            assert!(
+                tokio::net::TcpStream::connect(&proxy).await.is_err(),
+                "the listener at {proxy} is closed"
+            );
+        }
     }
+}
+
+/// At Landlock the sandbox shares the host's network, narrowed by the kernel to the
+/// proxy's port on loopback: the same scenarios hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn landlock_enforces_an_allowlist() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path(), Isolation::Landlock) else {
+        return;
+    };
+    if !b.capabilities().network_allowlist {
+        // Landlock's TCP rules (Linux 6.7) and a cgroup v2 to filter connects need root.
+        sandcell::testing::require_or_skip(
+            "LANDLOCK_NETWORK",
+            "an allowlist at Isolation::Landlock",
+            Err("no Landlock ABI 4, or no writable cgroup v2".to_owned()),
+        );
+        return;
+    }
+    assert!(b.capabilities().network_update);
+    let world = EgressWorld::start().await;
+    egress::allowlist_is_enforced(&b, SandboxSpec::default(), &world).await;
+    egress::none_and_full_hold(&b, SandboxSpec::default(), &world).await;
+}
+
+/// Without isolation the sandbox has the host's network as it is: an allowlist is
+/// refused, never silently widened.
+#[tokio::test]
+async fn no_isolation_refuses_an_allowlist() {
+    let root = tempfile::tempdir().unwrap();
+    let b = backend(root.path(), Isolation::None).unwrap();
+    assert!(!b.capabilities().network_allowlist);
+    let err = b
+        .create(&SandboxSpec::default().network(egress::allowlist()))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert!(err.to_string().contains("allowlist"), "{err}");
     // A malformed list is InvalidInput before anything else.
     let root = tempfile::tempdir().unwrap();
     let b = backend(root.path(), Isolation::None).unwrap();
