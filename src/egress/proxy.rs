@@ -43,6 +43,17 @@ pub struct EgressCount {
     pub denied: u64,
 }
 
+impl EgressCount {
+    /// Counts for `host`.
+    pub fn new(host: &str, allowed: u64, denied: u64) -> Self {
+        EgressCount {
+            host: host.to_owned(),
+            allowed,
+            denied,
+        }
+    }
+}
+
 /// An egress proxy for one sandbox (or several sharing a policy). Cheap to clone: the
 /// clones share the allowlist and the counts.
 ///
@@ -362,11 +373,9 @@ impl EgressProxy {
         } else {
             OTHER_HOSTS
         };
-        let entry = counts.entry(key.to_owned()).or_insert_with(|| EgressCount {
-            host: key.to_owned(),
-            allowed: 0,
-            denied: 0,
-        });
+        let entry = counts
+            .entry(key.to_owned())
+            .or_insert_with(|| EgressCount::new(key, 0, 0));
         if allowed {
             entry.allowed += 1;
         } else {

@@ -241,6 +241,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             pools: self.pools,
             clock: Clock::new(),
             key_locks: Mutex::new(HashMap::new()),
+            egress_seen: Default::default(),
             events,
             heartbeats: Mutex::new(HashMap::new()),
             last_sweep: Mutex::new(None),

@@ -51,6 +51,10 @@ pub enum EventKind {
     PoolFilled,
     /// A session was forked: its sandbox cloned into a new session (the event's).
     Forked,
+    /// A session's sandbox made connections through its egress proxy: the event's
+    /// `egress` holds the increase per host since the last such event
+    /// ([`SandboxManager::report_egress`](crate::SandboxManager::report_egress)).
+    Egress,
 }
 
 impl EventKind {
@@ -74,6 +78,7 @@ impl EventKind {
             EventKind::SnapshotDeleted => "snapshot_deleted",
             EventKind::PoolFilled => "pool_filled",
             EventKind::Forked => "forked",
+            EventKind::Egress => "egress",
         }
     }
 }
@@ -102,6 +107,10 @@ pub struct ManagerEvent {
     /// The error's kind, for events an error caused (`SnapshotFailed`), serialized by
     /// [`ErrorKind::name`].
     pub error_kind: Option<ErrorKind>,
+    /// For [`EventKind::Egress`]: connections allowed and denied per host since the
+    /// session's last egress event.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub egress: Vec<crate::egress::EgressCount>,
     /// When (by the manager's clock).
     pub at: DateTime<Utc>,
 }
@@ -115,6 +124,7 @@ impl ManagerEvent {
             snapshot_id: None,
             detail: None,
             error_kind: None,
+            egress: Vec::new(),
             at,
         }
     }
@@ -131,6 +141,11 @@ impl ManagerEvent {
 
     pub(crate) fn snapshot(mut self, id: &str) -> Self {
         self.snapshot_id = Some(id.to_owned());
+        self
+    }
+
+    pub(crate) fn egress(mut self, counts: Vec<crate::egress::EgressCount>) -> Self {
+        self.egress = counts;
         self
     }
 

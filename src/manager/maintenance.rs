@@ -191,8 +191,8 @@ impl<B: SandboxBackend> SandboxManager<B> {
                 |inner| async move {
                     let pass = inner.reap_once();
                     pass.instrument(tracing::info_span!("sandcell.reap"))
-                        .await
-                        .map(drop)
+                        .await?;
+                    inner.report_egress().await.map(drop)
                 },
             )));
         }

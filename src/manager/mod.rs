@@ -38,6 +38,7 @@
 
 mod acquire;
 mod builder;
+mod egress;
 mod events;
 mod fork;
 mod handle;
@@ -176,6 +177,8 @@ pub(crate) struct Inner<B: SandboxBackend> {
     pub(crate) background: crate::background::Background,
     /// Services started through handles, with their ports.
     pub(crate) services: crate::services::Services,
+    /// The egress counts last reported per sandbox.
+    pub(crate) egress_seen: egress::EgressSeen,
 }
 
 impl<B: SandboxBackend> Drop for Inner<B> {

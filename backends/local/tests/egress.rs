@@ -146,3 +146,77 @@ async fn no_isolation_refuses_an_allowlist() {
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
 }
+
+/// The manager reports each session's egress as events: the increase per host since
+/// the last report, nothing when nothing changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manager_reports_egress_as_events() {
+    use futures::StreamExt;
+    use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore};
+    use sandcell::{EventKind, SandboxManager, SessionKey};
+
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path(), Isolation::Landlock)
+        .filter(|b| b.capabilities().network_allowlist)
+        .or_else(|| backend(root.path(), Isolation::Namespaces))
+    else {
+        return;
+    };
+    let world = EgressWorld::start().await;
+    let manager = SandboxManager::builder(b)
+        .state_store(std::sync::Arc::new(InMemoryStateStore::new()))
+        .snapshot_store(std::sync::Arc::new(InMemorySnapshotStore::new()))
+        .build()
+        .await
+        .unwrap();
+    let mut events = manager.subscribe();
+    let key = SessionKey::new("acme", "egress").unwrap();
+    let sandbox = manager
+        .acquire(&key, &SandboxSpec::default().network(egress::allowlist()))
+        .await
+        .unwrap();
+    let a = format!("http://a.test:{}/", world.a_http);
+    let b_url = format!("http://b.test:{}/", world.b_http);
+    for url in [&a, &a, &b_url] {
+        egress::fetch(sandbox.backend(), sandbox.id(), "", url).await;
+    }
+    assert_eq!(manager.report_egress().await.unwrap(), 1);
+    let event = next_egress(&mut events).await;
+    assert_eq!(event.session.as_ref(), Some(&key));
+    let count = |host: &str| {
+        event
+            .egress
+            .iter()
+            .find(|c| c.host == host)
+            .map(|c| (c.allowed, c.denied))
+    };
+    assert_eq!(count("a.test"), Some((2, 0)), "{event:?}");
+    assert_eq!(count("b.test"), Some((0, 1)), "{event:?}");
+    // Nothing new: no event.
+    assert_eq!(manager.report_egress().await.unwrap(), 0);
+    egress::fetch(sandbox.backend(), sandbox.id(), "", &a).await;
+    assert_eq!(manager.report_egress().await.unwrap(), 1);
+    let event = next_egress(&mut events).await;
+    assert_eq!(event.egress.len(), 1, "{event:?}");
+    assert_eq!(
+        (event.egress[0].host.as_str(), event.egress[0].allowed),
+        ("a.test", 1)
+    );
+    drop(sandbox);
+    manager
+        .release(&key, sandcell::ReleaseMode::Destroy)
+        .await
+        .unwrap();
+
+    async fn next_egress(events: &mut sandcell::manager::EventStream) -> sandcell::ManagerEvent {
+        loop {
+            let event = tokio::time::timeout(std::time::Duration::from_secs(5), events.next())
+                .await
+                .expect("an event in time")
+                .expect("the stream is open");
+            if event.kind == EventKind::Egress {
+                return event;
+            }
+        }
+    }
+}
