@@ -202,9 +202,8 @@ impl SandboxBackend for WireLoop {
         self.live(id).await?.metrics().await
     }
 
-    /// Lifecycle, as create and clone: straight to the served backend.
     async fn set_network(&self, id: &SandboxId, network: &crate::Network) -> Result<()> {
-        self.inner.set_network(id, network).await
+        self.live(id).await?.set_network(network).await
     }
 
     async fn clone_sandbox(

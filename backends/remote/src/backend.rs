@@ -390,13 +390,9 @@ impl SandboxBackend for RemoteBackend {
 
     fn capabilities(&self) -> Capabilities {
         match &self.inner.server {
-            Some(server) => {
-                let mut caps = server.capabilities;
-                // The served backend's allowlist applies (the spec travels whole), but
-                // changing it is not carried over the wire yet.
-                caps.network_update = false;
-                caps
-            }
+            // The served backend's: the spec travels whole, and every per-sandbox
+            // operation (a new allowlist included) crosses the wire.
+            Some(server) => server.capabilities,
             None => {
                 // A plain Fly Machines endpoint: machines have the network, a guest
                 // size, and nothing else a spec can ask for. Its restart wipes the root
@@ -670,6 +666,22 @@ impl SandboxBackend for RemoteBackend {
         let info = info_of(&machine)?;
         crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec));
         Ok(info)
+    }
+
+    async fn set_network(&self, id: &SandboxId, network: &Network) -> Result<()> {
+        match self.route(id).await? {
+            Route::Wire(wire) => wire.set_network(network).await?,
+            Route::Exec(_) => {
+                return Err(Error::unsupported(
+                    "a plain Fly endpoint cannot change a machine's network",
+                ))
+            }
+        }
+        // The spec this client knows follows.
+        if let Some(spec) = crate::lock(&self.inner.specs).get_mut(id) {
+            Arc::make_mut(spec).network = network.clone();
+        }
+        Ok(())
     }
 
     async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {

@@ -245,6 +245,15 @@ impl WireClient {
     pub async fn metrics(&self) -> Result<SandboxMetrics> {
         self.simple(Call::Metrics).await
     }
+
+    /// Changes the sandbox's network allowlist (see
+    /// [`SandboxBackend::set_network`](crate::SandboxBackend::set_network)).
+    pub async fn set_network(&self, network: &crate::Network) -> Result<()> {
+        self.simple(Call::SetNetwork {
+            network: network.clone(),
+        })
+        .await
+    }
 }
 
 /// One open request: its id and the frames arriving for it.

@@ -61,6 +61,10 @@ pub(crate) enum Call {
     },
     /// A resource reading of the sandbox.
     Metrics,
+    /// Change the sandbox's network allowlist.
+    SetNetwork {
+        network: crate::Network,
+    },
 }
 
 /// A call's result: `{"ok": value}` or `{"err": {...}}`.

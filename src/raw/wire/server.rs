@@ -208,6 +208,7 @@ async fn handle(
             Err(e) => reply(Err(e)),
         },
         Call::Metrics => reply(value(backend.metrics(sandbox).await)),
+        Call::SetNetwork { network } => reply(value(backend.set_network(sandbox, &network).await)),
     }
 }
 

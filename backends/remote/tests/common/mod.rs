@@ -42,6 +42,15 @@ pub(crate) async fn serve_local() -> TestServer {
 pub(crate) async fn serve_local_with(config: ServerConfig) -> TestServer {
     let root = tempfile::tempdir().unwrap();
     let local = LocalBackend::builder().root(root.path()).build().unwrap();
+    serve_built(local, root, config).await
+}
+
+/// Serves `local` (whose root is `root`) on `127.0.0.1:<any>` with `config`.
+pub(crate) async fn serve_built(
+    local: LocalBackend,
+    root: tempfile::TempDir,
+    config: ServerConfig,
+) -> TestServer {
     let backend: Arc<dyn SandboxBackend> = Arc::new(local.clone());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
