@@ -61,6 +61,13 @@ impl fmt::Display for Rule {
     }
 }
 
+impl Rule {
+    /// The port the rule is limited to, if any.
+    pub fn port(&self) -> Option<u16> {
+        self.port
+    }
+}
+
 impl Allowlist {
     /// Parses the entries of a `Network::Allowlist`; a malformed one is
     /// `InvalidInput`, naming it.

@@ -29,8 +29,12 @@ fn gated_specs(base: &SandboxSpec, host_dir: &std::path::Path) -> Vec<(&'static 
         ("network (full)", base.clone().network(Network::Full)),
         (
             "network (allowlist)",
-            base.clone()
-                .network(Network::Allowlist(vec!["example.com:443".to_owned()])),
+            // Names and ranges without ports: every allowlist syntax E2B's rules share.
+            base.clone().network(Network::Allowlist(vec![
+                "example.com".to_owned(),
+                "*.example.org".to_owned(),
+                "192.0.2.0/24".to_owned(),
+            ])),
         ),
         (
             "mounts",

@@ -32,12 +32,45 @@ pub struct NewSandbox {
     /// Whether the sandbox may reach the internet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_internet_access: Option<bool>,
+    /// Egress rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkConfig>,
     /// Free-form metadata, listed and filtered on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
     /// Environment variables of every command.
     #[serde(rename = "envVars", default, skip_serializing_if = "Option::is_none")]
     pub env_vars: Option<BTreeMap<String, String>>,
+}
+
+/// A sandbox's egress rules (`SandboxNetworkConfig`), and the body of
+/// `PUT /sandboxes/{id}/network` (`SandboxNetworkUpdateConfig`, which adds
+/// `allow_internet_access`). Allowed destinations win over denied ones.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+#[serde(default)]
+pub struct NetworkConfig {
+    /// Destinations egress may reach: CIDR blocks, addresses, names, `*.` wildcards.
+    #[serde(rename = "allowOut", skip_serializing_if = "Option::is_none")]
+    pub allow_out: Option<Vec<String>>,
+    /// CIDR blocks or addresses egress may not reach.
+    #[serde(rename = "denyOut", skip_serializing_if = "Option::is_none")]
+    pub deny_out: Option<Vec<String>>,
+    /// Whether the sandbox's URLs answer without authentication (ingress; sandcell
+    /// does not serve them, and ignores this).
+    #[serde(rename = "allowPublicTraffic", skip_serializing_if = "Option::is_none")]
+    pub allow_public_traffic: Option<bool>,
+    /// An egress proxy of the caller's (not supported by sandcell-server).
+    #[serde(rename = "egressProxy", skip_serializing_if = "Option::is_none")]
+    pub egress_proxy: Option<serde_json::Value>,
+    /// A host mask for requests (not supported by sandcell-server).
+    #[serde(rename = "maskRequestHost", skip_serializing_if = "Option::is_none")]
+    pub mask_request_host: Option<String>,
+    /// Per-domain request transforms (not supported by sandcell-server).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rules: Option<serde_json::Value>,
+    /// Only in an update: `false` denies everything not allowed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allow_internet_access: Option<bool>,
 }
 
 /// `POST /sandboxes/{id}/connect` (and `/v2/...`): resumes a paused sandbox and
@@ -121,6 +154,9 @@ pub struct SandboxDetail {
     /// Its metadata.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metadata: Option<BTreeMap<String, String>>,
+    /// Its egress rules, where it has any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NetworkConfig>,
     /// The token envd calls carry (only in `GET /sandboxes/{id}`).
     #[serde(
         rename = "envdAccessToken",

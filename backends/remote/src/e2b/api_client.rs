@@ -8,7 +8,8 @@ use reqwest::Method;
 use sandcell::{Error, ErrorKind, Result};
 
 use super::api::{
-    ConnectSandbox, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxTimeout,
+    ConnectSandbox, NetworkConfig, NewSandbox, Sandbox, SandboxDetail, SandboxMetric,
+    SandboxTimeout,
 };
 use crate::http::{Body, Call, Class, Http};
 
@@ -182,6 +183,16 @@ impl ApiClient {
         let path = format!("/sandboxes/{}/timeout", encode(id));
         self.http
             .send(call(Method::POST, path, Body::Json(&body), true))
+            .await
+            .map(drop)
+    }
+
+    /// Replaces a running sandbox's egress rules.
+    pub(crate) async fn set_network(&self, id: &str, config: &NetworkConfig) -> Result<()> {
+        let body = json(config, "network rules")?;
+        let path = format!("/sandboxes/{}/network", encode(id));
+        self.http
+            .send(call(Method::PUT, path, Body::Json(&body), true))
             .await
             .map(drop)
     }

@@ -221,7 +221,14 @@ fn info_of(detail: &SandboxDetail) -> Result<SandboxInfo> {
         "paused" => SandboxStatus::Paused,
         _ => SandboxStatus::Running,
     };
-    let spec = spec_of(detail);
+    let mut spec = spec_of(detail);
+    // The rules in force, where the API reports them (a network update changes them,
+    // not the metadata).
+    if let Some(network) = &detail.network {
+        if let Ok(now) = super::network::from_e2b(None, Some(network)) {
+            spec.network = now;
+        }
+    }
     let mut info = SandboxInfo::new(id, "e2b", &spec, status);
     info.labels = detail
         .metadata
@@ -370,6 +377,10 @@ impl SandboxBackend for E2bBackend {
         caps.pause = true;
         caps.network_isolation = true;
         caps.network_full = true;
+        // `network.allowOut` with everything else denied, changed by
+        // `PUT /sandboxes/{id}/network`.
+        caps.network_allowlist = true;
+        caps.network_update = true;
         caps.symlinks = true;
         caps.interactive_exec = true;
         caps.pty = true;
@@ -396,12 +407,14 @@ impl SandboxBackend for E2bBackend {
         } else {
             spec.template.clone()
         };
+        let (allow_internet_access, network) = super::network::to_e2b(&spec.network)?;
         let body = NewSandbox {
             template_id: template,
             timeout: Some(self.timeout_seconds()),
             auto_pause: self.inner.config.auto_pause.then_some(true),
             secure: Some(true),
-            allow_internet_access: Some(spec.network != Network::None),
+            allow_internet_access: Some(allow_internet_access),
+            network,
             metadata: Some(metadata),
             env_vars: (!envs.is_empty()).then_some(envs),
         };
@@ -454,6 +467,22 @@ impl SandboxBackend for E2bBackend {
 
     async fn pause(&self, id: &SandboxId) -> Result<()> {
         self.inner.api.pause(id.as_str()).await
+    }
+
+    async fn set_network(&self, id: &SandboxId, network: &Network) -> Result<()> {
+        let Network::Allowlist(_) = network else {
+            return Err(Error::unsupported(format!(
+                "set_network takes an allowlist, not network {:?}",
+                network.mode()
+            )));
+        };
+        let (_, Some(config)) = super::network::to_e2b(network)? else {
+            return Err(Error::new(
+                ErrorKind::Backend,
+                "an allowlist maps to E2B network rules",
+            ));
+        };
+        self.inner.api.set_network(id.as_str(), &config).await
     }
 
     async fn resume(&self, id: &SandboxId) -> Result<()> {

@@ -1,6 +1,5 @@
 //! The Fly Machines routes: create, list, get, wait, suspend/stop/start/restart, destroy.
 
-use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::extract::{Extension, Query, State};
@@ -208,24 +207,7 @@ fn label_machine(spec: &mut SandboxSpec, app: &str, request: &CreateMachineReque
 fn machine_of(state: &Shared, info: &SandboxInfo) -> Machine {
     let stopped = crate::lock(&state.stopped).contains(&info.id);
     let machine_state = MachineState::of(info.status, stopped);
-    let mut metadata: BTreeMap<String, String> = info
-        .labels
-        .iter()
-        .filter(|(k, _)| !k.starts_with("sandcell.server."))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    // The spec recorded at create, with the network in force now (`set_network` may
-    // have changed it since).
-    if let Some(json) = metadata.get_mut(SPEC_METADATA) {
-        if let Ok(mut spec) = serde_json::from_str::<SandboxSpec>(json) {
-            if spec.network != info.network {
-                spec.network = info.network.clone();
-                if let Ok(updated) = serde_json::to_string(&spec) {
-                    *json = updated;
-                }
-            }
-        }
-    }
+    let metadata = super::client_metadata(info);
     let created = info.created_at.to_rfc3339();
     Machine {
         id: info.id.to_string(),

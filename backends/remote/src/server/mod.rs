@@ -44,6 +44,29 @@ pub(crate) use tenants::Caller;
 
 /// The prefix of every label the server sets; a client's labels with it are dropped.
 pub(crate) const SERVER_LABEL_PREFIX: &str = "sandcell.server.";
+
+/// A sandbox's metadata as a client sees it: its labels without the server's own, and
+/// the spec the client recorded at create ([`SPEC_METADATA`](crate::protocol::SPEC_METADATA))
+/// with the network in force now (`set_network` may have changed it since).
+pub(crate) fn client_metadata(info: &SandboxInfo) -> std::collections::BTreeMap<String, String> {
+    let mut metadata: std::collections::BTreeMap<String, String> = info
+        .labels
+        .iter()
+        .filter(|(k, _)| !k.starts_with(SERVER_LABEL_PREFIX))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if let Some(json) = metadata.get_mut(crate::protocol::SPEC_METADATA) {
+        if let Ok(mut spec) = serde_json::from_str::<sandcell::SandboxSpec>(json) {
+            if spec.network != info.network {
+                spec.network = info.network.clone();
+                if let Ok(updated) = serde_json::to_string(&spec) {
+                    *json = updated;
+                }
+            }
+        }
+    }
+    metadata
+}
 /// Label naming the app a machine belongs to.
 pub(crate) const APP_LABEL: &str = "sandcell.server.app";
 /// Label holding a machine's unique name.

@@ -1,7 +1,7 @@
 //! E2B's control plane over the backend: create, list, get, kill, timeouts, pause and
 //! resume (connect), metrics; and the reaper that ends sandboxes whose time is up.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -11,16 +11,16 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use chrono::{DateTime, Utc};
 use sandcell::{
-    Error, ErrorKind, LabelSelector, Network, SandboxId, SandboxInfo, SandboxSpec, SandboxStatus,
+    Error, ErrorKind, LabelSelector, SandboxId, SandboxInfo, SandboxSpec, SandboxStatus,
 };
 
 use super::{access_token, E2bError, E2bResult, E2B_APP};
 use crate::e2b::api::{
-    NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxTimeout, ENVD_VERSION,
+    NetworkConfig, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxTimeout, ENVD_VERSION,
 };
 use crate::lock;
 use crate::server::{machine, machines, tenants, AppState, Caller, PathParams, Shared};
-use crate::server::{APP_LABEL, NAME_LABEL, SERVER_LABEL_PREFIX};
+use crate::server::{APP_LABEL, NAME_LABEL};
 
 /// Label holding when a sandbox's time is up (RFC 3339), as its create set it.
 const END_LABEL: &str = "sandcell.server.e2b.end_at";
@@ -165,9 +165,8 @@ pub(super) async fn create(
     let mut spec = SandboxSpec::new(template);
     spec.env = request.env_vars.clone().unwrap_or_default();
     spec.labels = request.metadata.clone().unwrap_or_default();
-    if request.allow_internet_access == Some(false) {
-        spec.network = Network::None;
-    }
+    spec.network =
+        crate::e2b::network::from_e2b(request.allow_internet_access, request.network.as_ref())?;
     tenants::claim(&mut spec, &caller.0, state.backend.as_ref());
     let end = Utc::now() + seconds(request.timeout.unwrap_or(DEFAULT_TIMEOUT));
     let labels = [
@@ -221,12 +220,7 @@ fn detail_of(state: &Shared, info: &SandboxInfo, token: Option<String>) -> Sandb
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    let metadata: BTreeMap<String, String> = info
-        .labels
-        .iter()
-        .filter(|(k, _)| !k.starts_with(SERVER_LABEL_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
+    let metadata = crate::server::client_metadata(info);
     let end = state.e2b.lifetimes.end_of(info).unwrap_or(info.created_at);
     SandboxDetail {
         template_id: template_of(info),
@@ -240,6 +234,8 @@ fn detail_of(state: &Shared, info: &SandboxInfo, token: Option<String>) -> Sandb
         disk_size_mb: 0,
         state: state_of(info).to_owned(),
         metadata: Some(metadata),
+        // Only a sandbox's own view has its rules (`SandboxDetail`; not a listing's).
+        network: None,
         envd_access_token: token,
     }
 }
@@ -259,7 +255,9 @@ pub(super) async fn get(
 ) -> E2bResult<Json<SandboxDetail>> {
     let info = owned(&state, &caller, &id).await?;
     let token = access_token(&caller.0.token, &info.id);
-    Ok(Json(detail_of(&state, &info, Some(token))))
+    let mut detail = detail_of(&state, &info, Some(token));
+    detail.network = crate::e2b::network::view_of(&info.network);
+    Ok(Json(detail))
 }
 
 /// `DELETE /sandboxes/{id}`: `204`, and `404` once gone.
@@ -302,6 +300,21 @@ pub(super) async fn pause(
         )));
     }
     state.backend.pause(&info.id).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+/// `PUT /sandboxes/{id}/network`: replaces a running sandbox's egress rules. Only an
+/// allowlist can become another allowlist (what `set_network` promises); a change to
+/// or from the full network, or to none, is refused.
+pub(super) async fn set_network(
+    State(state): State<AppState>,
+    Extension(caller): Extension<Caller>,
+    PathParams(id): PathParams<String>,
+    Body(request): Body<NetworkConfig>,
+) -> E2bResult<Response> {
+    let info = owned(&state, &caller, &id).await?;
+    let network = crate::e2b::network::from_e2b(None, Some(&request))?;
+    state.backend.set_network(&info.id, &network).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

@@ -37,7 +37,7 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::{Json, Router};
 use sandcell::{Error, ErrorKind, SandboxId, SandboxInfo, SandboxStatus};
 
@@ -64,6 +64,7 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
         .route("/sandboxes/{id}", get(control::get).delete(control::kill))
         .route("/sandboxes/{id}/timeout", post(control::set_timeout))
         .route("/sandboxes/{id}/pause", post(control::pause))
+        .route("/sandboxes/{id}/network", put(control::set_network))
         .route("/sandboxes/{id}/connect", post(control::connect))
         .route("/v2/sandboxes/{id}/connect", post(control::connect))
         .route("/sandboxes/{id}/resume", post(control::connect))
