@@ -85,7 +85,9 @@ pub(crate) fn from_e2b(
     })
 }
 
-/// What a sandbox's view reports of `network` (nothing for the full network).
+/// What a sandbox's view reports of `network` (nothing for the full network): the
+/// server's answer.
+#[cfg(any(feature = "server", test))]
 pub(crate) fn view_of(network: &Network) -> Option<NetworkConfig> {
     match network {
         Network::None => Some(NetworkConfig {
