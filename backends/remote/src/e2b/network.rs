@@ -37,7 +37,12 @@ pub(crate) fn to_e2b(network: &Network) -> Result<(bool, Option<NetworkConfig>)>
                 }),
             ))
         }
-        _ => Ok((true, None)),
+        Network::Full => Ok((true, None)),
+        // A kind of network this mapping does not know is refused, not made full.
+        other => Err(Error::unsupported(format!(
+            "network {:?} has no E2B equivalent",
+            other.mode()
+        ))),
     }
 }
 
