@@ -2,13 +2,16 @@
 //! the proxy (a `Network::Allowlist` sandbox) against the same download without it (a
 //! `Network::Full` sandbox), and the time of one HTTPS request each way. curl in the
 //! sandbox times itself (`time_total`), so process start-up is left out; the two sides
-//! alternate, and each figure is the median of `SANDCELL_BENCH_ROUNDS` rounds (9).
+//! alternate, and each figure is the median of `SANDCELL_BENCH_ROUNDS` rounds (9). The
+//! download comes from this machine as fast as it goes, and paced to the speed of a
+//! network link (see `LINKS`).
 //!
 //! ```sh
 //! cargo bench --features testing --bench egress      # as root: namespaces, loopback addresses
 //! ```
 //!
-//! The local backend runs at `Isolation::Namespaces`; Docker runs when an engine answers
+//! The local backend runs at `Isolation::Namespaces` and, where the host allows an
+//! allowlist there, `Isolation::Landlock`; Docker runs when an engine answers
 //! and `SANDCELL_DOCKER_AGENT` names the static agent (see `.ci/run`).
 
 // A bench reports failures by panicking.
@@ -16,6 +19,16 @@
 
 use sandcell::testing::egress::{EgressWorld, BULK_BYTES, HOST_A};
 use sandcell::{Network, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
+
+/// The servers the download comes from: the same machine as fast as it goes (the
+/// proxy's own ceiling, where every relayed byte costs a second TCP connection's
+/// work on the same cores), and a server behind a link of a given speed (bytes per
+/// second), as a download from the internet is.
+const LINKS: [(&str, Option<u64>); 3] = [
+    ("this machine, unpaced", None),
+    ("a 4 Gbit/s link", Some(500_000_000)),
+    ("a 1 Gbit/s link", Some(125_000_000)),
+];
 
 fn rounds() -> usize {
     std::env::var("SANDCELL_BENCH_ROUNDS")
@@ -64,26 +77,32 @@ async fn measure(name: &str, b: &dyn SandboxBackend, world: &EgressWorld) {
             .await
             .unwrap();
     }
-    let through = format!("http://a.test:{}/bulk", world.a_bulk);
-    let direct = format!("http://{HOST_A}:{}/bulk", world.a_bulk);
     let tls = format!("https://a.test:{}/", world.a_https);
     let pin = format!("--resolve a.test:{}:{HOST_A}", world.a_https);
-    let (mut proxied, mut plain, mut tls_proxied, mut tls_plain) = (vec![], vec![], vec![], vec![]);
+    let mut proxied = vec![Vec::new(); LINKS.len()];
+    let mut plain = vec![Vec::new(); LINKS.len()];
+    let (mut tls_proxied, mut tls_plain) = (vec![], vec![]);
     for round in 0..rounds() {
         let mut sides = [true, false];
         if round % 2 == 1 {
             sides.reverse();
         }
         for via_proxy in sides {
-            if via_proxy {
-                let (s, n) = curl(b, &allow.id, "", &through).await;
+            for (i, (_, pace)) in LINKS.iter().enumerate() {
+                let query = pace.map_or(String::new(), |rate| format!("?bytes_per_second={rate}"));
+                let (sandbox, host, options, samples) = if via_proxy {
+                    (&allow.id, "a.test".to_owned(), "", &mut proxied[i])
+                } else {
+                    (&full.id, HOST_A.to_string(), "--noproxy '*'", &mut plain[i])
+                };
+                let url = format!("http://{host}:{}/bulk{query}", world.a_bulk);
+                let (s, n) = curl(b, sandbox, options, &url).await;
                 assert_eq!(n as usize, BULK_BYTES);
-                proxied.push(s);
+                samples.push(s);
+            }
+            if via_proxy {
                 tls_proxied.push(curl(b, &allow.id, "--cacert ca.pem", &tls).await.0);
             } else {
-                let (s, n) = curl(b, &full.id, "--noproxy '*'", &direct).await;
-                assert_eq!(n as usize, BULK_BYTES);
-                plain.push(s);
                 let options = format!("--noproxy '*' --cacert ca.pem {pin}");
                 tls_plain.push(curl(b, &full.id, &options, &tls).await.0);
             }
@@ -92,16 +111,18 @@ async fn measure(name: &str, b: &dyn SandboxBackend, world: &EgressWorld) {
     b.destroy(&allow.id).await.unwrap();
     b.destroy(&full.id).await.unwrap();
     let mb = BULK_BYTES as f64 / 1e6;
-    let (p, d) = (median(proxied), median(plain));
+    for (i, (link, _)) in LINKS.iter().enumerate() {
+        let (p, d) = (median(proxied[i].clone()), median(plain[i].clone()));
+        println!(
+            "{name}: 100 MiB download from {link}: through the proxy {:.0} MB/s ({:.3} s), direct {:.0} MB/s ({:.3} s): throughput ratio {:.2}x",
+            mb / p,
+            p,
+            mb / d,
+            d,
+            d / p
+        );
+    }
     let (tp, td) = (median(tls_proxied), median(tls_plain));
-    println!(
-        "{name}: 100 MiB download: through the proxy {:.0} MB/s ({:.3} s), direct {:.0} MB/s ({:.3} s): throughput ratio {:.2}x",
-        mb / p,
-        p,
-        mb / d,
-        d,
-        d / p
-    );
     println!(
         "{name}: one HTTPS request: through the proxy {:.2} ms, direct {:.2} ms: +{:.2} ms",
         tp * 1e3,
@@ -118,17 +139,24 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         let world = EgressWorld::start().await;
-        let root = tempfile::tempdir().unwrap();
-        let mut builder = sandcell_local::LocalBackend::builder()
-            .root(root.path())
-            .isolation(sandcell_local::Isolation::Namespaces);
-        for (name, addrs) in EgressWorld::hosts() {
-            builder = builder.egress_host(name, addrs);
+        for (name, isolation) in [
+            ("local (namespaces)", sandcell_local::Isolation::Namespaces),
+            ("local (landlock)", sandcell_local::Isolation::Landlock),
+        ] {
+            let root = tempfile::tempdir().unwrap();
+            let mut builder = sandcell_local::LocalBackend::builder()
+                .root(root.path())
+                .isolation(isolation);
+            for (host, addrs) in EgressWorld::hosts() {
+                builder = builder.egress_host(host, addrs);
+            }
+            let local = builder.build().expect("the isolation level (as root)");
+            if local.capabilities().network_allowlist {
+                measure(name, &local, &world).await;
+            } else {
+                println!("{name}: skipped (no allowlist at this level on this host)");
+            }
         }
-        let local = builder
-            .build()
-            .expect("Isolation::Namespaces (bubblewrap, root)");
-        measure("local (namespaces)", &local, &world).await;
 
         let agent = std::env::var_os("SANDCELL_DOCKER_AGENT");
         let probe = sandcell_docker::DockerBackend::builder().build().unwrap();

@@ -9,11 +9,13 @@
 
 mod allowlist;
 mod proxy;
+mod relay;
 mod served;
 mod sni;
 
 pub use allowlist::{is_private, Allowlist, Rule};
 pub use proxy::{EgressCount, EgressProxy, DENIED_HEADER, OTHER_HOSTS};
+pub use relay::{relay, Socket};
 pub use served::ServedProxies;
 
 /// The environment that points a sandbox's tools at a proxy listening on `addr` inside

@@ -11,6 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::allowlist::{is_private, normalize_name, Allowlist};
+use super::relay::{self, Socket};
 use super::sni::{self, Hello};
 
 /// The largest request head the proxy reads.
@@ -212,7 +213,7 @@ impl EgressProxy {
 
     fn spawn_accepting<S, A, F>(&self, mut accept: A) -> tokio::task::JoinHandle<()>
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+        S: Socket + AsyncRead + AsyncWrite + Unpin + 'static,
         A: FnMut() -> F + Send + 'static,
         F: std::future::Future<Output = std::io::Result<S>> + Send,
     {
@@ -228,7 +229,7 @@ impl EgressProxy {
                             continue;
                         };
                         let proxy = proxy.clone();
-                        connections.spawn(async move { proxy.serve(client).await });
+                        connections.spawn(async move { proxy.serve_socket(client).await });
                     }
                     Some(_) = connections.join_next(), if !connections.is_empty() => {}
                 }
@@ -242,57 +243,124 @@ impl EgressProxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send,
     {
-        let Ok(Ok(Some((head, rest)))) =
-            tokio::time::timeout(CLIENT_PATIENCE, read_head(&mut client)).await
-        else {
-            let _ = respond(&mut client, 400, "the request head is missing or too long").await;
+        let Some(admitted) = self.admit(&mut client).await else {
             return;
+        };
+        let (mut client_read, client_write) = tokio::io::split(client);
+        let (upstream_read, mut upstream_write) = admitted.upstream.into_split();
+        // The server may speak first (SSH, SMTP): its direction runs from the start.
+        let mut down = std::pin::pin!(copy(upstream_read, client_write));
+        let mut first = admitted.first;
+        if let Some(port) = admitted.sni_port {
+            let check = async {
+                let mut buf = [0u8; 4096];
+                loop {
+                    if let Some(verdict) = self.judge_hello(&first, port) {
+                        return verdict;
+                    }
+                    match client_read.read(&mut buf).await {
+                        Ok(0) | Err(_) => return false,
+                        Ok(n) => first.extend_from_slice(&buf[..n]),
+                    }
+                }
+            };
+            if !self.until_checked(check, &mut down).await {
+                return;
+            }
+        }
+        if upstream_write.write_all(&first).await.is_err() {
+            return;
+        }
+        tokio::join!(copy(client_read, upstream_write), down);
+    }
+
+    /// [`serve`](Self::serve) for a socket: the same, but the relay splices (see
+    /// [`relay`](super::relay)).
+    async fn serve_socket<S>(&self, mut client: S)
+    where
+        S: Socket + AsyncRead + AsyncWrite + Unpin,
+    {
+        let Some(admitted) = self.admit(&mut client).await else {
+            return;
+        };
+        let upstream = &admitted.upstream;
+        let mut down = std::pin::pin!(relay::pump(upstream, &client));
+        let mut first = admitted.first;
+        if let Some(port) = admitted.sni_port {
+            let check = async {
+                let mut buf = [0u8; 4096];
+                loop {
+                    if let Some(verdict) = self.judge_hello(&first, port) {
+                        return verdict;
+                    }
+                    match relay::read_some(&client, &mut buf).await {
+                        Ok(0) | Err(_) => return false,
+                        Ok(n) => first.extend_from_slice(&buf[..n]),
+                    }
+                }
+            };
+            if !self.until_checked(check, &mut down).await {
+                return;
+            }
+        }
+        if relay::write_all(upstream, &first).await.is_err() {
+            return;
+        }
+        let _ = tokio::join!(relay::pump(&client, upstream), down);
+    }
+
+    /// Reads the request, refuses it or connects to where it asked to go. Returns the
+    /// upstream connection with the bytes to send it first.
+    async fn admit<S>(&self, client: &mut S) -> Option<Admitted>
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+    {
+        let Ok(Ok(Some((head, rest)))) =
+            tokio::time::timeout(CLIENT_PATIENCE, read_head(client)).await
+        else {
+            let _ = respond(client, 400, "the request head is missing or too long").await;
+            return None;
         };
         let request = match Request::parse(&head) {
             Ok(request) => request,
             Err(why) => {
-                let _ = respond(&mut client, 400, &why).await;
-                return;
+                let _ = respond(client, 400, &why).await;
+                return None;
             }
         };
         let upstream = match self.open(&request.target).await {
             Ok(upstream) => upstream,
-            Err(Refusal::Denied(why)) => {
-                let _ = respond(&mut client, 403, &why).await;
-                return;
-            }
-            Err(Refusal::Failed(why)) => {
-                let _ = respond(&mut client, 502, &why).await;
-                return;
-            }
-            Err(Refusal::Malformed(why)) => {
-                let _ = respond(&mut client, 400, &why).await;
-                return;
+            Err(refusal) => {
+                let (status, why) = match refusal {
+                    Refusal::Denied(why) => (403, why),
+                    Refusal::Failed(why) => (502, why),
+                    Refusal::Malformed(why) => (400, why),
+                };
+                let _ = respond(client, status, &why).await;
+                return None;
             }
         };
-        if request.connect {
-            if client
-                .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                .await
-                .is_err()
-            {
-                return;
-            }
-            let by_name = request.target.host.parse::<IpAddr>().is_err();
-            self.tunnel(
-                client,
-                upstream,
-                rest,
-                by_name.then_some(request.target.port),
-            )
-            .await;
-        } else {
+        if !request.connect {
             let mut first = request.forwarded_head();
             first.extend_from_slice(&rest);
-            relay(client, upstream, first).await;
+            return Some(Admitted {
+                upstream,
+                first,
+                sni_port: None,
+            });
         }
+        client
+            .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+            .await
+            .ok()?;
+        // A tunnel opened to a name must not be fronted to another.
+        let by_name = request.target.host.parse::<IpAddr>().is_err();
+        Some(Admitted {
+            upstream,
+            first: rest,
+            sni_port: by_name.then_some(request.target.port),
+        })
     }
-
     /// Checks `target` against the allowlist, resolving a name, and connects to the
     /// first address that passes.
     async fn open(&self, target: &Target) -> Result<TcpStream, Refusal> {
@@ -383,72 +451,50 @@ impl EgressProxy {
         }
     }
 
-    /// Relays a `CONNECT` tunnel. When the tunnel was opened to a name (`sni_port`), a
-    /// TLS ClientHello at its start must name a host the allowlist allows on that port.
-    async fn tunnel<S>(&self, client: S, upstream: TcpStream, rest: Vec<u8>, sni_port: Option<u16>)
-    where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
-    {
-        let Some(port) = sni_port else {
-            relay(client, upstream, rest).await;
-            return;
-        };
-        let (mut client_read, client_write) = tokio::io::split(client);
-        let (upstream_read, mut upstream_write) = upstream.into_split();
-        // The server may speak first (SSH, SMTP): its direction runs from the start.
-        let mut down = std::pin::pin!(pump(upstream_read, client_write));
-        let mut first = rest;
-        let check = tokio::time::timeout(CLIENT_PATIENCE, async {
-            loop {
-                match sni::client_hello(&first) {
-                    Hello::Incomplete if first.len() < sni::MAX_RECORD => {
-                        let mut buf = [0u8; 4096];
-                        match client_read.read(&mut buf).await {
-                            Ok(0) | Err(_) => return false,
-                            Ok(n) => first.extend_from_slice(&buf[..n]),
-                        }
-                    }
-                    Hello::Incomplete => return false,
-                    Hello::NotTls | Hello::Nameless => return true,
-                    Hello::Name(name) => {
-                        let allowed = self.allowlist().allows_name(&name, port).is_some();
-                        if !allowed {
-                            self.count(&name, false);
-                        }
-                        return allowed;
-                    }
+    /// Judges the start of a tunnel opened to a name: `None` while a TLS ClientHello
+    /// may still be arriving, then whether the tunnel may go on. A hello must name a
+    /// host the allowlist allows on `port`; anything else than TLS passes.
+    fn judge_hello(&self, first: &[u8], port: u16) -> Option<bool> {
+        match sni::client_hello(first) {
+            Hello::Incomplete if first.len() < sni::MAX_RECORD => None,
+            Hello::Incomplete => Some(false),
+            Hello::NotTls | Hello::Nameless => Some(true),
+            Hello::Name(name) => {
+                let allowed = self.allowlist().allows_name(&name, port).is_some();
+                if !allowed {
+                    self.count(&name, false);
                 }
+                Some(allowed)
             }
-        });
-        let checked = tokio::select! {
-            checked = check => checked.unwrap_or(false),
-            () = &mut down => false,
-        };
-        if !checked || upstream_write.write_all(&first).await.is_err() {
-            return;
         }
-        tokio::join!(pump(client_read, upstream_write), down);
+    }
+
+    /// Runs `check` for at most [`CLIENT_PATIENCE`] while `down` (the upstream's
+    /// direction) runs too: false if it times out, or the upstream closes first.
+    async fn until_checked<C, D>(&self, check: C, down: &mut std::pin::Pin<&mut D>) -> bool
+    where
+        C: std::future::Future<Output = bool>,
+        D: std::future::Future,
+    {
+        let check = tokio::time::timeout(CLIENT_PATIENCE, check);
+        tokio::select! {
+            checked = check => checked.unwrap_or(false),
+            _ = down.as_mut() => false,
+        }
     }
 }
 
-/// Copies both ways until both sides are done, after sending `first` upstream.
-async fn relay<S>(client: S, upstream: TcpStream, first: Vec<u8>)
-where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
-{
-    let (client_read, client_write) = tokio::io::split(client);
-    let (upstream_read, mut upstream_write) = upstream.into_split();
-    if !first.is_empty() && upstream_write.write_all(&first).await.is_err() {
-        return;
-    }
-    tokio::join!(
-        pump(client_read, upstream_write),
-        pump(upstream_read, client_write)
-    );
+/// Admitted: the upstream a request may reach, and what to send it first.
+struct Admitted {
+    upstream: TcpStream,
+    /// The forwarded request head, or bytes that followed a `CONNECT` head.
+    first: Vec<u8>,
+    /// For a tunnel opened to a name, its port: the TLS hello it starts with is judged.
+    sni_port: Option<u16>,
 }
 
 /// Copies `from` to `to` until `from` ends, then closes `to` for writing.
-async fn pump<R, W>(mut from: R, mut to: W)
+async fn copy<R, W>(mut from: R, mut to: W)
 where
     R: AsyncRead + Unpin,
     W: AsyncWrite + Unpin,
@@ -627,6 +673,7 @@ async fn respond<S: AsyncWrite + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tokio::net::UnixStream;
 
     async fn ask(proxy: &EgressProxy, request: &[u8]) -> String {
         let (mut sandbox, proxied) = tokio::io::duplex(64 * 1024);
@@ -773,6 +820,77 @@ mod tests {
             .find(|c| c.host == "b.test")
             .unwrap();
         assert_eq!(b.denied, 1);
+    }
+
+    /// The proxy serving a socket (as its listeners do), which splices.
+    fn serve_unix(proxy: &EgressProxy) -> (UnixStream, tokio::task::JoinHandle<()>) {
+        let (sandbox, proxied) = UnixStream::pair().unwrap();
+        let proxy = proxy.clone();
+        (
+            sandbox,
+            tokio::spawn(async move { proxy.serve_socket(proxied).await }),
+        )
+    }
+
+    #[tokio::test]
+    async fn a_spliced_tunnel_fronted_to_a_denied_name_is_closed() {
+        let (listener, port) = upstream().await;
+        let received = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            let mut got = Vec::new();
+            let _ = s.read_to_end(&mut got).await;
+            got
+        });
+        let rules = [format!("a.test:{port}"), format!("127.0.0.1:{port}")];
+        let proxy = proxy(&[&rules[0], &rules[1]], &[("a.test", "127.0.0.1")]);
+        let (mut sandbox, serving) = serve_unix(&proxy);
+        let mut request = format!("CONNECT a.test:{port} HTTP/1.1\r\n\r\n").into_bytes();
+        request.extend(sni::tests::hello_for(Some("b.test")));
+        sandbox.write_all(&request).await.unwrap();
+        let mut answer = Vec::new();
+        sandbox.read_to_end(&mut answer).await.unwrap();
+        serving.await.unwrap();
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(
+            received.await.unwrap().is_empty(),
+            "nothing reaches upstream"
+        );
+        assert_eq!(proxy.counts().iter().map(|c| c.denied).sum::<u64>(), 1);
+    }
+
+    /// A server that speaks first (SSH, SMTP) through a tunnel opened to a name: its
+    /// banner must arrive while the proxy still waits for the client's first bytes.
+    #[tokio::test]
+    async fn a_spliced_tunnel_carries_a_server_that_speaks_first() {
+        let (listener, port) = upstream().await;
+        let server = tokio::spawn(async move {
+            let (mut s, _) = listener.accept().await.unwrap();
+            s.write_all(b"SSH-2.0-test\r\n").await.unwrap();
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.unwrap();
+            s.write_all(&got).await.unwrap();
+        });
+        let rules = [format!("a.test:{port}"), format!("127.0.0.1:{port}")];
+        let proxy = proxy(&[&rules[0], &rules[1]], &[("a.test", "127.0.0.1")]);
+        let (mut sandbox, serving) = serve_unix(&proxy);
+        sandbox
+            .write_all(format!("CONNECT a.test:{port} HTTP/1.1\r\n\r\n").as_bytes())
+            .await
+            .unwrap();
+        let established = b"HTTP/1.1 200 Connection established\r\n\r\n";
+        let banner = b"SSH-2.0-test\r\n";
+        let mut first = vec![0u8; established.len() + banner.len()];
+        sandbox.read_exact(&mut first).await.unwrap();
+        assert_eq!(&first[..established.len()], established);
+        assert_eq!(&first[established.len()..], banner);
+        sandbox.write_all(b"SSH-2.0-client\r\n").await.unwrap();
+        sandbox.shutdown().await.unwrap();
+        let mut echoed = Vec::new();
+        sandbox.read_to_end(&mut echoed).await.unwrap();
+        assert_eq!(echoed, b"SSH-2.0-client\r\n");
+        server.await.unwrap();
+        serving.await.unwrap();
     }
 
     #[tokio::test]

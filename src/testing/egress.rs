@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpListener;
@@ -47,7 +48,8 @@ pub struct EgressWorld {
     pub b_http: u16,
     /// The loopback service's port on `127.0.0.1`.
     pub loopback: u16,
-    /// Host A's port that answers [`BULK_BYTES`] zero bytes over HTTP (for benches).
+    /// Host A's port that answers [`BULK_BYTES`] zero bytes over HTTP (for benches), as
+    /// fast as it can, or at the rate a query `?bytes_per_second=N` asks for.
     pub a_bulk: u16,
     /// Host B's UDP port, which counts the datagrams it receives.
     pub b_udp: u16,
@@ -232,6 +234,21 @@ async fn serve(
 
 /// How many bytes [`EgressWorld::a_bulk`] answers: 100 MiB.
 pub const BULK_BYTES: usize = 100 << 20;
+/// The bulk server writes this much at a time.
+const BULK_CHUNK: usize = 256 * 1024;
+
+/// The rate a bulk request asks for with `?bytes_per_second=N` (a server behind a
+/// link of that speed), or `None`: as fast as the machine goes.
+fn bulk_pace(head: &str) -> Option<u64> {
+    let target = head.split_whitespace().nth(1)?;
+    let (_, query) = target.split_once('?')?;
+    query
+        .split('&')
+        .find_map(|pair| pair.strip_prefix("bytes_per_second="))?
+        .parse()
+        .ok()
+        .filter(|&rate| rate > 0)
+}
 
 async fn serve_bulk(listener: TcpListener) {
     loop {
@@ -240,19 +257,25 @@ async fn serve_bulk(listener: TcpListener) {
         };
         let _ = stream.set_nodelay(true);
         tokio::spawn(async move {
-            if !read_head(&mut stream).await {
+            let Some(head) = read_head(&mut stream).await else {
                 return;
-            }
+            };
             let response = format!(
                 "HTTP/1.1 200 OK\r\ncontent-length: {BULK_BYTES}\r\nconnection: close\r\n\r\n"
             );
             if stream.write_all(response.as_bytes()).await.is_err() {
                 return;
             }
-            let chunk = vec![0u8; 256 * 1024];
-            for _ in 0..BULK_BYTES / chunk.len() {
+            let pace = bulk_pace(&head);
+            let chunk = vec![0u8; BULK_CHUNK];
+            let started = tokio::time::Instant::now();
+            for sent in 1..=BULK_BYTES / chunk.len() {
                 if stream.write_all(&chunk).await.is_err() {
                     return;
+                }
+                if let Some(bytes_per_second) = pace {
+                    let due = (sent * BULK_CHUNK) as f64 / bytes_per_second as f64;
+                    tokio::time::sleep_until(started + Duration::from_secs_f64(due)).await;
                 }
             }
             let _ = stream.shutdown().await;
@@ -260,22 +283,22 @@ async fn serve_bulk(listener: TcpListener) {
     }
 }
 
-/// Reads a request head (up to 16 KiB); `false` if the client went away first.
-async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> bool {
+/// Reads a request head (up to 16 KiB); `None` if the client went away first.
+async fn read_head<S: AsyncRead + Unpin>(stream: &mut S) -> Option<String> {
     let mut head = Vec::new();
     let mut buf = [0u8; 1024];
     while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 16 * 1024 {
         match stream.read(&mut buf).await {
-            Ok(0) | Err(_) => return false,
+            Ok(0) | Err(_) => return None,
             Ok(n) => head.extend_from_slice(&buf[..n]),
         }
     }
-    true
+    Some(String::from_utf8_lossy(&head).into_owned())
 }
 
 /// Reads one request head and answers `body`, closing the connection.
 async fn answer<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, body: &str) {
-    if !read_head(&mut stream).await {
+    if read_head(&mut stream).await.is_none() {
         return;
     }
     let response = format!(

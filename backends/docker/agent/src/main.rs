@@ -173,21 +173,16 @@ fn serve(
 /// egress proxy at the Unix socket `to`, which decides where it may go.
 async fn relay_egress(listener: tokio::net::TcpListener, to: PathBuf) {
     loop {
-        let Ok((mut client, _)) = listener.accept().await else {
+        let Ok((client, _)) = listener.accept().await else {
             tokio::time::sleep(Duration::from_millis(50)).await;
             continue;
         };
         let to = to.clone();
         tokio::spawn(async move {
             match tokio::net::UnixStream::connect(&to).await {
-                Ok(mut proxy) => {
-                    let _ = tokio::io::copy_bidirectional_with_sizes(
-                        &mut client,
-                        &mut proxy,
-                        64 * 1024,
-                        64 * 1024,
-                    )
-                    .await;
+                // Spliced: the bytes pass through the kernel, not this process.
+                Ok(proxy) => {
+                    let _ = sandcell::egress::relay(&client, &proxy).await;
                 }
                 Err(e) => eprintln!("sandcell-agent: egress proxy {}: {e}", to.display()),
             }
