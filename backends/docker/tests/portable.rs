@@ -1,0 +1,74 @@
+//! Snapshots move between backends: a workspace with nested directories, modes, symlinks,
+//! an empty directory and a 20 MB binary, snapshotted on each of Docker (with the
+//! agent), the local backend and the remote backend (a sandcell-server over
+//! a local backend) and restored on each of the others (`sandcell::testing::portable`).
+
+// Test helpers outside #[test] fns report failures by panicking too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+
+use sandcell::testing::portable;
+use sandcell::{SandboxBackend, SandboxSpec};
+use sandcell_local::LocalBackend;
+use sandcell_remote::server::{serve, ServerConfig};
+use sandcell_remote::{RemoteBackend, RemoteConfig};
+
+mod common;
+
+const TOKEN: &str = "portable-token";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_moves_between_every_pair_of_backends() {
+    if !common::engine_available().await {
+        return;
+    }
+    // File operations (and so snapshots) on Docker go through the agent.
+    let docker = common::backend(true).await;
+    let local_root = tempfile::tempdir().unwrap();
+    let local = LocalBackend::builder()
+        .root(local_root.path())
+        .build()
+        .unwrap();
+    // The remote backend, against a sandcell-server over a local backend of its own.
+    let served_root = tempfile::tempdir().unwrap();
+    let served: Arc<dyn SandboxBackend> = Arc::new(
+        LocalBackend::builder()
+            .root(served_root.path())
+            .build()
+            .unwrap(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let server = tokio::spawn(async move {
+        let _ = serve(
+            listener,
+            served,
+            ServerConfig::new(TOKEN),
+            std::future::pending(),
+        )
+        .await;
+    });
+    let remote = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+
+    let docker_spec = SandboxSpec::default().label(common::TEST_LABEL.0, common::TEST_LABEL.1);
+    let backends: [(&str, &dyn SandboxBackend, SandboxSpec); 3] = [
+        ("docker", &docker, docker_spec),
+        ("local", &local, SandboxSpec::default()),
+        ("remote", &remote, SandboxSpec::default()),
+    ];
+    for (from_name, from, from_spec) in &backends {
+        for (to_name, to, to_spec) in &backends {
+            if from_name == to_name {
+                continue;
+            }
+            eprintln!("snapshot from {from_name} to {to_name}");
+            portable::snapshot_moves(*from, from_spec.clone(), *to, to_spec.clone()).await;
+        }
+    }
+    server.abort();
+    assert!(common::leftovers(&docker).await.is_empty());
+    assert!(local.list(&Default::default()).await.unwrap().is_empty());
+}

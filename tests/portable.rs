@@ -1,0 +1,20 @@
+//! Snapshots move between backends: a workspace with nested directories, modes, symlinks,
+//! an empty directory and a 20 MB binary, snapshotted on the local backend and restored
+//! on the mock, and back (`sandcell::testing::portable`).
+#![cfg(feature = "testing")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use sandcell::testing::{portable, MockBackend};
+use sandcell::{SandboxBackend, SandboxSpec};
+use sandcell_local::LocalBackend;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_snapshot_moves_between_local_and_the_mock_both_ways() {
+    let root = tempfile::tempdir().unwrap();
+    let local = LocalBackend::builder().root(root.path()).build().unwrap();
+    let mock = MockBackend::new();
+    let spec = SandboxSpec::default();
+    portable::snapshot_moves(&local, spec.clone(), &mock, spec.clone()).await;
+    portable::snapshot_moves(&mock, spec.clone(), &local, spec).await;
+    assert!(local.list(&Default::default()).await.unwrap().is_empty());
+}
