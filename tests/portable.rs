@@ -4,8 +4,9 @@
 #![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore};
 use sandcell::testing::{portable, MockBackend};
-use sandcell::{SandboxBackend, SandboxSpec};
+use sandcell::{SandboxBackend, SandboxManager, SandboxSpec, SessionKey};
 use sandcell_local::LocalBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,4 +18,44 @@ async fn a_snapshot_moves_between_local_and_the_mock_both_ways() {
     portable::snapshot_moves(&local, spec.clone(), &mock, spec.clone()).await;
     portable::snapshot_moves(&mock, spec.clone(), &local, spec).await;
     assert!(local.list(&Default::default()).await.unwrap().is_empty());
+}
+
+/// The manifest's backend is data, not a lock: a session suspended on one backend is
+/// restored on the other by the next acquire there, and back; while it is live, the
+/// other backend's manager is refused and changes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moves_between_local_and_the_mock_both_ways() {
+    let root = tempfile::tempdir().unwrap();
+    let state = InMemoryStateStore::new();
+    let snapshots = InMemorySnapshotStore::new();
+    let local = SandboxManager::builder(LocalBackend::builder().root(root.path()).build().unwrap())
+        .state_store(state.clone())
+        .snapshot_store(snapshots.clone())
+        .manager_id("host-1")
+        .build()
+        .await
+        .unwrap();
+    let mock = SandboxManager::builder(MockBackend::new())
+        .state_store(state)
+        .snapshot_store(snapshots)
+        .manager_id("host-1")
+        .build()
+        .await
+        .unwrap();
+    let spec = SandboxSpec::default();
+    let key = SessionKey::new("acme", "moving").unwrap();
+    portable::session_moves(&local, &mock, &key, &spec).await;
+    portable::session_moves(&mock, &local, &key, &spec).await;
+    assert!(local
+        .backend()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .is_empty());
+    assert!(mock
+        .backend()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -442,14 +442,54 @@ async fn a_docker_session_survives_process_restarts_too() {
         cli.ok(&["read", "d1", "app/main.sh"]),
         b"echo from docker\n"
     );
-    // The session belongs to Docker; the local backend says so instead of guessing.
-    let out = Cli::new(dir.path()).run(&["read", "d1", "app/main.sh"]);
+    // The session belongs to Docker; the local backend says so instead of guessing...
+    let local = Cli::new(dir.path());
+    let out = local.run(&["read", "d1", "app/main.sh"]);
     assert_one_line_error(&out, 2, "--backend docker");
+    // ...until it is acquired there: the live container is suspended through Docker and
+    // its snapshot restored on the local backend.
+    let docker = sandcell_docker::DockerBackend::builder().build().unwrap();
+    let moved = local.json(&["acquire", "d1"]);
+    assert_eq!(
+        (moved["backend"].as_str(), moved["outcome"].as_str()),
+        (Some("local"), Some("restored"))
+    );
+    let container = sandcell::SandboxId::new(again["sandbox_id"].as_str().unwrap()).unwrap();
+    assert!(
+        docker.inspect(&container).await.is_err(),
+        "the move suspended the container"
+    );
+    assert_eq!(
+        local.ok(&["exec", "d1", "--", "sh", "app/main.sh"]),
+        b"from docker\n"
+    );
+    local.ok(&[
+        "exec",
+        "d1",
+        "--",
+        "sh",
+        "-c",
+        "echo 'echo from local' >> app/main.sh",
+    ]);
+    let out = cli.run(&["read", "d1", "app/main.sh"]);
+    assert_one_line_error(&out, 2, "--backend local");
+    // And back, with the local change.
+    let back = cli.json(&["acquire", "d1"]);
+    assert_eq!(
+        (back["backend"].as_str(), back["outcome"].as_str()),
+        (Some("docker"), Some("restored"))
+    );
+    assert!(
+        local.sandbox_dirs().is_empty(),
+        "the move suspended the local sandbox"
+    );
+    assert_eq!(
+        cli.ok(&["exec", "d1", "--", "sh", "app/main.sh"]),
+        b"from docker\nfrom local\n"
+    );
     assert_eq!(cli.json(&["release", "d1", "--purge"])["status"], "purged");
-    let gone = sandcell_docker::DockerBackend::builder()
-        .build()
-        .unwrap()
-        .inspect(&sandcell::SandboxId::new(again["sandbox_id"].as_str().unwrap()).unwrap())
+    let gone = docker
+        .inspect(&sandcell::SandboxId::new(back["sandbox_id"].as_str().unwrap()).unwrap())
         .await;
     assert!(gone.is_err(), "purge removed the container");
 }
@@ -490,7 +530,28 @@ async fn a_remote_session_lives_on_a_sandcell_server() {
             assert_eq!(cli.json(&["suspend", "r1"])["status"], "suspended");
             assert_eq!(cli.json(&["acquire", "r1"])["outcome"], "restored");
             assert_eq!(cli.ok(&["read", "r1", "app/hi.sh"]), b"echo from remote\n");
-            assert_eq!(cli.json(&["release", "r1", "--purge"])["status"], "purged");
+            // A session live on a hosted backend moves only once suspended there: this
+            // invocation has no flags to reach the server.
+            let local = Cli {
+                data_dir: cli.data_dir.clone(),
+                backend: Vec::new(),
+            };
+            let out = local.run(&["acquire", "r1"]);
+            assert_one_line_error(&out, 2, "suspend it there first");
+            assert_eq!(cli.json(&["suspend", "r1"])["status"], "suspended");
+            let moved = local.json(&["acquire", "r1"]);
+            assert_eq!(
+                (moved["backend"].as_str(), moved["outcome"].as_str()),
+                (Some("local"), Some("restored"))
+            );
+            assert_eq!(
+                local.ok(&["read", "r1", "app/hi.sh"]),
+                b"echo from remote\n"
+            );
+            assert_eq!(
+                local.json(&["release", "r1", "--purge"])["status"],
+                "purged"
+            );
             // Templates live on the server; a wrong token is refused with the reason.
             let out = cli.run(&["template", "add", "t", "."]);
             assert_one_line_error(&out, 2, "server");

@@ -79,6 +79,7 @@ impl<B: SandboxBackend> Inner<B> {
                     return self.provision(key, spec, previous, &record, None).await;
                 }
                 ClaimOutcome::Held(record) => return Err(self.held(&record)),
+                ClaimOutcome::Elsewhere(record) => return Err(self.elsewhere(&record)),
             }
         }
     }

@@ -34,6 +34,7 @@ impl<B: SandboxBackend> Inner<B> {
         let _second = self.lock_key(second).await;
 
         let record = self.record(source).await?;
+        self.refuse_elsewhere(&record)?;
         let source_id = live_sandbox(&record)?;
         let spec = record.spec.clone();
         let claimed = match self.state.claim(&self.claim(target, &spec)).await? {

@@ -466,10 +466,40 @@ impl<B: SandboxBackend> Inner<B> {
     /// The record of `key` under this manager's lease (kept, or taken over from an
     /// expired one): every change a manager makes to a session starts here.
     pub(crate) async fn take_lease(&self, key: &SessionKey) -> Result<SessionRecord> {
+        // A session live on another backend is refused before its lease is touched, so
+        // the managers of that backend keep theirs.
+        if let Some(record) = self.state.get(key).await? {
+            self.refuse_elsewhere(&record)?;
+        }
         let now = self.clock.now();
-        self.state
+        let record = self
+            .state
             .take_lease(key, &self.settings.manager_id, now, self.lease_until())
-            .await
+            .await?;
+        self.refuse_elsewhere(&record)?;
+        Ok(record)
+    }
+
+    /// `InvalidState` for a session whose sandbox lives on another backend than this
+    /// manager's: only a manager on that backend can reach it. Its record says which; a
+    /// session without a live sandbox moves freely (the next acquire restores it here).
+    pub(crate) fn refuse_elsewhere(&self, record: &SessionRecord) -> Result<()> {
+        if !record.holds_sandbox() || record.backend == self.backend.name() {
+            return Ok(());
+        }
+        Err(self.elsewhere(record))
+    }
+
+    /// The error for a session live on another backend.
+    pub(crate) fn elsewhere(&self, record: &SessionRecord) -> Error {
+        let here = self.backend.name();
+        Error::new(
+            ErrorKind::InvalidState,
+            format!(
+                "session {} is live on the {} backend, not {here}; suspend it through a                  manager on {} and it is restored on whichever backend acquires it next",
+                record.key, record.backend, record.backend
+            ),
+        )
     }
 
     /// When a lease taken or renewed now expires.

@@ -53,7 +53,7 @@ impl StateStore for InMemoryStateStore {
             ClaimOutcome::Claimed { record, .. } | ClaimOutcome::Live(record) => {
                 inner.sessions.insert(key.clone(), record.clone());
             }
-            ClaimOutcome::Busy(_) | ClaimOutcome::Held(_) => {}
+            ClaimOutcome::Busy(_) | ClaimOutcome::Held(_) | ClaimOutcome::Elsewhere(_) => {}
         }
         Ok(outcome)
     }

@@ -329,6 +329,11 @@ pub enum ClaimOutcome {
     /// The session holds a sandbox under another manager's unexpired lease; nothing was
     /// written.
     Held(SessionRecord),
+    /// The session holds a sandbox on another backend than the claim's (the record's
+    /// `backend` differs); nothing was written. Its sandbox must be released through a
+    /// manager on that backend before the session can move (a suspended session is
+    /// restored on whichever backend claims it).
+    Elsewhere(SessionRecord),
 }
 
 /// The claim rule of [`StateStore::claim`]: decides a claim from the current record of
@@ -365,6 +370,9 @@ pub fn decide_claim<'a>(
             }
             if existing.held_against(&claim.owner, now).is_some() {
                 return Ok(ClaimOutcome::Held(existing.clone()));
+            }
+            if existing.backend != claim.record.backend {
+                return Ok(ClaimOutcome::Elsewhere(existing.clone()));
             }
             let mut live = existing.clone();
             live.lease = Some(lease);

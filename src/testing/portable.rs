@@ -17,13 +17,16 @@ use std::collections::BTreeMap;
 use std::io::Cursor;
 
 use bytes::Bytes;
-use futures::StreamExt;
+use futures::{FutureExt, StreamExt};
 use sha2::{Digest, Sha256};
 
 use super::RawTar;
 use crate::archive::ImportOptions;
 use crate::snapshot::{capture, restore, PackOptions};
-use crate::{FileKind, SandboxBackend, SandboxId, SandboxPath, SandboxSpec};
+use crate::{
+    ErrorKind, EventKind, FileKind, ReleaseMode, SandboxBackend, SandboxId, SandboxManager,
+    SandboxPath, SandboxSpec, SessionKey,
+};
 
 /// The size of the fixture's binary file: 20 MB.
 pub const BLOB_BYTES: usize = 20_000_000;
@@ -202,19 +205,123 @@ fn assert_holds_fixture(tree: &BTreeMap<String, Entry>, what: &str) {
 /// A sandbox on `b` from `spec` holding the fixture, checked through `b`'s file API.
 pub async fn filled_sandbox(b: &dyn SandboxBackend, spec: &SandboxSpec) -> SandboxId {
     let info = b.create(spec).await.expect("creating the source sandbox");
-    let tar = futures::stream::once(async { Ok(fixture_tar()) }).boxed();
-    if let Err(e) = b
-        .import_tar(&info.id, &SandboxPath::root(), tar, ImportOptions::merge())
-        .await
-    {
+    if let Err(e) = fill(b, &info.id).await {
         let _ = b.destroy(&info.id).await;
-        panic!("importing the fixture on {}: {e}", b.name());
+        panic!("{e}");
     }
+    info.id
+}
+
+/// Imports the fixture into sandbox `id` of `b` and checks it through `b`'s file API.
+async fn fill(b: &dyn SandboxBackend, id: &SandboxId) -> Result<(), String> {
+    let tar = futures::stream::once(async { Ok(fixture_tar()) }).boxed();
+    b.import_tar(id, &SandboxPath::root(), tar, ImportOptions::merge())
+        .await
+        .map_err(|e| format!("importing the fixture on {}: {e}", b.name()))?;
     assert_holds_fixture(
-        &workspace_tree(b, &info.id).await,
+        &workspace_tree(b, id).await,
         &format!("the fixture imported on {}", b.name()),
     );
-    info.id
+    Ok(())
+}
+
+/// Moves session `key` from a manager over one backend to a manager over another; both
+/// share one state store and one snapshot store (and one manager id, as the CLI's
+/// processes do). Checks, in order:
+///
+/// - while the session is live on `from`, every change through `to` (acquire, snapshot,
+///   suspend, restore) is `InvalidState` naming `from`'s backend, and its record is left
+///   as it was, lease included;
+/// - once suspended through `from`, an acquire through `to` restores its latest snapshot
+///   there (a `Restored` event) and the record says it lives on `to`'s backend now;
+/// - the restored workspace holds the fixture, and `from` is refused in turn.
+///
+/// The session is purged at the end; `from`'s backend lists no sandbox of it.
+pub async fn session_moves<A: SandboxBackend, B: SandboxBackend>(
+    from: &SandboxManager<A>,
+    to: &SandboxManager<B>,
+    key: &SessionKey,
+    spec: &SandboxSpec,
+) {
+    let (here, there) = (from.backend().name(), to.backend().name());
+    let route = format!("session {key} from {here} to {there}");
+    let handle = from
+        .acquire(key, spec)
+        .await
+        .unwrap_or_else(|e| panic!("{route}: acquiring on {here}: {e}"));
+    if let Err(e) = fill(from.backend(), handle.id()).await {
+        let _ = from.release(key, ReleaseMode::Purge).await;
+        panic!("{route}: {e}");
+    }
+    drop(handle);
+    let live = from.session(key).await.unwrap().expect("the live record");
+    let refused = [
+        ("acquire", to.acquire(key, spec).await.map(drop)),
+        ("snapshot", to.snapshot(key).await.map(drop)),
+        ("suspend", to.release(key, ReleaseMode::Suspend).await),
+        ("destroy", to.release(key, ReleaseMode::Destroy).await),
+    ];
+    for (what, result) in refused {
+        let err = result.expect_err(&format!(
+            "{route}: {what} through {there} while live on {here}"
+        ));
+        assert_eq!(
+            err.kind(),
+            ErrorKind::InvalidState,
+            "{route}: {what}: {err}"
+        );
+        assert!(
+            err.to_string()
+                .contains(&format!("live on the {here} backend")),
+            "{route}: {what}: {err}"
+        );
+    }
+    assert_eq!(
+        from.session(key).await.unwrap().as_ref(),
+        Some(&live),
+        "{route}: a refused change leaves the record as it was"
+    );
+
+    from.release(key, ReleaseMode::Suspend)
+        .await
+        .unwrap_or_else(|e| panic!("{route}: suspending on {here}: {e}"));
+    let mut events = to.subscribe();
+    let handle = to
+        .acquire(key, spec)
+        .await
+        .unwrap_or_else(|e| panic!("{route}: acquiring on {there}: {e}"));
+    let mut restored = false;
+    while let Some(Some(event)) = events.next().now_or_never() {
+        restored |= event.kind == EventKind::Restored && event.session.as_ref() == Some(key);
+    }
+    let tree = workspace_tree(to.backend(), handle.id()).await;
+    drop(handle);
+    let record = to.session(key).await.unwrap().expect("the moved record");
+    let again = from.acquire(key, spec).await.map(drop);
+    let leftover = from.backend().list(&Default::default()).await;
+    to.release(key, ReleaseMode::Purge)
+        .await
+        .unwrap_or_else(|e| panic!("{route}: purging on {there}: {e}"));
+    assert!(
+        restored,
+        "{route}: the acquire on {there} restored the snapshot"
+    );
+    assert_eq!(
+        record.backend, there,
+        "{route}: the session lives on {there} now"
+    );
+    assert_holds_fixture(&tree, &format!("{route}, restored"));
+    let err = again.expect_err(&format!("{route}: {here} is refused once it moved"));
+    assert_eq!(err.kind(), ErrorKind::InvalidState, "{route}: {err}");
+    let leftover = leftover.unwrap_or_else(|e| panic!("{route}: listing {here}: {e}"));
+    assert!(
+        leftover.iter().all(|s| s
+            .labels
+            .get(crate::manager::LABEL_SESSION)
+            .map(String::as_str)
+            != Some(key.session())),
+        "{route}: {here} still holds a sandbox of the session: {leftover:?}"
+    );
 }
 
 /// Snapshots a workspace holding the fixture on `from` (a sandbox from `from_spec`)

@@ -120,6 +120,17 @@ pub async fn state_claim(store: &dyn StateStore) {
         live.token(),
         "the same owner keeps its token"
     );
+    let mut foreign = claim_of(key("a"), "m1", Some(2));
+    foreign.record.backend = "other".into();
+    let ClaimOutcome::Elsewhere(elsewhere) = store.claim(&foreign).await.unwrap() else {
+        panic!("a session live on another backend is reported, not claimed")
+    };
+    assert_eq!(elsewhere.backend, "mock");
+    assert_eq!(
+        store.get(&key("a")).await.unwrap().as_ref(),
+        Some(&reused),
+        "a claim from another backend writes nothing, not even the lease"
+    );
 
     assert!(matches!(
         store.claim(&claim("b", Some(2))).await.unwrap(),

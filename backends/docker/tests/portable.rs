@@ -8,8 +8,9 @@
 
 use std::sync::Arc;
 
+use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore};
 use sandcell::testing::portable;
-use sandcell::{SandboxBackend, SandboxSpec};
+use sandcell::{SandboxBackend, SandboxManager, SandboxSpec, SessionKey};
 use sandcell_local::LocalBackend;
 use sandcell_remote::server::{serve, ServerConfig};
 use sandcell_remote::{RemoteBackend, RemoteConfig};
@@ -71,4 +72,46 @@ async fn a_snapshot_moves_between_every_pair_of_backends() {
     server.abort();
     assert!(common::leftovers(&docker).await.is_empty());
     assert!(local.list(&Default::default()).await.unwrap().is_empty());
+}
+
+/// A session made on Docker moves to the local backend once suspended, and back: the
+/// manifest's backend is data, not a lock (`portable::session_moves`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_moves_between_docker_and_local_managers() {
+    if !common::engine_available().await {
+        return;
+    }
+    let local_root = tempfile::tempdir().unwrap();
+    let state = InMemoryStateStore::new();
+    let snapshots = InMemorySnapshotStore::new();
+    let docker = SandboxManager::builder(common::backend(true).await)
+        .state_store(state.clone())
+        .snapshot_store(snapshots.clone())
+        .manager_id("host-1")
+        .build()
+        .await
+        .unwrap();
+    let local = SandboxManager::builder(
+        LocalBackend::builder()
+            .root(local_root.path())
+            .build()
+            .unwrap(),
+    )
+    .state_store(state)
+    .snapshot_store(snapshots)
+    .manager_id("host-1")
+    .build()
+    .await
+    .unwrap();
+    let spec = SandboxSpec::default().label(common::TEST_LABEL.0, common::TEST_LABEL.1);
+    let key = SessionKey::new("acme", "moving").unwrap();
+    portable::session_moves(&docker, &local, &key, &spec).await;
+    portable::session_moves(&local, &docker, &key, &spec).await;
+    assert!(common::leftovers(docker.backend()).await.is_empty());
+    assert!(local
+        .backend()
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .is_empty());
 }

@@ -10,12 +10,14 @@ use sandcell::{
 };
 use serde_json::json;
 
-use crate::args::{parse_path, BackendKind, Cli, Command, SessionCommand, TemplateCommand};
+use crate::args::{
+    parse_path, BackendKind, Cli, Command, SessionCommand, StoreArgs, TemplateCommand,
+};
 use crate::error::CliError;
 use crate::exec::{exit_code_of, stream_process};
 use crate::output::{print_json, session_json, write_stdout, Progress};
 use crate::session::{
-    hosted_config, known_session, open_manager, open_session, same_backend, Manager,
+    hosted_config, known_session, leave_backend, open_manager, open_session, Manager,
 };
 use crate::templates::Templates;
 
@@ -51,9 +53,9 @@ pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
         }
         Command::Session(command) => {
             let manager = std::sync::Arc::new(
-                open_manager(data_dir, &cli.stores, backend, hosted, &command).await?,
+                open_manager(data_dir, &cli.stores, backend, hosted, Some(&command)).await?,
             );
-            run_session_command(&manager, data_dir, backend, command).await
+            run_session_command(&manager, data_dir, &cli.stores, backend, command).await
         }
     }
 }
@@ -75,15 +77,7 @@ async fn serve_mcp(
     })?;
     let mut settings = sandcell_mcp::ToolSettings::default();
     if let Some(template) = template {
-        if !Templates::load(data_dir)?.contains(backend, &template) {
-            return Err(CliError::bad_input(
-                format_args!("unknown template {template:?}"),
-                format_args!(
-                    "register it with `sandcell{} template add {template} DIR`",
-                    backend.flag()
-                ),
-            ));
-        }
+        Templates::require(data_dir, backend, &template)?;
         settings.spec = sandcell::SandboxSpec::new(template);
     }
     let tools = sandcell_mcp::SandboxTools::new(std::sync::Arc::clone(manager), tenant, settings);
@@ -96,6 +90,7 @@ async fn serve_mcp(
 pub(crate) async fn run_session_command(
     manager: &std::sync::Arc<Manager>,
     data_dir: &Path,
+    stores: &StoreArgs,
     backend: BackendKind,
     command: SessionCommand,
 ) -> Result<ExitCode, CliError> {
@@ -107,38 +102,21 @@ pub(crate) async fn run_session_command(
         } => {
             let key = session.key()?;
             if let Some(template) = &template {
-                if !Templates::load(data_dir)?.contains(backend, template) {
-                    return Err(CliError::bad_input(
-                        format_args!("unknown template {template:?}"),
-                        format_args!(
-                            "register it with `sandcell{} template add {template} {}`",
-                            backend.flag(),
-                            if backend == BackendKind::Docker {
-                                "DIR|IMAGE"
-                            } else {
-                                "DIR"
-                            }
-                        ),
-                    ));
-                }
+                Templates::require(data_dir, backend, template)?;
             }
-            // A known session keeps its spec (template, env); flags add to it.
+            // A known session keeps its spec (template, env); flags add to it. One on
+            // another backend moves here: its latest snapshot is restored.
             let mut spec = match manager.session(&key).await? {
                 Some(record) => {
-                    same_backend(manager, &record)?;
+                    if record.backend != backend.name() {
+                        Templates::require(data_dir, backend, &record.spec.template)?;
+                        leave_backend(data_dir, stores, &record, backend).await?;
+                    }
                     record.spec
                 }
                 None => {
                     let template = template.as_deref().unwrap_or("default");
-                    if !Templates::load(data_dir)?.contains(backend, template) {
-                        return Err(CliError::bad_input(
-                            format_args!("the {} backend has no template {template:?}", backend.name()),
-                            format_args!(
-                                "register one with `sandcell{} template add {template} IMAGE`, or pass --template",
-                                backend.flag()
-                            ),
-                        ));
-                    }
+                    Templates::require(data_dir, backend, template)?;
                     SandboxSpec::new(template)
                 }
             };

@@ -4,7 +4,7 @@ use std::path::Path;
 
 use sandcell::manager::{ShutdownPolicy, SnapshotRetention};
 use sandcell::store::SessionRecord;
-use sandcell::{SandboxBackend, SandboxManager, SessionKey};
+use sandcell::{ReleaseMode, SandboxBackend, SandboxManager, SessionKey};
 use sandcell_local::LocalBackend;
 
 use crate::args::{BackendKind, Cli, SessionCommand, StoreArgs};
@@ -74,7 +74,7 @@ pub(crate) async fn open_manager(
     stores: &StoreArgs,
     kind: BackendKind,
     hosted: Option<Hosted>,
-    command: &SessionCommand,
+    command: Option<&SessionCommand>,
 ) -> Result<Manager, CliError> {
     let templates = Templates::load(data_dir)?;
     let backend: Box<dyn SandboxBackend> = match (kind, hosted) {
@@ -112,10 +112,10 @@ pub(crate) async fn open_manager(
     if let Some(url) = &stores.snapshots {
         builder = builder.snapshot_store(sandcell::store::open_snapshot_store(url)?);
     }
-    if let SessionCommand::Gc {
+    if let Some(SessionCommand::Gc {
         idle_timeout,
         keep_last,
-    } = command
+    }) = command
     {
         if let Some(idle) = idle_timeout {
             builder = builder.idle_timeout(*idle);
@@ -136,7 +136,7 @@ pub(crate) fn docker_image(name: &str, source: &str) -> sandcell_docker::ImageSp
     }
 }
 
-/// A session created on another backend cannot be driven through this one.
+/// A session on another backend is driven through that one; only `acquire` moves it.
 pub(crate) fn same_backend(manager: &Manager, record: &SessionRecord) -> Result<(), CliError> {
     let here = manager.backend().name();
     if record.backend == here {
@@ -148,8 +148,61 @@ pub(crate) fn same_backend(manager: &Manager, record: &SessionRecord) -> Result<
             record.key.session(),
             record.backend
         ),
-        format_args!("pass --backend {}", record.backend),
+        format_args!(
+            "pass --backend {}, or move it here with `sandcell{} acquire {}`",
+            record.backend,
+            flag_of(here),
+            record.key.session()
+        ),
     ))
+}
+
+/// The `--backend` flag of a backend by its name, as a hint shows it.
+fn flag_of(name: &str) -> String {
+    if name == BackendKind::Local.name() {
+        String::new()
+    } else {
+        format!(" --backend {name}")
+    }
+}
+
+/// Readies a session on another backend for an acquire through `here`: a sandbox live
+/// on a backend this host drives (local, Docker) is suspended there, so the acquire
+/// restores its latest snapshot here; a suspended session needs nothing. A session live
+/// on a hosted backend must be suspended with that backend's flags first.
+pub(crate) async fn leave_backend(
+    data_dir: &Path,
+    stores: &StoreArgs,
+    record: &SessionRecord,
+    here: BackendKind,
+) -> Result<(), CliError> {
+    if record.backend == here.name() || !record.holds_sandbox() {
+        return Ok(());
+    }
+    let key = &record.key;
+    let from = match record.backend.as_str() {
+        "local" => BackendKind::Local,
+        "docker" => BackendKind::Docker,
+        other => {
+            return Err(CliError::bad_input(
+                format_args!(
+                    "session {:?} is live on the {other} backend, which this command cannot reach",
+                    key.session()
+                ),
+                format_args!(
+                    "suspend it there first (`sandcell{} suspend {}` with that backend's flags), then acquire it again",
+                    flag_of(other),
+                    key.session()
+                ),
+            ))
+        }
+    };
+    let progress = Progress::start(format_args!("suspending {key} on {}", from.name()));
+    let origin = open_manager(data_dir, stores, from, None, None).await?;
+    origin.release(key, ReleaseMode::Suspend).await?;
+    origin.shutdown().await;
+    progress.finish();
+    Ok(())
 }
 
 /// The session's record; an unknown session is bad input.

@@ -49,6 +49,30 @@ impl Templates {
             || self.of(backend).contains_key(name)
     }
 
+    /// `Ok` if `backend` has template `name`; otherwise bad input with the command that
+    /// registers it.
+    pub(crate) fn require(
+        data_dir: &Path,
+        backend: BackendKind,
+        name: &str,
+    ) -> Result<(), CliError> {
+        if Templates::load(data_dir)?.contains(backend, name) {
+            return Ok(());
+        }
+        let source = if backend == BackendKind::Docker {
+            "DIR|IMAGE"
+        } else {
+            "DIR"
+        };
+        Err(CliError::bad_input(
+            format_args!("the {} backend has no template {name:?}", backend.name()),
+            format_args!(
+                "register it with `sandcell{} template add {name} {source}`",
+                backend.flag()
+            ),
+        ))
+    }
+
     /// Validates and records a template; returns the stored source (a canonical
     /// directory, or for Docker an image reference).
     pub(crate) fn add(
