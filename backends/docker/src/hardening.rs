@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, ResourcesUlimits};
 use sandcell::{Network, SandboxId, SandboxInfo, SandboxSpec, SandboxStatus};
 
 use crate::config::DockerConfig;
@@ -22,6 +22,19 @@ pub(crate) const LABEL_OUTPUT_BYTES: &str = "sandcell.docker.output_bytes";
 pub(crate) const LABEL_COMMAND_TIMEOUT_MS: &str = "sandcell.docker.command_timeout_ms";
 /// The sandbox's network policy (`Network::mode`), reported by `inspect`.
 pub(crate) const LABEL_NETWORK: &str = "sandcell.docker.network";
+/// The keys of the spec's labels, as a JSON array: a container's labels also hold its
+/// image's (Podman's builds label every image), which are not the sandbox's.
+pub(crate) const LABEL_KEYS: &str = "sandcell.docker.label_keys";
+
+/// Records which of a container's labels are the sandbox's own.
+pub(crate) fn record_label_keys<'a>(
+    labels: &mut HashMap<String, String>,
+    keys: impl IntoIterator<Item = &'a String>,
+) {
+    let keys: Vec<&String> = keys.into_iter().collect();
+    let json = serde_json::to_string(&keys).unwrap_or_else(|_| "[]".to_owned());
+    labels.insert(LABEL_KEYS.to_owned(), json);
+}
 /// What a container's labels say about how to run commands in it.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct ContainerSettings {
@@ -54,13 +67,15 @@ impl ContainerSettings {
 /// The container for a sandbox from `spec` (already prepared: `Network::Default`
 /// resolved, unclaimed fields refused) on `image`, joined to `task_network` when it has
 /// service containers; `egress_dir` is the host directory of an allowlisted sandbox's
-/// egress proxy, mounted in, with the agent told to relay to it.
+/// egress proxy, mounted in, with the agent told to relay to it; `ulimits` are the
+/// resource limits set explicitly (see [`crate::ulimits`]).
 pub(crate) fn container_body(
     spec: &SandboxSpec,
     config: &DockerConfig,
     image: String,
     task_network: Option<&str>,
     egress_dir: Option<&std::path::Path>,
+    ulimits: Option<&[ResourcesUlimits]>,
 ) -> ContainerCreateBody {
     let limits = &spec.limits;
     let mut labels: HashMap<String, String> = spec
@@ -68,6 +83,7 @@ pub(crate) fn container_body(
         .iter()
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
+    record_label_keys(&mut labels, spec.labels.keys());
     labels.insert(LABEL_TEMPLATE.to_owned(), spec.template.clone());
     let agent = config.agent.is_some();
     labels.insert(
@@ -147,6 +163,7 @@ pub(crate) fn container_body(
         network_mode: Some(network_mode),
         init: Some(true),
         runtime: config.runtime.clone(),
+        ulimits: ulimits.map(<[ResourcesUlimits]>::to_vec),
         binds: (!binds.is_empty()).then_some(binds),
         // The agent's stdout is a protocol stream (files, archives): never log it.
         log_config: agent.then(|| bollard::models::HostConfigLogConfig {
@@ -189,9 +206,14 @@ pub(crate) fn info_of(
         Some("allowlist") => Network::Allowlist(Vec::new()),
         _ => Network::Default,
     };
+    // Containers made before the keys were recorded report every label but ours.
+    let own: Option<std::collections::HashSet<String>> = labels
+        .get(LABEL_KEYS)
+        .and_then(|keys| serde_json::from_str(keys).ok());
     spec.labels = labels
         .into_iter()
         .filter(|(k, _)| !k.starts_with(INTERNAL_PREFIX))
+        .filter(|(k, _)| own.as_ref().is_none_or(|own| own.contains(k)))
         .collect();
     let mut info = SandboxInfo::new(id, "docker", &spec, status);
     if let Some(at) = created_at {

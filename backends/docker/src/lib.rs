@@ -35,6 +35,7 @@ mod probe;
 mod task;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod ulimits;
 mod user;
 
 pub use backend::DockerBackend;

@@ -50,8 +50,11 @@ async fn is_executable(docker: &Docker, container: &str, path: &str) -> bool {
         else {
             return false;
         };
-        if stat.link_target.is_empty() {
-            // Go's FileMode: type bits at the top, permissions at the bottom.
+        // Go's FileMode: type bits at the top (directory 1 << 31, symlink 1 << 27),
+        // permissions at the bottom. Docker names a link's target only for links;
+        // Podman names every path's resolved target, itself for a file.
+        let is_link = stat.file_mode & (1 << 27) != 0;
+        if !is_link || stat.link_target.is_empty() {
             let is_dir = stat.file_mode & (1 << 31) != 0;
             return !is_dir && stat.file_mode & 0o111 != 0;
         }

@@ -72,6 +72,7 @@ pub(crate) async fn start_service(
     network: &str,
     service: &SidecarSpec,
     image: String,
+    ulimits: Option<&[bollard::models::ResourcesUlimits]>,
 ) -> Result<()> {
     let name = service_container(id, &service.name);
     let body = ContainerCreateBody {
@@ -95,6 +96,7 @@ pub(crate) async fn start_service(
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
             network_mode: Some(network.to_owned()),
             init: Some(true),
+            ulimits: ulimits.map(<[_]>::to_vec),
             ..Default::default()
         }),
         networking_config: Some(endpoint(
@@ -231,6 +233,7 @@ pub(crate) async fn recreate_body(
         .map_err(|e| engine(format_args!("inspecting {name}"), e))?;
     let config = c.config.unwrap_or_default();
     let mut host = c.host_config.unwrap_or_default();
+    host.ulimits = host.ulimits.map(crate::ulimits::as_create_takes);
     if let Some(network) = network {
         host.network_mode = Some(network.to_owned());
     }

@@ -103,11 +103,17 @@ async fn a_session_moves_between_docker_and_local_managers() {
     .build()
     .await
     .unwrap();
-    let spec = SandboxSpec::default().label(common::TEST_LABEL.0, common::TEST_LABEL.1);
+    // A label of its own: the other test of this file runs alongside.
+    let spec = SandboxSpec::default().label(common::TEST_LABEL.0, "session-moves");
     let key = SessionKey::new("acme", "moving").unwrap();
     portable::session_moves(&docker, &local, &key, &spec).await;
     portable::session_moves(&local, &docker, &key, &spec).await;
-    assert!(common::leftovers(docker.backend()).await.is_empty());
+    let left = docker
+        .backend()
+        .list(&sandcell::LabelSelector::new().label(common::TEST_LABEL.0, "session-moves"))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
     assert!(local
         .backend()
         .list(&Default::default())

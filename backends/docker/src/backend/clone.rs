@@ -26,14 +26,12 @@ impl DockerBackend {
         .await?;
         let internal = !matches!(spec.network, Network::Full);
         let network = crate::task::create_network(docker, id, internal).await?;
+        let ulimits = self.ulimits().await;
         let started = futures::future::try_join(
             self.create_container(id, spec, image, Some(&network)),
-            futures::future::try_join_all(
-                services
-                    .iter()
-                    .zip(images)
-                    .map(|(s, image)| crate::task::start_service(docker, id, &network, s, image)),
-            ),
+            futures::future::try_join_all(services.iter().zip(images).map(|(s, image)| {
+                crate::task::start_service(docker, id, &network, s, image, ulimits)
+            })),
         )
         .await;
         if let Err(e) = started {
@@ -85,6 +83,7 @@ impl DockerBackend {
                 .into_iter()
                 .filter(|(k, _)| k.starts_with(INTERNAL_PREFIX))
                 .collect();
+            crate::hardening::record_label_keys(&mut new_labels, labels.keys());
             new_labels.extend(labels);
             let image = crate::task::commit(docker, id.as_str(), &new, None).await?;
             let mut body = crate::task::recreate_body(

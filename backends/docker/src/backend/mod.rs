@@ -81,6 +81,10 @@ struct Inner {
     /// Whether the engine runs on this host, where a socket can be mounted into a
     /// container (not over TCP).
     local_engine: bool,
+    /// The engine's socket when it runs on this host.
+    socket: Option<std::path::PathBuf>,
+    /// The resource limits containers are created with, read once (`crate::ulimits`).
+    ulimits: tokio::sync::OnceCell<Option<Vec<bollard::models::ResourcesUlimits>>>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -126,6 +130,8 @@ impl DockerBackend {
             )));
         }
         .map_err(|e| engine(format_args!("connecting to {host}"), e))?;
+        let socket = local_engine
+            .then(|| std::path::PathBuf::from(host.strip_prefix("unix://").unwrap_or(&host)));
         let agent_hash = match &config.agent {
             Some(agent) => Some(file_sha256(agent)?),
             None => None,
@@ -143,6 +149,8 @@ impl DockerBackend {
                 python: Mutex::new(HashMap::new()),
                 egress: sandcell::egress::ServedProxies::default(),
                 local_engine,
+                socket,
+                ulimits: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -223,6 +231,16 @@ impl DockerBackend {
             ));
         }
         Ok(())
+    }
+
+    /// The resource limits every container is created with (`crate::ulimits`), read
+    /// from the engine once.
+    pub(crate) async fn ulimits(&self) -> Option<&[bollard::models::ResourcesUlimits]> {
+        self.inner
+            .ulimits
+            .get_or_init(|| crate::ulimits::for_engine(self.inner.socket.as_deref()))
+            .await
+            .as_deref()
     }
 
     /// The agent connection of container `id`, opened on first use.
@@ -340,12 +358,14 @@ impl DockerBackend {
             }
             _ => None,
         };
+        let ulimits = self.ulimits().await;
         let body = crate::hardening::container_body(
             spec,
             config,
             image,
             task_network,
             egress_dir.as_deref(),
+            ulimits,
         );
         // The user the container runs as, as the hardening chose it.
         let user = body.user.clone();

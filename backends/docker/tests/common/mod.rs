@@ -26,6 +26,20 @@ pub(crate) async fn engine_available() -> bool {
     sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping)
 }
 
+/// Whether the engine is Podman (through its Docker-compatible API).
+pub(crate) async fn is_podman(backend: &DockerBackend) -> bool {
+    let version = backend
+        .docker()
+        .version()
+        .await
+        .expect("the engine's version");
+    version
+        .components
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.name.contains("Podman"))
+}
+
 /// Imports the busybox image and builds the user image from it, once per test binary.
 pub(crate) async fn images() {
     static READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
