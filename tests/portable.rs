@@ -4,9 +4,8 @@
 #![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore};
 use sandcell::testing::{portable, MockBackend};
-use sandcell::{SandboxBackend, SandboxManager, SandboxSpec, SessionKey};
+use sandcell::{SandboxBackend, SandboxSpec, SessionKey};
 use sandcell_local::LocalBackend;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -26,22 +25,11 @@ async fn a_snapshot_moves_between_local_and_the_mock_both_ways() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_moves_between_local_and_the_mock_both_ways() {
     let root = tempfile::tempdir().unwrap();
-    let state = InMemoryStateStore::new();
-    let snapshots = InMemorySnapshotStore::new();
-    let local = SandboxManager::builder(LocalBackend::builder().root(root.path()).build().unwrap())
-        .state_store(state.clone())
-        .snapshot_store(snapshots.clone())
-        .manager_id("host-1")
-        .build()
-        .await
-        .unwrap();
-    let mock = SandboxManager::builder(MockBackend::new())
-        .state_store(state)
-        .snapshot_store(snapshots)
-        .manager_id("host-1")
-        .build()
-        .await
-        .unwrap();
+    let (local, mock) = portable::sharing_managers(
+        LocalBackend::builder().root(root.path()).build().unwrap(),
+        MockBackend::new(),
+    )
+    .await;
     let spec = SandboxSpec::default();
     let key = SessionKey::new("acme", "moving").unwrap();
     portable::session_moves(&local, &mock, &key, &spec).await;

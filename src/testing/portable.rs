@@ -225,6 +225,32 @@ async fn fill(b: &dyn SandboxBackend, id: &SandboxId) -> Result<(), String> {
     Ok(())
 }
 
+/// Two managers over `a` and `b` sharing one in-memory state store, one in-memory
+/// snapshot store and one manager id (as the CLI's processes do): the pair
+/// [`session_moves`] moves a session between.
+pub async fn sharing_managers<A: SandboxBackend, B: SandboxBackend>(
+    a: A,
+    b: B,
+) -> (SandboxManager<A>, SandboxManager<B>) {
+    let state = crate::store::InMemoryStateStore::new();
+    let snapshots = crate::store::InMemorySnapshotStore::new();
+    let first = SandboxManager::builder(a)
+        .state_store(state.clone())
+        .snapshot_store(snapshots.clone())
+        .manager_id("host-1")
+        .build()
+        .await
+        .expect("building the first manager");
+    let second = SandboxManager::builder(b)
+        .state_store(state)
+        .snapshot_store(snapshots)
+        .manager_id("host-1")
+        .build()
+        .await
+        .expect("building the second manager");
+    (first, second)
+}
+
 /// Moves session `key` from a manager over one backend to a manager over another; both
 /// share one state store and one snapshot store (and one manager id, as the CLI's
 /// processes do). Checks, in order:

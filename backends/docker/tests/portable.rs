@@ -8,9 +8,8 @@
 
 use std::sync::Arc;
 
-use sandcell::store::{InMemorySnapshotStore, InMemoryStateStore};
 use sandcell::testing::portable;
-use sandcell::{SandboxBackend, SandboxManager, SandboxSpec, SessionKey};
+use sandcell::{SandboxBackend, SandboxSpec, SessionKey};
 use sandcell_local::LocalBackend;
 use sandcell_remote::server::{serve, ServerConfig};
 use sandcell_remote::{RemoteBackend, RemoteConfig};
@@ -82,27 +81,14 @@ async fn a_session_moves_between_docker_and_local_managers() {
         return;
     }
     let local_root = tempfile::tempdir().unwrap();
-    let state = InMemoryStateStore::new();
-    let snapshots = InMemorySnapshotStore::new();
-    let docker = SandboxManager::builder(common::backend(true).await)
-        .state_store(state.clone())
-        .snapshot_store(snapshots.clone())
-        .manager_id("host-1")
-        .build()
-        .await
-        .unwrap();
-    let local = SandboxManager::builder(
+    let (docker, local) = portable::sharing_managers(
+        common::backend(true).await,
         LocalBackend::builder()
             .root(local_root.path())
             .build()
             .unwrap(),
     )
-    .state_store(state)
-    .snapshot_store(snapshots)
-    .manager_id("host-1")
-    .build()
-    .await
-    .unwrap();
+    .await;
     // A label of its own: the other test of this file runs alongside.
     let spec = SandboxSpec::default().label(common::TEST_LABEL.0, "session-moves");
     let key = SessionKey::new("acme", "moving").unwrap();

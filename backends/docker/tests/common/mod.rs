@@ -132,6 +132,14 @@ pub(crate) async fn backend(with_agent: bool) -> DockerBackend {
     if with_agent {
         builder = builder.agent(agent_binary());
     }
+    // The OCI runtime under test, when not the engine's default (CI runs the suite
+    // under gVisor's `runsc` too).
+    if let Some(runtime) = std::env::var("SANDCELL_TEST_DOCKER_RUNTIME")
+        .ok()
+        .filter(|r| !r.is_empty())
+    {
+        builder = builder.runtime(runtime);
+    }
     builder.build().unwrap()
 }
 
