@@ -8,11 +8,14 @@
 //! | [`archive`] | the entry checker every import obeys, and host-directory pack and unpack |
 //! | [`ProcessControl`], [`process`], [`finished_process`], [`limit_output`] | assembling the [`Process`] a backend's `exec` returns |
 //! | [`changes`] | assembling the [`Changes`] of `export_changes` |
+//! | [`overlay`] | overlay workspaces on this host: mount, and the changes of an upper layer (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
 //!
 //! These are as stable as the rest of the crate; they live apart so the user API stays
 //! small.
 
+#[cfg(target_os = "linux")]
+pub mod overlay;
 pub mod stream;
 pub mod wire;
 

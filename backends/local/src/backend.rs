@@ -880,16 +880,8 @@ impl SandboxBackend for LocalBackend {
                 "sandbox {id} has a copied workspace; incremental snapshots need an overlay workspace"
             )));
         }
-        let upper = dir.upper();
-        let deleted = {
-            let upper = upper.clone();
-            blocking(move || crate::materialize::upper_deletions(&upper)).await?
-        };
         // The upper layer is the change set; the packer skips whiteouts (device nodes).
-        let tar = sandcell::raw::stream::writer_to_stream(move |out| {
-            sandcell::raw::archive::pack_dir_tar(&upper, out).map(|_| ())
-        });
-        Ok(sandcell::raw::changes(tar, deleted))
+        sandcell::raw::overlay::changes(dir.upper()).await
     }
 
     async fn import_tar(

@@ -2,7 +2,7 @@
 //! the builder that validates them.
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use sandcell::{Error, Result};
@@ -254,7 +254,7 @@ fn validate_template(name: &str, dir: &mut PathBuf) -> Result<()> {
         )));
     }
     // overlayfs options are comma- and colon-separated; such paths cannot be a lower layer.
-    if has_overlay_unsafe_chars(&canonical) {
+    if sandcell::raw::overlay::has_unsafe_chars(&canonical) {
         return Err(Error::invalid_input(format!(
             "template {name:?} path {} contains ',', ':' or '\\\\', which overlayfs cannot take",
             canonical.display()
@@ -262,8 +262,4 @@ fn validate_template(name: &str, dir: &mut PathBuf) -> Result<()> {
     }
     *dir = canonical;
     Ok(())
-}
-
-pub(crate) fn has_overlay_unsafe_chars(path: &Path) -> bool {
-    path.to_string_lossy().contains([',', ':', '\\'])
 }

@@ -44,92 +44,15 @@ pub(crate) fn materialize(
 }
 
 fn mount_overlay(dir: &SandboxDir, template: &Path) -> Result<()> {
-    let (upper, work, workspace) = (dir.upper(), dir.work(), dir.workspace());
-    for d in [&upper, &work] {
-        fs::create_dir_all(d)
-            .map_err(|e| Error::io(format_args!("creating {}", d.display()), e))?;
-    }
-    if crate::config::has_overlay_unsafe_chars(dir.path()) {
-        return Err(Error::invalid_input(format!(
-            "sandbox path {} contains ',', ':' or '\\\\', which overlayfs cannot take",
-            dir.path().display()
-        )));
-    }
-    // `redirect_dir=off` whatever the kernel's default: a renamed template directory is
-    // then copied up whole (see `contained::copy`), so the upper layer alone holds every
-    // change and the change export never needs to follow a redirect into the template.
-    let options = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off",
-        template.display(),
-        upper.display(),
-        work.display()
-    );
-    let options = std::ffi::CString::new(options)
-        .map_err(|_| Error::invalid_input("overlay mount options contain a NUL byte"))?;
-    rustix::mount::mount(
-        "overlay",
-        &workspace,
-        "overlay",
-        MountFlags::NOSUID | MountFlags::NODEV,
-        Some(options.as_c_str()),
-    )
-        .map_err(|e| {
-            Error::with_source(
+    sandcell::raw::overlay::mount(template, &dir.upper(), &dir.work(), &dir.workspace()).map_err(
+        |e| match e.kind() {
+            ErrorKind::Unsupported => Error::new(
                 ErrorKind::Unsupported,
-                format!("mounting an overlay workspace failed ({e}); mounting needs root or CAP_SYS_ADMIN, or use WorkspaceStrategy::Copy"),
-                std::io::Error::from(e),
-            )
-        })?;
-    // The overlay root takes the upper dir's mode; keep the template's.
-    if let Ok(meta) = fs::metadata(template) {
-        let _ = fs::set_permissions(
-            &workspace,
-            fs::Permissions::from_mode(meta.permissions().mode() & 0o777),
-        );
-    }
-    Ok(())
-}
-
-/// Template paths an overlay upper layer deletes: whiteouts (0:0 character devices)
-/// and opaque directories (which hide everything of the template beneath them).
-pub(crate) fn upper_deletions(upper: &Path) -> Result<Vec<sandcell::SandboxPath>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
-    let mut deleted = Vec::new();
-    let mut stack = vec![upper.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = fs::read_dir(&dir)
-            .map_err(|e| Error::io(format_args!("reading {}", dir.display()), e))?;
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| Error::io(format_args!("reading {}", dir.display()), e))?;
-            let path = entry.path();
-            let meta = fs::symlink_metadata(&path)
-                .map_err(|e| Error::io(format_args!("inspecting {}", path.display()), e))?;
-            let rel = || -> Result<sandcell::SandboxPath> {
-                let rel = path.strip_prefix(upper).unwrap_or(&path);
-                sandcell::SandboxPath::new(&rel.to_string_lossy())
-            };
-            if meta.file_type().is_char_device() && meta.rdev() == 0 {
-                deleted.push(rel()?);
-            } else if meta.is_dir() {
-                if is_opaque(&path) {
-                    deleted.push(rel()?);
-                }
-                stack.push(path);
-            }
-        }
-    }
-    deleted.sort();
-    Ok(deleted)
-}
-
-fn is_opaque(dir: &Path) -> bool {
-    ["trusted.overlay.opaque", "user.overlay.opaque"]
-        .iter()
-        .any(|name| {
-            let mut value = [0u8; 4];
-            matches!(rustix::fs::lgetxattr(dir, *name, &mut value), Ok(n) if value[..n] == *b"y")
-        })
+                format!("{e}, or use WorkspaceStrategy::Copy"),
+            ),
+            _ => e,
+        },
+    )
 }
 
 /// Bind-mounts the spec's host directories into the workspace, read-only where asked.
