@@ -269,6 +269,12 @@ pub struct DockerConfig {
     pub templates: BTreeMap<String, ImageSpec>,
     /// Template name → sidecars started beside each of its sandboxes.
     pub sidecars: BTreeMap<String, Vec<SidecarSpec>>,
+    /// Template name → a directory on the engine's host that its sandboxes' workspaces
+    /// are made from: an overlay of it (shared, read-only) and a private upper layer per
+    /// sandbox, mounted on this host and bind-mounted at the container's workspace.
+    /// The container's user must be able to read the directory's files (and own
+    /// those it changes).
+    pub host_workspaces: BTreeMap<String, PathBuf>,
     /// Limits applied where a spec leaves one unset.
     pub default_limits: Limits,
     /// The Docker network a spec asking for `Network::Full` joins.
@@ -297,6 +303,7 @@ impl Default for DockerConfig {
             host: None,
             templates: BTreeMap::new(),
             sidecars: BTreeMap::new(),
+            host_workspaces: BTreeMap::new(),
             default_limits: Limits::default(),
             network: "bridge".to_owned(),
             user: None,
@@ -364,6 +371,15 @@ impl DockerBackendBuilder {
     /// Registers a template.
     pub fn template(mut self, name: impl Into<String>, image: ImageSpec) -> Self {
         self.config.templates.insert(name.into(), image);
+        self
+    }
+
+    /// Makes the workspaces of `template`'s sandboxes from `dir` on this host instead
+    /// of the image's workspace: see [`DockerConfig::host_workspaces`].
+    pub fn host_workspace(mut self, template: impl Into<String>, dir: impl Into<PathBuf>) -> Self {
+        self.config
+            .host_workspaces
+            .insert(template.into(), dir.into());
         self
     }
 
@@ -447,7 +463,7 @@ impl DockerBackendBuilder {
     /// Validates the configuration and sets up the engine connection. A socket that
     /// does not exist is `Unavailable` here; an engine that does not answer is
     /// `Unavailable` at the first call.
-    pub fn build(self) -> Result<DockerBackend> {
+    pub fn build(mut self) -> Result<DockerBackend> {
         for (name, image) in &self.config.templates {
             sandcell::SandboxSpec::new(name.clone())
                 .validate()
@@ -470,6 +486,32 @@ impl DockerBackendBuilder {
                     )));
                 }
             }
+        }
+        for (template, dir) in &mut self.config.host_workspaces {
+            if !self.config.templates.contains_key(template) {
+                return Err(Error::invalid_input(format!(
+                    "a host workspace for template {template:?}, which is not registered"
+                )));
+            }
+            let canonical = dir.canonicalize().map_err(|e| {
+                Error::invalid_input(format!(
+                    "host workspace {} of template {template:?}: {e}",
+                    dir.display()
+                ))
+            })?;
+            if !canonical.is_dir() {
+                return Err(Error::invalid_input(format!(
+                    "host workspace {} of template {template:?} is not a directory",
+                    canonical.display()
+                )));
+            }
+            if sandcell::raw::overlay::has_unsafe_chars(&canonical) {
+                return Err(Error::invalid_input(format!(
+                    "host workspace {} of template {template:?} contains ',', ':' or '\\', which overlayfs cannot take",
+                    canonical.display()
+                )));
+            }
+            *dir = canonical;
         }
         if !self.config.workspace.starts_with('/') || self.config.workspace.contains("..") {
             return Err(Error::invalid_input(format!(

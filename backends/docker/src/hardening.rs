@@ -43,6 +43,8 @@ pub(crate) struct ContainerSettings {
     pub(crate) command_timeout: Option<Duration>,
     /// Created with `Network::Allowlist`: its way out is an egress proxy on this host.
     pub(crate) allowlist: bool,
+    /// Its workspace is an overlay of a host directory (`crate::host_workspace`).
+    pub(crate) host_workspace: bool,
 }
 
 impl ContainerSettings {
@@ -60,6 +62,10 @@ impl ContainerSettings {
                 .and_then(|v| v.parse().ok())
                 .map(Duration::from_millis),
             allowlist: labels.get(LABEL_NETWORK).map(String::as_str) == Some("allowlist"),
+            host_workspace: labels
+                .get(crate::host_workspace::LABEL_WORKSPACE)
+                .map(String::as_str)
+                == Some("overlay"),
         })
     }
 }

@@ -29,6 +29,7 @@ mod egress;
 mod engine;
 mod error;
 mod hardening;
+mod host_workspace;
 mod image;
 mod ports;
 mod probe;

@@ -7,6 +7,7 @@
 mod common;
 
 use proptest::prelude::*;
+use sandcell::SandboxBackend;
 
 /// Create bodies: malformed JSON, wrong types, hostile specs, huge numbers.
 fn body() -> impl Strategy<Value = String> {
@@ -62,33 +63,47 @@ fn any_request_gets_an_answer_in_the_apis_shape() {
     let client = reqwest::Client::new();
     let mut config = ProptestConfig::default();
     config.cases = config.cases.min(128);
-    proptest!(config, |((method, path) in route(), body in body())| {
-        let (status, text) = runtime.block_on(async {
-            let url = format!("{}{}", server.url, path);
-            let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
-                return (200, String::new());
-            };
-            let Ok(response) = client
-                .request(method, &url)
-                .bearer_auth(common::TOKEN)
-                .header("content-type", "application/json")
-                .body(body.clone())
-                .send()
-                .await
-            else {
-                // A URL reqwest itself refuses never reached the server.
-                return (200, String::new());
-            };
-            let status = response.status().as_u16();
-            (status, response.text().await.unwrap_or_default())
+    // Cases create machines in any app; whatever they left is destroyed below, even
+    // when a case fails, so no workspace mount or cgroup outlives the test.
+    let cases = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        proptest!(config, |((method, path) in route(), body in body())| {
+            let (status, text) = runtime.block_on(async {
+                let url = format!("{}{}", server.url, path);
+                let Ok(method) = reqwest::Method::from_bytes(method.as_bytes()) else {
+                    return (200, String::new());
+                };
+                let Ok(response) = client
+                    .request(method, &url)
+                    .bearer_auth(common::TOKEN)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                else {
+                    // A URL reqwest itself refuses never reached the server.
+                    return (200, String::new());
+                };
+                let status = response.status().as_u16();
+                (status, response.text().await.unwrap_or_default())
+            });
+            prop_assert!(status < 500, "{status} for {path}: {text}");
+            if status >= 400 {
+                let json: serde_json::Value = serde_json::from_str(&text)
+                    .map_err(|e| TestCaseError::fail(format!("{status} without JSON ({e}): {text}")))?;
+                prop_assert!(json["error"].is_string(), "{text}");
+            }
         });
-        prop_assert!(status < 500, "{status} for {path}: {text}");
-        if status >= 400 {
-            let json: serde_json::Value = serde_json::from_str(&text)
-                .map_err(|e| TestCaseError::fail(format!("{status} without JSON ({e}): {text}")))?;
-            prop_assert!(json["error"].is_string(), "{text}");
+    }));
+    let left = runtime.block_on(async {
+        for sandbox in server.local.list(&Default::default()).await.unwrap() {
+            server.local.destroy(&sandbox.id).await.unwrap();
         }
+        server.local.list(&Default::default()).await.unwrap()
     });
+    if let Err(panic) = cases {
+        std::panic::resume_unwind(panic);
+    }
+    assert!(left.is_empty(), "{left:?}");
     // Still serving, and every machine a case created can go.
     runtime.block_on(async {
         let list = client

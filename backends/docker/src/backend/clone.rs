@@ -3,7 +3,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sandcell::{Network, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxSpec};
+use sandcell::{Error, Network, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxSpec};
 
 use super::DockerBackend;
 use crate::error::engine;
@@ -52,7 +52,13 @@ impl DockerBackend {
         id: &SandboxId,
         labels: BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
-        self.settings(id).await?;
+        if self.settings(id).await?.host_workspace {
+            // A commit leaves bind mounts out, and the clone would get the source's
+            // merged view bound in: never independent.
+            return Err(Error::unsupported(format!(
+                "sandbox {id} has a host-directory workspace, which clone does not copy yet"
+            )));
+        }
         self.check_not_paused(id)?;
         let docker = &self.inner.docker;
         let new = SandboxId::generate("docker");

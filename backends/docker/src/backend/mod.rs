@@ -85,6 +85,8 @@ struct Inner {
     socket: Option<std::path::PathBuf>,
     /// The resource limits containers are created with, read once (`crate::ulimits`).
     ulimits: tokio::sync::OnceCell<Option<Vec<bollard::models::ResourcesUlimits>>>,
+    /// Set once this process swept host workspaces a crash left without a container.
+    swept: tokio::sync::OnceCell<()>,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -151,6 +153,7 @@ impl DockerBackend {
                 local_engine,
                 socket,
                 ulimits: tokio::sync::OnceCell::new(),
+                swept: tokio::sync::OnceCell::new(),
             }),
         })
     }
@@ -241,6 +244,31 @@ impl DockerBackend {
             .get_or_init(|| crate::ulimits::for_engine(self.inner.socket.as_deref()))
             .await
             .as_deref()
+    }
+
+    /// Once per process, at its first create or list: removes the host workspaces of
+    /// containers that no longer exist (a crash between mount and create, or a
+    /// container removed behind this backend's back). Failures are logged; the next
+    /// process tries again.
+    async fn sweep_host_workspaces(&self) {
+        self.inner
+            .swept
+            .get_or_init(|| async {
+                let runtime = self.inner.config.runtime_dir.clone();
+                for (id, ws) in crate::host_workspace::sweep_candidates(&runtime) {
+                    match self.inner.docker.inspect_container(id.as_str(), None).await {
+                        Err(e) if is_not_found(&e) => {
+                            if let Err(e) = ws.remove() {
+                                tracing::warn!(sandbox = %id, error = %e, "could not remove a stale host workspace");
+                            } else {
+                                tracing::info!(sandbox = %id, "removed a host workspace whose container is gone");
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+            })
+            .await;
     }
 
     /// The agent connection of container `id`, opened on first use.
@@ -369,7 +397,40 @@ impl DockerBackend {
         );
         // The user the container runs as, as the hardening chose it.
         let user = body.user.clone();
-        self.inner
+        let mut body = body;
+        let host_workspace = match config.host_workspaces.get(&spec.template) {
+            Some(_) if !self.inner.local_engine => {
+                crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
+                return Err(Error::unsupported(format!(
+                    "template {:?} has a host-directory workspace, which needs the engine on this host (a unix socket), not over TCP",
+                    spec.template
+                )));
+            }
+            Some(lower) => {
+                let ws = crate::host_workspace::HostWorkspace::of(&config.runtime_dir, id);
+                if let Err(e) = std::fs::create_dir_all(ws.merged()) {
+                    crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
+                    return Err(Error::io("creating the workspace's mount point", e));
+                }
+                if let Some(labels) = body.labels.as_mut() {
+                    labels.insert(
+                        crate::host_workspace::LABEL_WORKSPACE.to_owned(),
+                        "overlay".to_owned(),
+                    );
+                }
+                if let Some(host) = body.host_config.as_mut() {
+                    host.binds.get_or_insert_with(Vec::new).push(format!(
+                        "{}:{}:rw",
+                        ws.merged().display(),
+                        config.workspace
+                    ));
+                }
+                Some((ws, lower.clone()))
+            }
+            None => None,
+        };
+        let created = self
+            .inner
             .docker
             .create_container(
                 Some(CreateContainerOptions {
@@ -379,8 +440,26 @@ impl DockerBackend {
                 body,
             )
             .await
-            .map_err(|e| engine(format_args!("creating sandbox {id}"), e))?;
+            .map_err(|e| engine(format_args!("creating sandbox {id}"), e));
+        if let Err(e) = created {
+            crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
+            if let Some((ws, _)) = &host_workspace {
+                let _ = ws.remove();
+            }
+            return Err(e);
+        }
         let started = async {
+            // The overlay goes on the mount point before start, which binds it.
+            if let Some((ws, lower)) = &host_workspace {
+                let owner =
+                    crate::user::resolve(&self.inner.docker, id.as_str(), user.as_deref()).await?;
+                let (ws, lower) = (ws.clone(), lower.clone());
+                tokio::task::spawn_blocking(move || ws.mount(&lower, owner))
+                    .await
+                    .map_err(|e| {
+                        Error::with_source(ErrorKind::Backend, "mounting the workspace failed", e)
+                    })??;
+            }
             // The image's layer made the workspace for the configured user; a spec
             // asking for another user gets it re-owned before start.
             if spec.user.is_some() && spec.user != config.user {
@@ -411,6 +490,9 @@ impl DockerBackend {
         if let Err(e) = started {
             let _ = self.remove_container(id.as_str()).await;
             crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
+            if let Some((ws, _)) = &host_workspace {
+                let _ = ws.remove();
+            }
             return Err(e);
         }
         Ok(())
@@ -445,6 +527,14 @@ impl SandboxBackend for DockerBackend {
         caps.shell = true;
         caps.pause = true;
         caps.reset = true;
+        // Only a host-directory workspace has a change set; claimed when every template
+        // has one (a sandbox of another template answers `Unsupported`).
+        let config = &self.inner.config;
+        caps.incremental_snapshot = !config.templates.is_empty()
+            && config
+                .templates
+                .keys()
+                .all(|t| config.host_workspaces.contains_key(t));
         caps.host_mounts = true;
         caps.read_only_mounts_enforced = true;
         caps.network_isolation = true;
@@ -483,6 +573,7 @@ impl SandboxBackend for DockerBackend {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
         let mut spec = spec.prepare(&self.capabilities())?;
+        self.sweep_host_workspaces().await;
         let image = self.image_for(&spec.template).await?;
         let defaults = &self.inner.config.default_limits;
         let limits = &mut spec.limits;
@@ -514,6 +605,18 @@ impl SandboxBackend for DockerBackend {
             }
             .to_owned(),
         );
+        let workspace = if self
+            .inner
+            .config
+            .host_workspaces
+            .contains_key(&spec.template)
+        {
+            "overlay"
+        } else {
+            "image"
+        };
+        info.details
+            .insert("workspace".to_owned(), workspace.to_owned());
         Ok(info)
     }
 
@@ -558,10 +661,18 @@ impl SandboxBackend for DockerBackend {
             "exec".to_owned(),
             labels.get(LABEL_EXEC).cloned().unwrap_or_default(),
         );
+        details.insert(
+            "workspace".to_owned(),
+            labels
+                .get(crate::host_workspace::LABEL_WORKSPACE)
+                .cloned()
+                .unwrap_or_else(|| "image".to_owned()),
+        );
         Ok(self.with_allowlist(info_of(id.clone(), labels, status, created_at, details)))
     }
 
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
+        self.sweep_host_workspaces().await;
         let mut label_filters = vec![LABEL_TEMPLATE.to_owned()];
         label_filters.extend(selector.equals.iter().map(|(k, v)| format!("{k}={v}")));
         label_filters.extend(selector.exists.iter().cloned());
@@ -607,6 +718,8 @@ impl SandboxBackend for DockerBackend {
         self.forget(id);
         self.remove_container(id.as_str()).await?;
         crate::egress::remove(&self.inner.egress, &self.inner.config.runtime_dir, id);
+        // After the container: the engine unbinds the view before it is unmounted.
+        crate::host_workspace::HostWorkspace::of(&self.inner.config.runtime_dir, id).remove()?;
         crate::task::teardown(&self.inner.docker, id).await
     }
 
@@ -731,11 +844,16 @@ impl SandboxBackend for DockerBackend {
         self.client(id).await?.export_tar(path).await
     }
 
+    /// A host-directory workspace's upper layer is its change set; an image's
+    /// workspace has none to offer.
     async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
-        self.settings(id).await?;
-        Err(Error::unsupported(
-            "backend docker does not support incremental snapshots",
-        ))
+        if !self.settings(id).await?.host_workspace {
+            return Err(Error::unsupported(format!(
+                "sandbox {id} has its image's workspace; incremental snapshots need a host-directory workspace (DockerBackendBuilder::host_workspace)"
+            )));
+        }
+        let ws = crate::host_workspace::HostWorkspace::of(&self.inner.config.runtime_dir, id);
+        sandcell::raw::overlay::changes(ws.upper()).await
     }
 
     async fn clone_sandbox(
