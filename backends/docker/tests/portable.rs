@@ -1,7 +1,8 @@
 //! Snapshots move between backends: a workspace with nested directories, modes, symlinks,
-//! an empty directory and a 20 MB binary, snapshotted on each of Docker (with the
-//! agent), the local backend and the remote backend (a sandcell-server over
-//! a local backend) and restored on each of the others (`sandcell::testing::portable`).
+//! an empty directory and a 20 MB binary, snapshotted on each of Docker (with the agent;
+//! image and host-directory workspaces), the local backend and the remote backend (a
+//! sandcell-server over a local backend) and restored on each of the others
+//! (`sandcell::testing::portable`).
 
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -25,6 +26,22 @@ async fn a_snapshot_moves_between_every_pair_of_backends() {
     }
     // File operations (and so snapshots) on Docker go through the agent.
     let docker = common::backend(true).await;
+    // And Docker with a host-directory workspace: an empty project owned by the
+    // image's user, each sandbox's files in its own upper layer.
+    let host_root = tempfile::tempdir().unwrap();
+    let project = host_root.path().join("project");
+    std::fs::create_dir(&project).unwrap();
+    std::os::unix::fs::chown(&project, Some(1000), Some(1000)).unwrap();
+    let docker_host = sandcell_docker::DockerBackend::builder()
+        .template(
+            "default",
+            sandcell_docker::ImageSpec::pull(common::USER_IMAGE),
+        )
+        .host_workspace("default", &project)
+        .runtime_dir(host_root.path().join("runtime"))
+        .agent(common::agent_binary())
+        .build()
+        .unwrap();
     let local_root = tempfile::tempdir().unwrap();
     let local = LocalBackend::builder()
         .root(local_root.path())
@@ -54,8 +71,9 @@ async fn a_snapshot_moves_between_every_pair_of_backends() {
         .unwrap();
 
     let docker_spec = SandboxSpec::default().label(common::TEST_LABEL.0, common::TEST_LABEL.1);
-    let backends: [(&str, &dyn SandboxBackend, SandboxSpec); 3] = [
-        ("docker", &docker, docker_spec),
+    let backends: [(&str, &dyn SandboxBackend, SandboxSpec); 4] = [
+        ("docker", &docker, docker_spec.clone()),
+        ("docker-host-workspace", &docker_host, docker_spec),
         ("local", &local, SandboxSpec::default()),
         ("remote", &remote, SandboxSpec::default()),
     ];
@@ -69,7 +87,20 @@ async fn a_snapshot_moves_between_every_pair_of_backends() {
         }
     }
     server.abort();
-    assert!(common::leftovers(&docker).await.is_empty());
+    // Its own label only: the other test of this file runs alongside.
+    let left = docker
+        .list(&sandcell::LabelSelector::new().label(common::TEST_LABEL.0, common::TEST_LABEL.1))
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "{left:?}");
+    let workspaces = host_root.path().join("runtime").join("workspaces");
+    let layers = std::fs::read_dir(&workspaces).map_or(0, |d| d.count());
+    assert_eq!(
+        layers,
+        0,
+        "host workspaces left in {}",
+        workspaces.display()
+    );
     assert!(local.list(&Default::default()).await.unwrap().is_empty());
 }
 

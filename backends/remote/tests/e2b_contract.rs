@@ -629,6 +629,17 @@ async fn another_tenants_sandbox_is_not_found_on_the_e2b_face() {
         .call(reqwest::Method::GET, &format!("/sandboxes/{id}"), None)
         .await;
     assert_eq!((status, detail["state"].as_str()), (200, Some("running")));
+    // Both tenants' sandboxes go, so no workspace mount or process outlives the test.
+    use sandcell::SandboxBackend;
+    for sandbox in server.local.list(&Default::default()).await.unwrap() {
+        server.local.destroy(&sandbox.id).await.unwrap();
+    }
+    assert!(server
+        .local
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// The `.proto` request message of an envd method, and which of its fields hold which
