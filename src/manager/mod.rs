@@ -496,7 +496,8 @@ impl<B: SandboxBackend> Inner<B> {
         Error::new(
             ErrorKind::InvalidState,
             format!(
-                "session {} is live on the {} backend, not {here}; suspend it through a                  manager on {} and it is restored on whichever backend acquires it next",
+                "session {} is live on the {} backend, not {here}; suspend it through a \
+                 manager on {} and it is restored on whichever backend acquires it next",
                 record.key, record.backend, record.backend
             ),
         )

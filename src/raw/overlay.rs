@@ -35,7 +35,7 @@ pub fn mount(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<(
     for path in [lower, upper, work] {
         if has_unsafe_chars(path) {
             return Err(Error::invalid_input(format!(
-                "{} contains ',', ':' or '\\\\', which overlayfs cannot take",
+                "{} contains ',', ':' or '\\', which overlayfs cannot take",
                 path.display()
             )));
         }

@@ -256,7 +256,7 @@ fn validate_template(name: &str, dir: &mut PathBuf) -> Result<()> {
     // overlayfs options are comma- and colon-separated; such paths cannot be a lower layer.
     if sandcell::raw::overlay::has_unsafe_chars(&canonical) {
         return Err(Error::invalid_input(format!(
-            "template {name:?} path {} contains ',', ':' or '\\\\', which overlayfs cannot take",
+            "template {name:?} path {} contains ',', ':' or '\\', which overlayfs cannot take",
             canonical.display()
         )));
     }
