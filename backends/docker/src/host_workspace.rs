@@ -71,6 +71,31 @@ impl HostWorkspace {
         Ok(())
     }
 
+    /// Makes this (new) workspace a copy of `source`'s: its upper layer copied with
+    /// owners, whiteouts and opaque marks, mounted over the same `lower`. The source
+    /// should not change meanwhile (its container paused). Nothing is left behind on
+    /// error.
+    pub(crate) fn copy_of(&self, source: &HostWorkspace, lower: &Path) -> Result<()> {
+        let made = (|| {
+            fs::create_dir_all(&self.root)
+                .map_err(|e| Error::io(format_args!("creating {}", self.root.display()), e))?;
+            sandcell::raw::tree::copy_layer(&source.upper(), &self.upper())?;
+            let owner = fs::metadata(source.merged())
+                .map_err(|e| Error::io("reading the owner of the source's workspace", e))?;
+            self.mount(lower, (owner.uid(), owner.gid()))
+        })();
+        if let Err(e) = made {
+            let _ = self.remove();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// The bind that puts this workspace's merged view at `target` in a container.
+    pub(crate) fn bind(&self, target: &str) -> String {
+        format!("{}:{target}:rw", self.merged().display())
+    }
+
     /// Unmounts the overlay and deletes the sandbox's layers. Gone already is fine; a
     /// view still mounted after unmounting is an error, and nothing is deleted then.
     pub(crate) fn remove(&self) -> Result<()> {

@@ -118,13 +118,53 @@ async fn agents_on_one_project_share_its_files_and_never_each_others_writes() {
     names.sort();
     assert_eq!(names, ["a.txt", "new.txt"]);
 
-    // A clone cannot copy the layers yet: refused, never sharing the source's view.
-    let err = backend
+    // A clone copies the upper layer (the deletion's whiteout too) over the same
+    // project, owned as before: independent both ways.
+    let copy = backend
         .clone_sandbox(&one.id, Default::default())
+        .await
+        .unwrap();
+    let _g3 = common::Guard::new(&backend, &copy.id);
+    assert_eq!(
+        copy.details.get("workspace").map(String::as_str),
+        Some("overlay")
+    );
+    let inside = backend
+        .run_shell(
+            &copy.id,
+            "cat a.txt new.txt; echo; ls sub | wc -l; id -u; stat -c %u a.txt",
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        inside.stdout_str(),
+        "mineadded\n0\n1000\n1000\n",
+        "{inside:?}"
+    );
+    backend
+        .write_string(&copy.id, &a, "the clone's")
+        .await
+        .unwrap();
+    backend
+        .write_string(&one.id, &"after.txt".parse().unwrap(), "later")
+        .await
+        .unwrap();
+    assert_eq!(backend.read_to_string(&one.id, &a).await.unwrap(), "mine");
+    let absent = backend
+        .read(&copy.id, &"after.txt".parse().unwrap())
         .await
         .err()
         .unwrap();
-    assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
+    assert_eq!(absent.kind(), ErrorKind::NotFound, "{absent}");
+    assert_eq!(
+        std::fs::read_to_string(template.join("a.txt")).unwrap(),
+        "shared"
+    );
+    let copy_root = runtime.join("workspaces").join(copy.id.as_str());
+    assert!(mounted(&copy_root.join("merged")));
+    backend.destroy(&copy.id).await.unwrap();
+    assert!(!copy_root.exists());
+    assert_eq!(backend.read_to_string(&one.id, &a).await.unwrap(), "mine");
 
     // A reset restarts the container; the upper layer stays.
     backend.reset(&one.id).await.unwrap();

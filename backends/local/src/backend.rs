@@ -589,10 +589,10 @@ impl SandboxBackend for LocalBackend {
                 };
                 freeze(true);
                 let copied = if strategy == "overlay" {
-                    crate::contained::copy_tree(&source_dir.upper(), &dir.upper(), true)
+                    crate::contained::copy_layer(&source_dir.upper(), &dir.upper())
                         .map(|()| "overlay")
                 } else {
-                    crate::contained::copy_tree(&source_dir.workspace(), &dir.workspace(), false)
+                    crate::contained::copy_tree(&source_dir.workspace(), &dir.workspace())
                         .map(|()| "copy")
                 };
                 freeze(false);

@@ -3,11 +3,14 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use sandcell::{Error, Network, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxSpec};
+use sandcell::{
+    Error, ErrorKind, Network, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxSpec,
+};
 
 use super::DockerBackend;
 use crate::error::engine;
-use crate::hardening::INTERNAL_PREFIX;
+use crate::hardening::{INTERNAL_PREFIX, LABEL_TEMPLATE};
+use crate::host_workspace::HostWorkspace;
 
 impl DockerBackend {
     /// Creates a sandbox with service containers: a private network, then the sandbox
@@ -52,13 +55,7 @@ impl DockerBackend {
         id: &SandboxId,
         labels: BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
-        if self.settings(id).await?.host_workspace {
-            // A commit leaves bind mounts out, and the clone would get the source's
-            // merged view bound in: never independent.
-            return Err(Error::unsupported(format!(
-                "sandbox {id} has a host-directory workspace, which clone does not copy yet"
-            )));
-        }
+        let host_workspace = self.settings(id).await?.host_workspace;
         self.check_not_paused(id)?;
         let docker = &self.inner.docker;
         let new = SandboxId::generate("docker");
@@ -89,6 +86,7 @@ impl DockerBackend {
                 .into_iter()
                 .filter(|(k, _)| k.starts_with(INTERNAL_PREFIX))
                 .collect();
+            let template = new_labels.get(LABEL_TEMPLATE).cloned().unwrap_or_default();
             crate::hardening::record_label_keys(&mut new_labels, labels.keys());
             new_labels.extend(labels);
             let image = crate::task::commit(docker, id.as_str(), &new, None).await?;
@@ -100,6 +98,21 @@ impl DockerBackend {
                 new_labels,
             )
             .await?;
+            if host_workspace {
+                // A commit leaves bind mounts out: the clone gets a copy of the source's
+                // upper layer over the same project directory, bound where the
+                // source's was.
+                let (source, copy) = self.copy_host_workspace(id, &new, &template).await?;
+                let host = body.host_config.get_or_insert_with(Default::default);
+                for bind in host.binds.iter_mut().flatten() {
+                    if let Some(target) = bind
+                        .strip_prefix(&format!("{}:", source.merged().display()))
+                        .and_then(|rest| rest.split(':').next())
+                    {
+                        *bind = copy.bind(target);
+                    }
+                }
+            }
             body.networking_config = network
                 .as_deref()
                 .map(|n| crate::task::endpoint(n, Vec::new()));
@@ -138,8 +151,60 @@ impl DockerBackend {
         if let Err(e) = result {
             let _ = self.remove_container(new.as_str()).await;
             let _ = crate::task::teardown(docker, &new).await;
+            let _ = HostWorkspace::of(&self.inner.config.runtime_dir, &new).remove();
             return Err(e.context(format_args!("cloning sandbox {id}")));
         }
         self.inspect(&new).await
+    }
+
+    /// Copies host workspace of sandbox `id` (template `template`) for its clone `new`,
+    /// with the source's container paused meanwhile so the copy is one moment's
+    /// state. Returns the source's and the copy's workspaces.
+    async fn copy_host_workspace(
+        &self,
+        id: &SandboxId,
+        new: &SandboxId,
+        template: &str,
+    ) -> Result<(HostWorkspace, HostWorkspace)> {
+        let config = &self.inner.config;
+        let lower = config.host_workspaces.get(template).cloned().ok_or_else(|| {
+            Error::unsupported(format!(
+                "sandbox {id} has a host-directory workspace of template {template:?}, which this backend has no directory for"
+            ))
+        })?;
+        let source = HostWorkspace::of(&config.runtime_dir, id);
+        let copy = HostWorkspace::of(&config.runtime_dir, new);
+        let docker = &self.inner.docker;
+        let running = docker
+            .inspect_container(id.as_str(), None)
+            .await
+            .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?
+            .state
+            .and_then(|s| s.running)
+            .unwrap_or(false);
+        if running {
+            docker.pause_container(id.as_str()).await.map_err(|e| {
+                engine(
+                    format_args!("pausing sandbox {id} to copy its workspace"),
+                    e,
+                )
+            })?;
+        }
+        let (from, to) = (source.clone(), copy.clone());
+        let copied = tokio::task::spawn_blocking(move || to.copy_of(&from, &lower))
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "copying the workspace failed", e));
+        if running {
+            let resumed = docker
+                .unpause_container(id.as_str())
+                .await
+                .map_err(|e| engine(format_args!("resuming sandbox {id}"), e));
+            if let Err(e) = resumed {
+                let _ = copy.remove();
+                return Err(e);
+            }
+        }
+        copied??;
+        Ok((source, copy))
     }
 }

@@ -419,11 +419,9 @@ impl DockerBackend {
                     );
                 }
                 if let Some(host) = body.host_config.as_mut() {
-                    host.binds.get_or_insert_with(Vec::new).push(format!(
-                        "{}:{}:rw",
-                        ws.merged().display(),
-                        config.workspace
-                    ));
+                    host.binds
+                        .get_or_insert_with(Vec::new)
+                        .push(ws.bind(&config.workspace));
                 }
                 Some((ws, lower.clone()))
             }

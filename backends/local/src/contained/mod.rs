@@ -10,7 +10,7 @@
 //! remove, export) open every directory relative to its parent with `O_NOFOLLOW`, so a
 //! process swapping a directory for a symlink mid-walk cannot redirect them.
 
-use std::ffi::{CStr, CString};
+use std::ffi::CString;
 use std::fmt;
 use std::fs::File;
 use std::io::{Read, Write};
@@ -18,15 +18,15 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
-use rustix::fs::{AtFlags, Dir, Mode, OFlags, ResolveFlags};
+use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use sandcell::archive::PackStats;
 use sandcell::{DirEntry, Error, ErrorKind, FileInfo, FileKind, Result, SandboxPath};
 
 use meta::Meta;
 
-mod copy;
-pub(crate) use copy::copy_tree;
+pub(crate) use sandcell::raw::tree::{copy_layer, copy_tree};
+pub(crate) use sandcell::raw::tree::{list_names, open_subdir, remove_tree};
 mod export;
 mod meta;
 
@@ -300,7 +300,12 @@ impl Workspace {
             Err(Errno::XDEV) if src.kind == FileKind::Dir => {
                 c_name(src_name).and_then(|src_name| {
                     let dst_name = c_name(dst_name)?;
-                    copy::move_tree(src_parent.as_fd(), &src_name, dst_parent.as_fd(), &dst_name)
+                    sandcell::raw::tree::move_tree(
+                        src_parent.as_fd(),
+                        &src_name,
+                        dst_parent.as_fd(),
+                        &dst_name,
+                    )
                 })
             }
             other => other,
@@ -529,92 +534,6 @@ impl Workspace {
         }
         Ok(total)
     }
-}
-
-pub(crate) fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<OwnedFd> {
-    rustix::fs::openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-}
-
-/// The names in directory `dir` (any descriptor of it, `O_PATH` too), sorted by bytes,
-/// without `.` and `..`. Read in full before the caller changes the directory, since
-/// deleting while reading may skip entries on some file systems.
-pub(crate) fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
-    let fd = rustix::fs::openat(
-        dir,
-        c".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
-    let mut names = Vec::new();
-    for entry in Dir::new(fd)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name != c"." && name != c".." {
-            names.push(name.to_owned());
-        }
-    }
-    names.sort();
-    Ok(names)
-}
-
-/// Removes directory `name` in `parent` and everything in it. Directories are opened
-/// with `O_NOFOLLOW`, and entries are unlinked before being looked into, so a symlink
-/// is only ever removed, never followed. One descriptor is held per level.
-fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()> {
-    struct Level {
-        fd: OwnedFd,
-        name: CString,
-        pending: Vec<CString>,
-        relists: u8,
-    }
-    let open_level = |parent: BorrowedFd<'_>, name: &CStr| -> rustix::io::Result<Level> {
-        let fd = open_subdir(parent, name)?;
-        let pending = list_names(fd.as_fd())?;
-        Ok(Level {
-            fd,
-            name: name.to_owned(),
-            pending,
-            relists: 0,
-        })
-    };
-    let mut stack = vec![open_level(parent, name)?];
-    while let Some(level) = stack.last_mut() {
-        if let Some(child) = level.pending.pop() {
-            match rustix::fs::unlinkat(&level.fd, child.as_c_str(), AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => {}
-                // Linux answers unlink(2) of a directory with EISDIR.
-                Err(Errno::ISDIR) => match open_level(level.fd.as_fd(), &child) {
-                    Ok(next) => stack.push(next),
-                    Err(Errno::NOENT) => {}
-                    // Swapped for a non-directory since the unlink: unlink that instead.
-                    Err(Errno::NOTDIR | Errno::LOOP) => {
-                        rustix::fs::unlinkat(&level.fd, child.as_c_str(), AtFlags::empty())?
-                    }
-                    Err(e) => return Err(e),
-                },
-                Err(e) => return Err(e),
-            }
-            continue;
-        }
-        let Some(mut done) = stack.pop() else { break };
-        let above = stack.last().map_or(parent, |l| l.fd.as_fd());
-        match rustix::fs::unlinkat(above, done.name.as_c_str(), AtFlags::REMOVEDIR) {
-            Ok(()) | Err(Errno::NOENT) => {}
-            // Something was created in it meanwhile: clear it again, a few times at most.
-            Err(Errno::NOTEMPTY | Errno::EXIST) if done.relists < 3 => {
-                done.relists += 1;
-                done.pending = list_names(done.fd.as_fd())?;
-                stack.push(done);
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
 }
 
 /// A path component as the `*at` calls take it.
