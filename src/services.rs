@@ -392,7 +392,11 @@ async fn launch(inner: &Inner, backend: &dyn SandboxBackend, service: &Service) 
             ));
         }
         if Instant::now() >= deadline {
+            // Killed and waited for (bounded, as `stop` does), so the failed start has
+            // ended when it returns.
+            let ended = inner.background.wait(&process);
             let _ = inner.background.kill(&process);
+            let _ = tokio::time::timeout(Duration::from_secs(10), ended).await;
             return Err(Error::new(
                 ErrorKind::Timeout,
                 format!(

@@ -124,11 +124,15 @@ impl<B: SandboxBackend> Inner<B> {
                     .sandbox(&id),
             ),
         }
-        let now = self.clock.now();
-        record.status = SandboxStatus::Running;
-        record.last_active = now;
-        record.updated_at = now;
-        self.state.put(&record).await?;
+        // The claim recorded the activity; a write is left only for a status change
+        // (a paused sandbox resumed, a record that said otherwise).
+        if record.status != SandboxStatus::Running {
+            let now = self.clock.now();
+            record.status = SandboxStatus::Running;
+            record.last_active = now;
+            record.updated_at = now;
+            self.state.put(&record).await?;
+        }
         let mut info = info;
         info.status = SandboxStatus::Running;
         Ok(Some(info))

@@ -339,8 +339,9 @@ pub enum ClaimOutcome {
 /// The claim rule of [`StateStore::claim`]: decides a claim from the current record of
 /// the key (`existing`) and the tenant's records. Every store, this crate's and outside
 /// ones, applies it so the rule is written once; a store makes it atomic by reading
-/// both and writing what the outcome says (the `Claimed` record, or the `Live` record's
-/// lease) in one transaction (or under one lock).
+/// both and writing what the outcome says (the `Claimed` record, or the `Live` record
+/// with its new lease and the claim's time as its last activity) in one transaction (or
+/// under one lock).
 ///
 /// # Errors
 /// [`ErrorKind::LimitExceeded`](crate::ErrorKind::LimitExceeded) when the tenant is at
@@ -374,8 +375,11 @@ pub fn decide_claim<'a>(
             if existing.backend != claim.record.backend {
                 return Ok(ClaimOutcome::Elsewhere(existing.clone()));
             }
+            // Reuse is activity: recorded with the lease, in the claim's one write.
             let mut live = existing.clone();
             live.lease = Some(lease);
+            live.last_active = live.last_active.max(now);
+            live.updated_at = now;
             return Ok(ClaimOutcome::Live(live));
         }
     }

@@ -149,10 +149,15 @@ impl StateStore for SqliteStateStore {
             .await
             .map_err(|e| db_error("starting a claim", e))?;
         // Only what the rule looks at: the key's record and the tenant's sessions that
-        // hold a sandbox, not every session the tenant ever had.
+        // hold a sandbox, not every session the tenant ever had. Two lookups, one per
+        // index: without statistics (no ANALYZE) SQLite answers `live = 1 OR session = ?`
+        // by scanning every session of the tenant, which grows with its history.
         let rows = sqlx::query(&format!(
-            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND (live = 1 OR session = ?)"
+            "SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND live = 1 \
+             UNION ALL \
+             SELECT {SESSION_COLUMNS} FROM sessions WHERE tenant = ? AND session = ? AND live = 0"
         ))
+        .bind(key.tenant())
         .bind(key.tenant())
         .bind(key.session())
         .fetch_all(&mut *tx)

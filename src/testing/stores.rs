@@ -111,10 +111,15 @@ pub async fn state_claim(store: &dyn StateStore) {
     live.status = SandboxStatus::Running;
     live.sandbox_id = Some(SandboxId::new("sb-a").unwrap());
     store.put(&live).await.unwrap();
-    let ClaimOutcome::Live(reused) = store.claim(&claim("a", Some(2))).await.unwrap() else {
+    let reuse = claim("a", Some(2));
+    let ClaimOutcome::Live(reused) = store.claim(&reuse).await.unwrap() else {
         panic!("a live session is returned")
     };
     assert_eq!(reused.sandbox_id, live.sandbox_id);
+    assert_eq!(
+        reused.last_active, reuse.record.updated_at,
+        "a reuse is recorded as activity by the claim's own write"
+    );
     assert_eq!(
         reused.token(),
         live.token(),
