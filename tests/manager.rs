@@ -770,6 +770,40 @@ async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
     assert_eq!(backend.live_count(), 0);
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_fills_with_creates_in_parallel_up_to_the_setting() {
+    let backend = MockBackend::new().create_delay(Duration::from_millis(20));
+    let manager = SandboxManager::builder(backend.clone())
+        .state_store(InMemoryStateStore::new())
+        .snapshot_store(InMemorySnapshotStore::new())
+        .warm_pool("default", spec(), 7)
+        .pool_fill_parallelism(3)
+        .max_sandboxes_per_tenant(1)
+        .build()
+        .await
+        .unwrap();
+    // The background filler and this call take turns; either creates three at once.
+    while manager.fill_pools().await.unwrap() > 0 {}
+    assert_eq!(backend.most_concurrent_creates(), 3);
+    assert_eq!(backend.live_count(), 7, "exactly the pool, never more");
+    // A full pool does not lift the tenant limit: one session takes one sandbox.
+    let _one = manager.acquire(&key("one"), &spec()).await.unwrap();
+    let err = manager.acquire(&key("two"), &spec()).await.err().unwrap();
+    assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{err}");
+    manager.shutdown().await;
+    assert_eq!(backend.live_count(), 0);
+
+    let zero = SandboxManager::builder(MockBackend::new())
+        .state_store(InMemoryStateStore::new())
+        .snapshot_store(InMemorySnapshotStore::new())
+        .pool_fill_parallelism(0)
+        .build()
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(zero.kind(), ErrorKind::InvalidInput, "{zero}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn sandboxes_past_their_lifetime_are_snapshotted_and_destroyed() {
     let backend = MockBackend::new();

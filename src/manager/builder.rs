@@ -164,6 +164,12 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
         self
     }
 
+    /// See [`ManagerSettings::pool_fill_parallelism`].
+    pub fn pool_fill_parallelism(mut self, creates: usize) -> Self {
+        self.settings.pool_fill_parallelism = creates;
+        self
+    }
+
     /// Keeps `size` sandboxes of `spec` ready for new sessions; see [`WarmPool`].
     pub fn warm_pool(mut self, name: impl Into<String>, spec: SandboxSpec, size: usize) -> Self {
         self.pools.push(WarmPool {

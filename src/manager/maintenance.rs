@@ -157,10 +157,11 @@ impl<B: SandboxBackend> SandboxManager<B> {
             .await
     }
 
-    /// Creates warm-pool sandboxes until every pool is full; returns how many it
-    /// created. The background filler calls this too. Fills in one process are
-    /// serialized; managers in several processes sharing a store may together overshoot
-    /// a pool's size by one fill each.
+    /// Creates warm-pool sandboxes until every pool is full, up to
+    /// [`pool_fill_parallelism`](crate::ManagerSettings::pool_fill_parallelism) at once;
+    /// returns how many it created. The background filler calls this too. Fills in one
+    /// process are serialized; managers in several processes sharing a store may
+    /// together overshoot a pool's size by one fill each.
     pub async fn fill_pools(&self) -> Result<usize> {
         self.inner
             .fill_pools()
@@ -538,6 +539,7 @@ impl<B: SandboxBackend> Inner<B> {
         let _filling = self.fill_lock.lock().await;
         let mut created = 0;
         let stale_before = self.clock.now() - chrono_duration(self.settings.provision_timeout);
+        let parallel = self.settings.pool_fill_parallelism.max(1);
         for pool in &self.pools {
             let have = self
                 .state
@@ -548,43 +550,66 @@ impl<B: SandboxBackend> Inner<B> {
                     e.pool == pool.name && (e.sandbox_id.is_some() || e.created_at >= stale_before)
                 })
                 .count();
-            for _ in have..pool.size {
+            let mut missing = pool.size.saturating_sub(have);
+            while missing > 0 {
                 if self.cancel.is_cancelled() {
                     return Ok(created);
                 }
-                let mut entry = PoolEntry::new(&pool.name, self.clock.now());
-                // The entry goes in first so a concurrent reconcile sees the sandbox as
-                // in flight, never as an orphan.
-                self.state.pool_put(&entry).await?;
-                lock(&self.own_slots).insert(entry.slot.clone());
-                let spec = pool
-                    .spec
-                    .clone()
-                    .label(LABEL_MANAGER, &self.settings.manager_id)
-                    .label(LABEL_POOL, &pool.name)
-                    .label(LABEL_POOL_SLOT, &entry.slot);
-                let info = match self.create_sandbox(&spec).await {
-                    Ok(info) => info,
-                    Err(e) => {
-                        self.state.pool_remove(&entry.slot).await?;
-                        lock(&self.own_slots).remove(&entry.slot);
-                        return Err(e.context(format_args!("filling warm pool {}", pool.name)));
+                // A batch runs every create to its end, failed or not: none is dropped
+                // half-way, which could leave a sandbox that no pool entry names.
+                let batch = missing.min(parallel);
+                let results =
+                    futures::future::join_all((0..batch).map(|_| self.fill_one(pool))).await;
+                missing -= batch;
+                let mut failed = None;
+                for result in results {
+                    match result {
+                        Ok(()) => created += 1,
+                        Err(e) => {
+                            failed.get_or_insert(e);
+                        }
                     }
-                };
-                entry.sandbox_id = Some(info.id.clone());
-                if let Err(e) = self.state.pool_put(&entry).await {
-                    let _ = self.destroy_sandbox(&info.id).await;
+                }
+                if let Some(e) = failed {
                     return Err(e);
                 }
-                self.emit(
-                    self.event(EventKind::PoolFilled)
-                        .sandbox(&info.id)
-                        .detail(&pool.name),
-                );
-                created += 1;
             }
         }
         Ok(created)
+    }
+
+    /// Creates one sandbox for `pool` and records it as ready.
+    async fn fill_one(&self, pool: &crate::manager::WarmPool) -> Result<()> {
+        let mut entry = PoolEntry::new(&pool.name, self.clock.now());
+        // The entry goes in first so a concurrent reconcile sees the sandbox as in
+        // flight, never as an orphan.
+        self.state.pool_put(&entry).await?;
+        lock(&self.own_slots).insert(entry.slot.clone());
+        let spec = pool
+            .spec
+            .clone()
+            .label(LABEL_MANAGER, &self.settings.manager_id)
+            .label(LABEL_POOL, &pool.name)
+            .label(LABEL_POOL_SLOT, &entry.slot);
+        let info = match self.create_sandbox(&spec).await {
+            Ok(info) => info,
+            Err(e) => {
+                self.state.pool_remove(&entry.slot).await?;
+                lock(&self.own_slots).remove(&entry.slot);
+                return Err(e.context(format_args!("filling warm pool {}", pool.name)));
+            }
+        };
+        entry.sandbox_id = Some(info.id.clone());
+        if let Err(e) = self.state.pool_put(&entry).await {
+            let _ = self.destroy_sandbox(&info.id).await;
+            return Err(e);
+        }
+        self.emit(
+            self.event(EventKind::PoolFilled)
+                .sandbox(&info.id)
+                .detail(&pool.name),
+        );
+        Ok(())
     }
 
     /// A ready sandbox from the pool whose spec equals `spec`, if there is one.

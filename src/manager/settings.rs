@@ -124,6 +124,10 @@ pub struct ManagerSettings {
     pub snapshot_level: i32,
     /// The host ports services started through this manager are given.
     pub service_ports: crate::services::PortRange,
+    /// How many warm-pool sandboxes a fill creates at once (default 4). Pool
+    /// sandboxes belong to no tenant until a session takes one, and the take is a
+    /// claim under the tenant's limit like any acquire.
+    pub pool_fill_parallelism: usize,
 }
 
 impl Default for ManagerSettings {
@@ -143,6 +147,7 @@ impl Default for ManagerSettings {
             orphan_grace: Duration::from_secs(3600),
             snapshot_level: 1,
             service_ports: crate::services::PortRange::default(),
+            pool_fill_parallelism: 4,
         }
     }
 }
@@ -152,6 +157,11 @@ impl ManagerSettings {
     pub fn validate(&self) -> Result<()> {
         crate::sandbox::validate_name("manager id", &self.manager_id)?;
         self.service_ports.validate()?;
+        if self.pool_fill_parallelism == 0 {
+            return Err(Error::invalid_input(
+                "pool_fill_parallelism must be at least 1",
+            ));
+        }
         if self.max_sandboxes_per_tenant == Some(0) {
             return Err(Error::invalid_input(
                 "max_sandboxes_per_tenant must be at least 1 (leave it unset for no limit)",

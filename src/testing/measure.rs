@@ -60,3 +60,51 @@ pub async fn pty_echo_round_trips(
     let _ = process.wait().await;
     Ok(times)
 }
+
+/// What [`warm_pool`] measured.
+#[derive(Debug, Clone)]
+pub struct WarmPoolFigures {
+    /// Filling the empty pool, from the first create until it is full.
+    pub fill: Duration,
+    /// Each acquire of a fresh session, served from the pool.
+    pub acquires: Vec<Duration>,
+    /// Refilling the pool after those acquires took every sandbox: from the last
+    /// acquire until it is full again.
+    pub refill: Duration,
+}
+
+/// Times a warm pool on `manager`, which was built with one pool of `size` sandboxes
+/// of `spec`: the fill, `size` acquires of fresh sessions of tenant `tenant` (each
+/// served from the pool, while the background filler refills it), and the refill.
+/// Every session is purged afterwards; the pool is left full.
+pub async fn warm_pool<B: crate::SandboxBackend>(
+    manager: &crate::SandboxManager<B>,
+    spec: &crate::SandboxSpec,
+    tenant: &str,
+    size: usize,
+) -> Result<WarmPoolFigures> {
+    let start = Instant::now();
+    while manager.fill_pools().await? > 0 {}
+    let fill = start.elapsed();
+    let keys = (0..size)
+        .map(|i| crate::store::SessionKey::new(tenant, format!("warm-{i}")))
+        .collect::<Result<Vec<_>>>()?;
+    let mut acquires = Vec::with_capacity(size);
+    for key in &keys {
+        let start = Instant::now();
+        let handle = manager.acquire(key, spec).await?;
+        acquires.push(start.elapsed());
+        drop(handle);
+    }
+    let start = Instant::now();
+    while manager.fill_pools().await? > 0 {}
+    let refill = start.elapsed();
+    for key in &keys {
+        manager.release(key, crate::ReleaseMode::Purge).await?;
+    }
+    Ok(WarmPoolFigures {
+        fill,
+        acquires,
+        refill,
+    })
+}

@@ -50,9 +50,12 @@ pub struct RemoteConfig {
     /// Retries of calls that are safe to repeat.
     #[serde(default)]
     pub retry: RetryPolicy,
-    /// The client-side rate limits.
+    /// The client-side rate limits. Unset (the default): Fly's documented limits
+    /// ([`RateLimits::default`]) against a plain Fly Machines endpoint, and none against
+    /// sandcell-server, which has no such limits (it enforces its tenants' quotas, and
+    /// a `429` with `Retry-After` is still waited out).
     #[serde(default)]
-    pub rate_limits: RateLimits,
+    pub rate_limits: Option<RateLimits>,
     /// The deadline of one call, retries included (default 60 s).
     #[serde(default = "default_call_timeout", with = "sandcell::config::duration")]
     pub call_timeout: Duration,
@@ -116,7 +119,7 @@ impl RemoteConfig {
             keep_alive: default_keep_alive(),
             auto_destroy: false,
             retry: RetryPolicy::default(),
-            rate_limits: RateLimits::default(),
+            rate_limits: None,
             call_timeout: default_call_timeout(),
             start_timeout: default_start_timeout(),
             workspace: None,
@@ -149,9 +152,9 @@ impl RemoteConfig {
         self
     }
 
-    /// Sets the rate limits.
+    /// Sets the rate limits, whatever the endpoint.
     pub fn rate_limits(mut self, limits: RateLimits) -> Self {
-        self.rate_limits = limits;
+        self.rate_limits = Some(limits);
         self
     }
 
@@ -204,6 +207,8 @@ struct Inner {
     server: Option<ServerInfo>,
     /// Each machine's wire connection, on a sandcell server.
     wires: Wires,
+    /// The client-side rate limits in force.
+    limits: RateLimits,
     /// Files over `exec`, for a plain endpoint.
     files: ExecFiles,
     /// Each sandbox's spec, for exec on a plain endpoint: its workdir, command timeout
@@ -249,7 +254,7 @@ impl RemoteBackend {
             )));
         }
         crate::check_name("app", &config.app)?;
-        let http = Arc::new(Http::new(&config)?);
+        let mut http = Http::new(&config)?;
         let call = Call::extension(
             Method::GET,
             "/v1/sandcell/capabilities".to_owned(),
@@ -261,6 +266,15 @@ impl RemoteBackend {
             Err(e) if e.kind() == ErrorKind::NotFound => None,
             Err(e) => return Err(e.context(format_args!("connecting to {}", config.url))),
         };
+        // Fly's limits are Fly's: sandcell-server has none to keep to (a warm pool
+        // refilling against it was held to one create a second).
+        let limits = match (config.rate_limits, &server) {
+            (Some(limits), _) => limits,
+            (None, Some(_)) => RateLimits::none(),
+            (None, None) => RateLimits::default(),
+        };
+        http.set_limits(limits);
+        let http = Arc::new(http);
         let control: Arc<dyn ControlPlane> =
             Arc::new(FlyMachines::new(Arc::clone(&http), config.app.clone()));
         let files = ExecFiles::new(
@@ -274,6 +288,7 @@ impl RemoteBackend {
                 control,
                 server,
                 wires,
+                limits,
                 files,
                 specs: Default::default(),
             }),
@@ -283,6 +298,12 @@ impl RemoteBackend {
     /// The control plane, for calls the backend trait has no method for.
     pub fn control_plane(&self) -> &dyn ControlPlane {
         &*self.inner.control
+    }
+
+    /// The client-side rate limits in force: [`RemoteConfig::rate_limits`] when set,
+    /// else Fly's documented limits on a plain endpoint and none on sandcell-server.
+    pub fn rate_limits(&self) -> RateLimits {
+        self.inner.limits
     }
 
     /// Whether the server offers sandcell's extensions (streamed exec, files).

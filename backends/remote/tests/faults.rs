@@ -319,3 +319,31 @@ async fn the_wire_route_serves_only_an_upgrade_to_the_callers_own_machine() {
         "a destroyed machine"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fly_rate_limits_apply_to_fly_endpoints_only_unless_set() {
+    use sandcell_remote::{RateLimit, RateLimits};
+    let server = common::serve_local().await;
+    let default = common::client(&server.url).await;
+    assert_eq!(
+        default.rate_limits(),
+        RateLimits::none(),
+        "sandcell-server has none"
+    );
+    let mut chosen = RateLimits::default();
+    chosen.mutations = RateLimit::new(2.0, 4);
+    let set =
+        RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN).rate_limits(chosen))
+            .await
+            .unwrap();
+    assert_eq!(set.rate_limits(), chosen, "limits set are kept");
+
+    let mut config = sandcell_remote::server::ServerConfig::new(common::TOKEN);
+    config.extensions = false;
+    let plain = common::serve_local_with(config).await;
+    let fly = RemoteBackend::connect(RemoteConfig::new(&plain.url, common::TOKEN))
+        .await
+        .unwrap();
+    assert!(!fly.has_extensions());
+    assert_eq!(fly.rate_limits(), RateLimits::default(), "Fly's own limits");
+}

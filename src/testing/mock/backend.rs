@@ -42,6 +42,9 @@ impl SandboxBackend for MockBackend {
                 spec.template
             ))
         })?;
+        if !self.create_delay.is_zero() {
+            self.creating(self.create_delay).await;
+        }
         let id = SandboxId::generate("mock");
         let info = SandboxInfo::new(id.clone(), "mock", spec, SandboxStatus::Running);
         self.lock().sandboxes.insert(

@@ -88,6 +88,9 @@ struct MockSandbox {
 #[derive(Default)]
 struct State {
     sandboxes: HashMap<SandboxId, MockSandbox>,
+    /// Creates in flight now, and the most there ever were at once.
+    creating: usize,
+    most_creating: usize,
 }
 
 /// An in-memory [`SandboxBackend`] for tests and examples.
@@ -117,6 +120,7 @@ pub struct MockBackend {
     templates: Arc<BTreeMap<String, Tree>>,
     handlers: Arc<HashMap<String, Handler>>,
     capabilities: Capabilities,
+    create_delay: Duration,
 }
 
 impl fmt::Debug for MockBackend {
@@ -143,6 +147,7 @@ impl MockBackend {
             state: Arc::new(Mutex::new(State::default())),
             templates: Arc::new(templates),
             handlers: Arc::new(HashMap::new()),
+            create_delay: Duration::ZERO,
             capabilities: Capabilities {
                 // Mock commands are handlers: they have no network to cut or grant.
                 network_isolation: true,
@@ -228,9 +233,39 @@ impl MockBackend {
         })
     }
 
+    /// Makes every create take `delay`, as a real backend's does (to test what
+    /// overlaps creates).
+    pub fn create_delay(mut self, delay: Duration) -> Self {
+        self.create_delay = delay;
+        self
+    }
+
+    /// The most creates that were ever in flight at once.
+    pub fn most_concurrent_creates(&self) -> usize {
+        self.lock().most_creating
+    }
+
     /// How many sandboxes are alive (for leak checks in tests).
     pub fn live_count(&self) -> usize {
         self.lock().sandboxes.len()
+    }
+
+    /// Waits `delay` as one create in flight, counted while it waits (and uncounted
+    /// even if the create is dropped).
+    async fn creating(&self, delay: Duration) {
+        struct InFlight<'a>(&'a MockBackend);
+        impl Drop for InFlight<'_> {
+            fn drop(&mut self) {
+                self.0.lock().creating -= 1;
+            }
+        }
+        {
+            let mut state = self.lock();
+            state.creating += 1;
+            state.most_creating = state.most_creating.max(state.creating);
+        }
+        let _in_flight = InFlight(self);
+        tokio::time::sleep(delay).await;
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
