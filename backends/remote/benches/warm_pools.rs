@@ -52,37 +52,33 @@ fn row(name: &str, size: usize, f: WarmPoolFigures) {
     );
 }
 
-fn main() {
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
     let size: usize = std::env::var("SANDCELL_BENCH_ROUNDS")
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(20)
         .max(3);
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
-        let server = common::serve_local_with(sandcell_remote::server::ServerConfig::new(
-            common::TOKEN,
-        ))
-        .await;
-        println!("warm pool of {size}: acquire of a fresh session p50, fill of the empty pool, refill after {size} acquires");
-        println!("| backend | acquire p50 (target ≤ 2 ms) | fill | refill |");
-        println!("|---|---|---|---|");
-        row("local, in-process", size, measure(server.local.clone(), size).await);
-        row(
-            "remote (wire protocol over loopback)",
-            size,
-            measure(common::client(&server.url).await, size).await,
-        );
-        row(
-            "E2B provider (E2B's API over loopback)",
-            size,
-            measure(common::e2b_client(&server.url).await, size).await,
-        );
-        let left = server.local.list(&Default::default()).await.unwrap();
-        assert!(left.is_empty(), "sandboxes left behind: {left:?}");
-    });
+    let server =
+        common::serve_local_with(sandcell_remote::server::ServerConfig::new(common::TOKEN)).await;
+    println!("warm pool of {size}: acquire of a fresh session p50, fill of the empty pool, refill after {size} acquires");
+    println!("| backend | acquire p50 (target ≤ 2 ms) | fill | refill |");
+    println!("|---|---|---|---|");
+    row(
+        "local, in-process",
+        size,
+        measure(server.local.clone(), size).await,
+    );
+    row(
+        "remote (wire protocol over loopback)",
+        size,
+        measure(common::client(&server.url).await, size).await,
+    );
+    row(
+        "E2B provider (E2B's API over loopback)",
+        size,
+        measure(common::e2b_client(&server.url).await, size).await,
+    );
+    let left = server.local.list(&Default::default()).await.unwrap();
+    assert!(left.is_empty(), "sandboxes left behind: {left:?}");
 }
