@@ -18,6 +18,30 @@ pub fn has_unsafe_chars(path: &Path) -> bool {
     path.to_string_lossy().contains([',', ':', '\\'])
 }
 
+/// `path` checked as an overlay's shared lower layer, and made canonical: the
+/// backends' template and project directories.
+///
+/// # Errors
+/// As the path fails to resolve (`NotFound` for a missing one); `InvalidInput` for a
+/// path that is not a directory or holds a character overlayfs cannot take
+/// ([`has_unsafe_chars`]).
+pub fn lower_dir(path: &Path) -> Result<PathBuf> {
+    let canonical = fs::canonicalize(path).map_err(|e| Error::io(path.display(), e))?;
+    if !canonical.is_dir() {
+        return Err(Error::invalid_input(format!(
+            "{} is not a directory",
+            path.display()
+        )));
+    }
+    if has_unsafe_chars(&canonical) {
+        return Err(Error::invalid_input(format!(
+            "{} contains ',', ':' or '\\', which overlayfs cannot take",
+            canonical.display()
+        )));
+    }
+    Ok(canonical)
+}
+
 /// Mounts an overlay of `lower` (read-only, shared) and `upper` (private; `work` is
 /// overlayfs's scratch directory on the same file system) at `target`. `upper` and
 /// `work` are created when missing; the mount is `nosuid,nodev`, and its root keeps

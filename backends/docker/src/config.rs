@@ -493,24 +493,8 @@ impl DockerBackendBuilder {
                     "a host workspace for template {template:?}, which is not registered"
                 )));
             }
-            let canonical = dir.canonicalize().map_err(|e| {
-                Error::invalid_input(format!(
-                    "host workspace {} of template {template:?}: {e}",
-                    dir.display()
-                ))
-            })?;
-            if !canonical.is_dir() {
-                return Err(Error::invalid_input(format!(
-                    "host workspace {} of template {template:?} is not a directory",
-                    canonical.display()
-                )));
-            }
-            if sandcell::raw::overlay::has_unsafe_chars(&canonical) {
-                return Err(Error::invalid_input(format!(
-                    "host workspace {} of template {template:?} contains ',', ':' or '\\', which overlayfs cannot take",
-                    canonical.display()
-                )));
-            }
+            let canonical = sandcell::raw::overlay::lower_dir(dir)
+                .map_err(|e| e.context(format_args!("host workspace of template {template:?}")))?;
             *dir = canonical;
         }
         if !self.config.workspace.starts_with('/') || self.config.workspace.contains("..") {

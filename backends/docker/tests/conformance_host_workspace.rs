@@ -6,26 +6,8 @@
 
 mod common;
 
-use std::os::unix::fs::chown;
-
 use sandcell::testing::conformance::Fixture;
 use sandcell_docker::{DockerBackend, ImageSpec};
-
-/// A project with a file and a nested one, owned by the image's user (uid 1000) as an
-/// agent's checkout is, so template-file cases (snapshot deletions) have files to use.
-fn project(dir: &std::path::Path) {
-    std::fs::create_dir_all(dir.join("src")).unwrap();
-    std::fs::write(dir.join("README"), "a shared project\n").unwrap();
-    std::fs::write(dir.join("src/main.txt"), "main\n").unwrap();
-    for p in [
-        dir.to_path_buf(),
-        dir.join("src"),
-        dir.join("README"),
-        dir.join("src/main.txt"),
-    ] {
-        chown(&p, Some(1000), Some(1000)).unwrap();
-    }
-}
 
 async fn setup() -> Option<Fixture> {
     if !common::engine_available().await {
@@ -34,7 +16,11 @@ async fn setup() -> Option<Fixture> {
     common::images().await;
     let dir = tempfile::tempdir().unwrap();
     let template = dir.path().join("project");
-    project(&template);
+    // A file and a nested one, so template-file cases (snapshot deletions) have some.
+    common::owned_project(
+        &template,
+        &[("README", "a shared project\n"), ("src/main.txt", "main\n")],
+    );
     let runtime = dir.path().join("runtime");
     let mut builder = DockerBackend::builder()
         .template("default", ImageSpec::pull(common::USER_IMAGE))

@@ -3,7 +3,6 @@
 //! layer bind-mounted at its workspace.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::os::unix::fs::chown;
 use std::path::Path;
 
 use futures::TryStreamExt;
@@ -16,19 +15,9 @@ fn spec() -> SandboxSpec {
     SandboxSpec::default().label(common::TEST_LABEL.0, "host-workspaces")
 }
 
-/// A project directory owned by the image's user (uid 1000), as an agent's checkout is.
+/// A project with a file at the top and one nested.
 fn project(dir: &Path) {
-    std::fs::create_dir_all(dir.join("sub")).unwrap();
-    std::fs::write(dir.join("a.txt"), "shared").unwrap();
-    std::fs::write(dir.join("sub/b.txt"), "b").unwrap();
-    for p in [
-        dir.to_path_buf(),
-        dir.join("sub"),
-        dir.join("a.txt"),
-        dir.join("sub/b.txt"),
-    ] {
-        chown(&p, Some(1000), Some(1000)).unwrap();
-    }
+    common::owned_project(dir, &[("a.txt", "shared"), ("sub/b.txt", "b")]);
 }
 
 fn mounted(path: &Path) -> bool {
@@ -184,7 +173,7 @@ async fn agents_on_one_project_share_its_files_and_never_each_others_writes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn host_workspace_mistakes_are_invalid_input_and_images_have_no_changes() {
+async fn host_workspace_mistakes_are_refused_and_images_have_no_changes() {
     if !common::engine_available().await {
         return;
     }
@@ -195,13 +184,17 @@ async fn host_workspace_mistakes_are_invalid_input_and_images_have_no_changes() 
         .unwrap_err();
     assert_eq!(unknown.kind(), ErrorKind::InvalidInput, "{unknown}");
     std::fs::write(dir.path().join("file"), "x").unwrap();
-    for bad in [dir.path().join("missing"), dir.path().join("file")] {
+    // As the local backend answers a template directory: missing is `NotFound`.
+    for (bad, kind) in [
+        (dir.path().join("missing"), ErrorKind::NotFound),
+        (dir.path().join("file"), ErrorKind::InvalidInput),
+    ] {
         let err = DockerBackend::builder()
             .template("default", ImageSpec::pull(common::USER_IMAGE))
             .host_workspace("default", &bad)
             .build()
             .unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+        assert_eq!(err.kind(), kind, "{err}");
     }
     let backend = common::backend(true).await;
     let sandbox = backend.create(&spec()).await.unwrap();

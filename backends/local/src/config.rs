@@ -241,25 +241,8 @@ fn validate_template(name: &str, dir: &mut PathBuf) -> Result<()> {
             "invalid template name {name:?}"
         )));
     }
-    let canonical = std::fs::canonicalize(&*dir).map_err(|e| {
-        Error::io(
-            format_args!("template {name:?} directory {}", dir.display()),
-            e,
-        )
-    })?;
-    if !canonical.is_dir() {
-        return Err(Error::invalid_input(format!(
-            "template {name:?} at {} is not a directory",
-            dir.display()
-        )));
-    }
-    // overlayfs options are comma- and colon-separated; such paths cannot be a lower layer.
-    if sandcell::raw::overlay::has_unsafe_chars(&canonical) {
-        return Err(Error::invalid_input(format!(
-            "template {name:?} path {} contains ',', ':' or '\\', which overlayfs cannot take",
-            canonical.display()
-        )));
-    }
+    let canonical = sandcell::raw::overlay::lower_dir(dir)
+        .map_err(|e| e.context(format_args!("template {name:?}")))?;
     *dir = canonical;
     Ok(())
 }

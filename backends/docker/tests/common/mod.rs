@@ -182,3 +182,21 @@ impl Drop for Guard {
         .join();
     }
 }
+
+/// A project directory for host-directory workspaces holding `files` (path, contents),
+/// owned, directories and all, by the image's user (uid 1000), as an agent's checkout is.
+pub(crate) fn owned_project(dir: &Path, files: &[(&str, &str)]) {
+    std::fs::create_dir_all(dir).unwrap();
+    for (path, contents) in files {
+        let path = dir.join(path);
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, contents).unwrap();
+    }
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(p) = pending.pop() {
+        std::os::unix::fs::chown(&p, Some(1000), Some(1000)).unwrap();
+        if p.is_dir() {
+            pending.extend(std::fs::read_dir(&p).unwrap().map(|e| e.unwrap().path()));
+        }
+    }
+}
