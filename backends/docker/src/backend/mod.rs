@@ -463,21 +463,18 @@ impl DockerBackend {
             if spec.user.is_some() && spec.user != config.user {
                 self.prepare_workspace(id, user.as_deref()).await?;
             }
-            // The protocol is client-first, so attaching can overlap the start.
-            let attach = async {
-                match agent {
-                    true => crate::agent::attach(&self.inner.docker, id).await.map(Some),
-                    false => Ok(None),
-                }
+            // Attach before start, never beside it: Podman readies a created container
+            // for an attach itself, and a start racing that fails with "container state
+            // improper". The protocol is client-first, so nothing is missed meanwhile.
+            let attached = match agent {
+                true => Some(crate::agent::attach(&self.inner.docker, id).await?),
+                false => None,
             };
-            let start = async {
-                self.inner
-                    .docker
-                    .start_container(id.as_str(), None)
-                    .await
-                    .map_err(|e| engine(format_args!("starting sandbox {id}"), e))
-            };
-            let (attached, ()) = futures::future::try_join(attach, start).await?;
+            self.inner
+                .docker
+                .start_container(id.as_str(), None)
+                .await
+                .map_err(|e| engine(format_args!("starting sandbox {id}"), e))?;
             if let Some(client) = attached {
                 let cell = Arc::new(tokio::sync::Mutex::new(Some(client)));
                 lock(&self.inner.clients).insert(id.clone(), cell);
