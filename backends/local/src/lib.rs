@@ -42,6 +42,9 @@
 //! A level the host cannot provide fails at `build()`; it never runs with less isolation
 //! than asked for.
 //!
+//! Commands start without a fork and are waited for through pidfds: Linux 5.4 or later
+//! (older kernels answer `Unsupported` to an exec).
+//!
 //! ```no_run
 //! # async fn demo() -> sandcell::Result<()> {
 //! use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec};
@@ -70,6 +73,7 @@ mod layout;
 mod materialize;
 mod namespace;
 mod process;
+mod spawn;
 mod sys;
 mod terminal;
 mod watch;

@@ -6,7 +6,6 @@
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -53,42 +52,51 @@ pub(crate) struct Launch {
 /// Starts the command in its own process group (on a terminal: its own session) and
 /// returns the handle and the group id.
 pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
-    let mut cmd = tokio::process::Command::new(&launch.argv[0]);
-    cmd.args(&launch.argv[1..])
-        .env_clear()
-        .envs(&launch.env)
-        .current_dir(&launch.cwd)
-        .kill_on_drop(false);
-    let terminal = match launch.terminal {
+    let pipe = || {
+        rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
+            .map_err(|e| Error::io("making a pipe for a command", e.into()))
+    };
+    // The child's stdin, stdout and stderr; the parent's ends are in `terminal` or
+    // `pipes`.
+    let (terminal, pipes, child_ends) = match launch.terminal {
         Some(size) => {
             let (terminal, slave) = crate::terminal::open(size, launch.ptmx.as_deref())?;
             let dup = |fd: &std::os::fd::OwnedFd| {
                 fd.try_clone()
                     .map_err(|e| Error::io("duplicating a terminal descriptor", e))
             };
-            cmd.stdin(dup(&slave)?).stdout(dup(&slave)?).stderr(slave);
             // A session of its own: setsid(2) makes its process group too, so the group
-            // id is its pid as with `process_group(0)`. Wrapped, the command takes the
-            // terminal inside (see `namespace::enter`) and the wrapper stays without one.
+            // id is its pid as with a process group of its own. Wrapped, the command
+            // takes the terminal inside (see `namespace::enter`) and the wrapper stays
+            // without one.
             launch.setup.new_session = true;
             launch.setup.controlling_terminal = !launch.wrapped;
-            Some(terminal)
+            (Some(terminal), None, [dup(&slave)?, dup(&slave)?, slave])
         }
         None => {
-            cmd.process_group(0)
-                .stdin(Stdio::piped())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped());
-            None
+            let (stdin_read, stdin_write) = pipe()?;
+            let (stdout_read, stdout_write) = pipe()?;
+            let (stderr_read, stderr_write) = pipe()?;
+            (
+                None,
+                Some((stdin_write, stdout_read, stderr_read)),
+                [stdin_read, stdout_write, stderr_write],
+            )
         }
     };
     let subreaper = launch.setup.subreaper;
-    crate::sys::before_exec(&mut cmd, launch.setup);
-    let spawned = cmd.spawn();
-    // The command's copies of the terminal's slave side go with `cmd`: the output ends
-    // (EIO on the master) once the command's own are closed.
-    drop(cmd);
-    let mut child = spawned.map_err(|e| match e.kind() {
+    let spawned = crate::spawn::spawn(&crate::spawn::Command {
+        argv: &launch.argv,
+        env: &launch.env,
+        cwd: &launch.cwd,
+        stdio: [&child_ends[0], &child_ends[1], &child_ends[2]],
+        process_group: true,
+        setup: &launch.setup,
+    });
+    // The command has its own copies now: its output ends (EOF on the pipes, EIO on
+    // the terminal's master) once those are closed.
+    drop(child_ends);
+    let child = spawned.map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => Error::not_found(format!(
             "program {:?} was not found on the sandbox's PATH",
             launch.argv[0]
@@ -96,12 +104,25 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
         std::io::ErrorKind::PermissionDenied => {
             Error::permission_denied(format!("program {:?} is not executable", launch.argv[0]))
         }
+        std::io::ErrorKind::Unsupported => Error::unsupported(e.to_string()),
+        std::io::ErrorKind::InvalidInput => Error::invalid_input(format!(
+            "the command {:?} holds a NUL byte or is empty",
+            launch.argv
+        )),
         _ => Error::io(format_args!("starting {:?}", launch.argv[0]), e),
     })?;
-    let pgid = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .ok_or_else(|| Error::new(ErrorKind::Backend, "the started process has no id"))?;
+    let pgid = child.id();
+    let pipes = match pipes {
+        Some((stdin, stdout, stderr)) => {
+            let io = |e| Error::io("watching a command's pipes", e);
+            Some((
+                tokio::net::unix::pipe::Sender::from_owned_fd(stdin).map_err(io)?,
+                tokio::net::unix::pipe::Receiver::from_owned_fd(stdout).map_err(io)?,
+                tokio::net::unix::pipe::Receiver::from_owned_fd(stderr).map_err(io)?,
+            ))
+        }
+        None => None,
+    };
 
     let (close_tx, close_rx) = watch::channel(false);
     let (stdin_writer, (out_stream, out_done), (err_stream, err_done)) = match &terminal {
@@ -124,7 +145,11 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
             )
         }
         None => {
-            let writer: Option<sandcell::ProcessStdin> = match (child.stdin.take(), launch.stdin) {
+            let (stdin, stdout, stderr) = match pipes {
+                Some((stdin, stdout, stderr)) => (Some(stdin), Some(stdout), Some(stderr)),
+                None => (None, None, None),
+            };
+            let writer: Option<sandcell::ProcessStdin> = match (stdin, launch.stdin) {
                 (Some(mut pipe), Some(data)) => {
                     tokio::spawn(async move {
                         // A command that exits without reading its input is not an error.
@@ -137,8 +162,8 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
             };
             (
                 writer,
-                pump(child.stdout.take(), close_rx.clone()),
-                pump(child.stderr.take(), close_rx),
+                pump(stdout, close_rx.clone()),
+                pump(stderr, close_rx),
             )
         }
     };
@@ -237,7 +262,7 @@ struct Tree {
 }
 
 async fn supervise(
-    mut child: tokio::process::Child,
+    mut child: crate::spawn::Leader,
     tree: Tree,
     timeout: Option<Duration>,
     grace: Duration,
@@ -274,24 +299,15 @@ async fn supervise(
     .await;
     let _ = close.send(true);
     let status = waited
-        .map(|s| convert(s).timed_out(timed_out))
+        .map(|s| s.timed_out(timed_out))
         .map_err(|e| format!("waiting for the process failed: {e}"));
     let _ = status_tx.send(Some(status));
-}
-
-fn convert(status: std::process::ExitStatus) -> ExitStatus {
-    use std::os::unix::process::ExitStatusExt;
-    match (status.code(), status.signal()) {
-        (Some(code), _) => ExitStatus::exited(code),
-        (None, Some(sig)) => ExitStatus::signaled(sig),
-        (None, None) => ExitStatus::exited(-1),
-    }
 }
 
 /// SIGTERM to everything the command started, up to `grace` for it to go, then
 /// SIGKILL: the process group, and the command's cgroup (what left the group) or,
 /// without one, the subreaper leader's descendants.
-async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Child) {
+async fn kill_tree(tree: &Tree, grace: Duration, child: &mut crate::spawn::Leader) {
     if tree.cgroup.is_none() && tree.subreaper {
         return kill_descendants(tree.pgid, grace, child).await;
     }
@@ -329,7 +345,7 @@ async fn kill_tree(tree: &Tree, grace: Duration, child: &mut tokio::process::Chi
 /// its descendants are signalled: a stopped subreaper cannot exit, so everything its
 /// tree orphans stays beneath it, where the next scan of `/proc` finds it. Its own
 /// SIGTERM waits (pending) until its descendants are gone or the grace period is over.
-async fn kill_descendants(leader: i32, grace: Duration, child: &mut tokio::process::Child) {
+async fn kill_descendants(leader: i32, grace: Duration, child: &mut crate::spawn::Leader) {
     let deadline = tokio::time::Instant::now() + grace;
     let signal = |pid: i32, signal: Signal| {
         if let Some(pid) = Pid::from_raw(pid) {

@@ -1,6 +1,6 @@
-//! The crate's only `unsafe`: raw system calls without a safe wrapper (Landlock,
-//! seccomp, cgroup BPF), work done in the child between `fork` and `exec`, and passing
-//! a descriptor over a Unix socket.
+//! Raw system calls without a safe wrapper (Landlock, seccomp, cgroup BPF), the work a
+//! child does between its creation and its exec, and passing a descriptor over a Unix
+//! socket. With [`crate::spawn`], the crate's only `unsafe`.
 
 #![allow(unsafe_code)]
 
@@ -268,66 +268,83 @@ static TCP_ONLY: [libc::sock_filter; 19] = {
 
 /// Makes the child join the sandbox's cgroups, drop core dumps and enforce its Landlock
 /// ruleset before it execs, so not even its first instruction runs outside them (moving
-/// it after `spawn` returns would race a fast `fork`).
+/// it after `spawn` returns would race a fast `fork`). For the commands the backend
+/// starts outside the exec path (the namespaces' init); commands go through
+/// [`crate::spawn`], which makes the same setup without a fork.
 pub(crate) fn before_exec(cmd: &mut tokio::process::Command, setup: ChildSetup) {
-    let no_core = rustix::process::Rlimit {
-        current: Some(0),
-        maximum: Some(0),
-    };
-    let file_size = setup.max_file_bytes.map(|bytes| rustix::process::Rlimit {
-        current: Some(bytes),
-        maximum: Some(bytes),
-    });
-    // SAFETY: the closure runs in the forked child, where only async-signal-safe work is
-    // allowed. It makes raw syscalls only — setsid(2), ioctl(2) TIOCSCTTY on fd 0, write(2) of a static buffer to descriptors
-    // the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper),
-    // landlock_restrict_self(2) and
-    // seccomp(2) with a static filter — and allocates nothing; errors convert from an errno without allocating.
+    // SAFETY: the closure runs in the forked child, and `apply` is async-signal-safe.
     unsafe {
-        cmd.pre_exec(move || {
-            if setup.new_session {
-                rustix::process::setsid()?;
-            }
-            if setup.controlling_terminal {
-                rustix::process::ioctl_tiocsctty(std::os::fd::BorrowedFd::borrow_raw(0))?;
-            }
-            for fd in &setup.cgroup_procs {
-                // "0" means "the writing process".
-                rustix::io::write(fd, b"0")?;
-            }
-            rustix::process::setrlimit(rustix::process::Resource::Core, no_core)?;
-            if let Some(limit) = file_size {
-                rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
-            }
-            if setup.subreaper && libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) < 0 {
+        cmd.pre_exec(move || setup.apply());
+    }
+}
+
+impl ChildSetup {
+    /// Makes this setup in the calling process, which is a child about to exec.
+    ///
+    /// # Safety
+    ///
+    /// Only for a child between its creation and its exec, where only
+    /// async-signal-safe work is allowed (and, for a child sharing its parent's memory,
+    /// nothing may be written but its own stack): it makes raw syscalls only —
+    /// setsid(2), ioctl(2) TIOCSCTTY on fd 0, write(2) of a static buffer to descriptors
+    /// the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper),
+    /// landlock_restrict_self(2) and seccomp(2) with a static filter — and allocates
+    /// nothing; errors convert from an errno without allocating.
+    pub(crate) unsafe fn apply(&self) -> std::io::Result<()> {
+        let no_core = rustix::process::Rlimit {
+            current: Some(0),
+            maximum: Some(0),
+        };
+        if self.new_session {
+            rustix::process::setsid()?;
+        }
+        if self.controlling_terminal {
+            // SAFETY: fd 0 is open in the child (its terminal), for the call's length.
+            rustix::process::ioctl_tiocsctty(unsafe { BorrowedFd::borrow_raw(0) })?;
+        }
+        for fd in &self.cgroup_procs {
+            // "0" means "the writing process".
+            rustix::io::write(fd, b"0")?;
+        }
+        rustix::process::setrlimit(rustix::process::Resource::Core, no_core)?;
+        if let Some(bytes) = self.max_file_bytes {
+            let limit = rustix::process::Rlimit {
+                current: Some(bytes),
+                maximum: Some(bytes),
+            };
+            rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
+        }
+        // SAFETY: prctl(2) with integer arguments.
+        if self.subreaper && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let filter: &[libc::sock_filter] = match self.sockets {
+            SocketFilter::Any => &[],
+            SocketFilter::NoNetwork => &NO_NETWORK,
+            SocketFilter::TcpOnly => &TCP_ONLY,
+        };
+        if self.landlock.is_some() || !filter.is_empty() {
+            rustix::thread::set_no_new_privs(true)?;
+        }
+        if let Some(ruleset) = &self.landlock {
+            // SAFETY: the ruleset descriptor is open for the call's length.
+            if unsafe { libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) } < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            let filter: &[libc::sock_filter] = match setup.sockets {
-                SocketFilter::Any => &[],
-                SocketFilter::NoNetwork => &NO_NETWORK,
-                SocketFilter::TcpOnly => &TCP_ONLY,
+        }
+        if !filter.is_empty() {
+            let program = libc::sock_fprog {
+                len: filter.len() as u16,
+                filter: filter.as_ptr().cast_mut(),
             };
-            if setup.landlock.is_some() || !filter.is_empty() {
-                rustix::thread::set_no_new_privs(true)?;
+            let set_filter = 1u32; // SECCOMP_SET_MODE_FILTER
+            let program: *const libc::sock_fprog = &program;
+            // SAFETY: the program points at a static filter the kernel copies.
+            if unsafe { libc::syscall(libc::SYS_seccomp, set_filter, 0u32, program) } < 0 {
+                return Err(std::io::Error::last_os_error());
             }
-            if let Some(ruleset) = &setup.landlock {
-                if libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if !filter.is_empty() {
-                let program = libc::sock_fprog {
-                    len: filter.len() as u16,
-                    filter: filter.as_ptr().cast_mut(),
-                };
-                let set_filter = 1u32; // SECCOMP_SET_MODE_FILTER
-                let program: *const libc::sock_fprog = &program;
-                if libc::syscall(libc::SYS_seccomp, set_filter, 0u32, program) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
+        }
+        Ok(())
     }
 }
 

@@ -504,3 +504,97 @@ async fn metrics_come_from_the_cgroup() {
         sandcell::ErrorKind::NotFound
     );
 }
+
+/// A command starts as after a plain exec: no signal blocked, none ignored (this
+/// process ignores SIGPIPE, as Rust programs do; the command must not inherit that).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_starts_with_no_signal_blocked_or_ignored() {
+    let f = fixture().await;
+    let out = f
+        .backend
+        .run(&f.id, ExecRequest::new(["cat", "/proc/self/status"]))
+        .await
+        .unwrap();
+    let status = out.stdout_str();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("{name} in {status}"))
+            .to_owned()
+    };
+    assert_eq!(field("SigBlk:"), "0000000000000000", "blocked signals");
+    assert_eq!(field("SigIgn:"), "0000000000000000", "ignored signals");
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+/// What execvp(3) does, the command start does: a file without a `#!` line runs as a
+/// shell script, one that is not executable is refused as such.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn programs_are_found_and_started_as_execvp_would() {
+    use std::os::unix::fs::PermissionsExt;
+    let f = fixture().await;
+    let script = f.workspace.join("greet");
+    std::fs::write(&script, "echo \"hello $1\"\n").unwrap();
+    std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = f
+        .backend
+        .run(&f.id, ExecRequest::new(["./greet", "there"]))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str(), "hello there\n", "{out:?}");
+
+    std::fs::write(f.workspace.join("notes.txt"), "not a program").unwrap();
+    let err = f
+        .backend
+        .exec(&f.id, ExecRequest::new(["./notes.txt"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+
+    let err = f
+        .backend
+        .exec(&f.id, ExecRequest::new(["echo", "a\0b"]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput, "{err}");
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+/// A command is reaped by the time its status is reported, and one whose supervisor
+/// went away (its runtime shut down) is reaped when it ends: no zombies either way.
+#[test]
+fn commands_leave_no_zombies() {
+    let gone = |pid: &str| !std::path::Path::new(&format!("/proc/{pid}")).exists();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let f = runtime.block_on(fixture());
+    let out = runtime
+        .block_on(f.backend.run_shell(&f.id, "echo $$"))
+        .unwrap();
+    let waited = out.stdout_str().trim().to_owned();
+    assert!(
+        gone(&waited),
+        "process {waited} reaped once its status is out"
+    );
+
+    // Left running when its runtime goes.
+    let mut process = runtime
+        .block_on(f.backend.exec(
+            &f.id,
+            ExecRequest::new(["sh", "-c", "echo $$; exec sleep 0.3"]),
+        ))
+        .unwrap();
+    let mut stdout = process.take_stdout().unwrap();
+    let first = runtime.block_on(futures::StreamExt::next(&mut stdout));
+    let orphan = String::from_utf8_lossy(&first.unwrap().unwrap())
+        .trim()
+        .to_owned();
+    drop((stdout, process));
+    drop(runtime);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !gone(&orphan) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(gone(&orphan), "process {orphan} reaped after it ended");
+}
