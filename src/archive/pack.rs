@@ -82,11 +82,64 @@ fn finish<W: Write>(builder: tar::Builder<W>) -> Result<()> {
         .map_err(|e| Error::io("flushing the archive", e))
 }
 
+/// Where a packed tree goes: a writer that can also take a file's content straight
+/// from the file.
+pub(crate) trait ContentSink: Write {
+    /// Appends exactly `len` bytes of `file`: cut off at `len`, zero-padded if the file
+    /// ends early (it shrank since its header was written). Returns the bytes that came
+    /// from the file.
+    fn copy_file(&mut self, file: &mut fs::File, len: u64) -> std::io::Result<u64>;
+}
+
+/// A plain writer as a [`ContentSink`]: content goes through a buffer of its own.
+struct Buffered<W> {
+    inner: W,
+    buf: Vec<u8>,
+}
+
+impl<W: Write> Write for Buffered<W> {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        self.inner.write(data)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+impl<W: Write> ContentSink for Buffered<W> {
+    fn copy_file(&mut self, file: &mut fs::File, len: u64) -> std::io::Result<u64> {
+        if self.buf.is_empty() {
+            self.buf = vec![0; 256 * 1024];
+        }
+        let mut exact = ExactSize::new(file, len);
+        let mut from_file = 0;
+        loop {
+            let n = exact.read(&mut self.buf)?;
+            if n == 0 {
+                return Ok(from_file);
+            }
+            self.inner.write_all(&self.buf[..n])?;
+            from_file += n as u64;
+        }
+    }
+}
+
 /// Writes the contents of `dir` (not `dir` itself) as a normalized tar stream to `out`.
 ///
 /// Entries come in sorted order, so the same tree gives the same stream. Symlinks are
 /// stored as links; special files are skipped and counted; names must be UTF-8.
 pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
+    pack_dir_into(
+        dir,
+        Buffered {
+            inner: out,
+            buf: Vec::new(),
+        },
+    )
+}
+
+/// [`pack_dir_tar`] into a [`ContentSink`].
+pub(crate) fn pack_dir_into<S: ContentSink>(dir: &Path, out: S) -> Result<PackStats> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Deterministic);
     let mut stats = PackStats::default();
@@ -122,14 +175,23 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
                     .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
                 subdirs.push(rel);
             } else if ft.is_file() {
-                let file = fs::File::open(&full)
+                let mut file = fs::File::open(&full)
                     .map_err(|e| Error::io(format_args!("opening {}", rel.display()), e))?;
                 let mut h = entry_header(tar::EntryType::Regular, mode, meta.len(), mtime);
+                // The builder writes the header (and a long name's records); the content
+                // goes straight from the file to the sink, then the padding, as
+                // `append_data` would have written them.
+                let archiving = |e| Error::io(format_args!("archiving {}", rel.display()), e);
+                builder
+                    .append_data(&mut h, &rel, std::io::empty())
+                    .map_err(archiving)?;
+                let sink = builder.get_mut();
                 // A file that changes size while being read must not corrupt the stream:
                 // the entry carries exactly its declared size, cut or zero-padded.
-                builder
-                    .append_data(&mut h, &rel, ExactSize::new(file, meta.len()))
-                    .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
+                sink.copy_file(&mut file, meta.len()).map_err(archiving)?;
+                let padding = (512 - meta.len() % 512) % 512;
+                sink.write_all(&[0; 512][..padding as usize])
+                    .map_err(archiving)?;
                 stats.content_bytes += meta.len();
             } else if ft.is_symlink() {
                 let target = fs::read_link(&full)

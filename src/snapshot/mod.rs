@@ -27,6 +27,7 @@
 //! ```
 
 mod capture;
+mod frames;
 
 pub use capture::{
     capture, capture_changes, capture_stream, compress_stream, restore, Capture, CaptureScope,
@@ -206,88 +207,28 @@ impl SnapshotManifest {
     }
 }
 
-/// Counts what passes through a writer and hashes it.
-struct HashingWriter<W> {
-    inner: W,
-    hasher: Sha256,
-    bytes: u64,
-}
-
-impl<W: Write> Write for HashingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.hasher.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Counts what passes through a writer.
-struct CountingWriter<W> {
-    inner: W,
-    bytes: u64,
-}
-
-impl<W: Write> Write for CountingWriter<W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.inner.write(buf)?;
-        self.bytes += n as u64;
-        Ok(n)
-    }
-    fn flush(&mut self) -> io::Result<()> {
-        self.inner.flush()
-    }
-}
-
-/// Runs `fill` against a zstd encoder over `out`, returning sizes and hash.
+/// Runs `fill` against a frame-parallel zstd writer over `out` (see [`frames`]),
+/// returning sizes and hash.
 fn compress<W, F>(out: W, opts: &PackOptions, fill: F) -> Result<PackedBlob>
 where
     W: Write,
-    F: FnOnce(&mut dyn Write) -> Result<archive::PackStats>,
+    F: FnOnce(&mut frames::FrameWriter<W>) -> Result<archive::PackStats>,
 {
-    let hashing = HashingWriter {
-        inner: out,
-        hasher: Sha256::new(),
-        bytes: 0,
-    };
-    let mut encoder = zstd::stream::write::Encoder::new(hashing, opts.level)
-        .map_err(|e| Error::io("starting zstd", e))?;
-    encoder
-        .include_checksum(true)
-        .map_err(|e| Error::io("configuring zstd", e))?;
-    if opts.workers > 0 {
-        encoder
-            .multithread(opts.workers)
-            .map_err(|e| Error::io("enabling multithreaded zstd", e))?;
-    }
-    let mut counting = CountingWriter {
-        inner: encoder,
-        bytes: 0,
-    };
-    let stats = fill(&mut counting)?;
-    let tar_bytes = counting.bytes;
-    let mut hashing = counting
-        .inner
-        .finish()
-        .map_err(|e| Error::io("finishing zstd", e))?;
-    hashing
-        .flush()
-        .map_err(|e| Error::io("flushing snapshot blob", e))?;
+    let mut writer = frames::FrameWriter::new(out, opts.level, opts.workers)?;
+    let stats = fill(&mut writer)?;
+    let written = writer.finish()?;
     Ok(PackedBlob {
-        tar_bytes,
-        size_bytes: hashing.bytes,
+        tar_bytes: written.input_bytes,
+        size_bytes: written.output_bytes,
         entry_count: stats.entries,
         content_bytes: stats.content_bytes,
-        sha256: hex::encode(hashing.hasher.finalize()),
+        sha256: hex::encode(written.sha256),
     })
 }
 
 /// Packs the contents of `dir` into a compressed blob written to `out` (blocking).
 pub fn pack_dir<W: Write>(dir: &Path, out: W, opts: &PackOptions) -> Result<PackedBlob> {
-    compress(out, opts, |w| archive::pack_dir_tar(dir, w))
+    compress(out, opts, |w| archive::pack::pack_dir_into(dir, w))
 }
 
 /// Packs a backend's tar stream into a compressed blob written to `out` (blocking),
