@@ -10,6 +10,7 @@
 //! Run: `cargo bench -p sandcell-docker --bench docker` with an engine running and
 //! `SANDCELL_DOCKER_AGENT` pointing at the static agent (or let it build one).
 //! `SANDCELL_BENCH_ROUNDS` (default 50) sets the rounds; all figures are medians.
+//! `SANDCELL_BENCH_ONLY=warm_pool` runs the warm-pool rows alone.
 
 // A bench is a test-like program: a failed step should stop it loudly.
 #![allow(clippy::expect_used, clippy::unwrap_used)]
@@ -78,6 +79,13 @@ async fn main() {
         .unwrap_or(50usize)
         .max(3);
     let agent = common::backend(true).await;
+    // Only the warm-pool rows, as the README's command for them asks.
+    if std::env::var("SANDCELL_BENCH_ONLY").as_deref() == Ok("warm_pool") {
+        let warm = warm_pools(&agent, rounds).await;
+        println!("\nsandcell-docker warm pools, {rounds} rounds");
+        print_warm(&warm);
+        return;
+    }
     let engine = common::backend(false).await;
 
     // Exec round trip.
@@ -136,25 +144,7 @@ async fn main() {
     }
     let (create, ready, run_d) = (median(create), median(ready), median(run_d));
 
-    // Warm-pool acquire through the manager, with the pool refilled one create at a
-    // time and four at a time (the default) while the acquires go on.
-    let pool = rounds.min(20);
-    let mut warm = Vec::new();
-    for parallel in [1, 4] {
-        let data = tempfile::tempdir().unwrap();
-        let manager = SandboxManager::builder(agent.clone())
-            .data_dir(data.path())
-            .warm_pool("bench", spec(), pool)
-            .pool_fill_parallelism(parallel)
-            .build()
-            .await
-            .unwrap();
-        let figures = sandcell::testing::measure::warm_pool(&manager, &spec(), "bench", pool)
-            .await
-            .unwrap();
-        manager.shutdown().await;
-        warm.push((parallel, figures));
-    }
+    let warm = warm_pools(&agent, rounds).await;
     let left = common::leftovers(&agent).await;
     for id in &left {
         let _ = agent
@@ -181,7 +171,37 @@ async fn main() {
         "| create to ready (create, first command answers) | {:.0} ms (create alone {:.0} ms) | `docker run -d` {:.0} ms | {:.2} | ≤ 1.0 |",
         ms(ready), ms(create), ms(run_d), ms(ready) / ms(run_d)
     );
-    for (parallel, figures) in warm {
+    print_warm(&warm);
+}
+
+/// Warm-pool acquire through the manager, with the pool refilled one create at a time
+/// and four at a time (the default) while the acquires go on.
+async fn warm_pools(
+    agent: &DockerBackend,
+    rounds: usize,
+) -> Vec<(usize, usize, sandcell::testing::measure::WarmPoolFigures)> {
+    let pool = rounds.min(20);
+    let mut warm = Vec::new();
+    for parallel in [1, 4] {
+        let data = tempfile::tempdir().unwrap();
+        let manager = SandboxManager::builder(agent.clone())
+            .data_dir(data.path())
+            .warm_pool("bench", spec(), pool)
+            .pool_fill_parallelism(parallel)
+            .build()
+            .await
+            .unwrap();
+        let figures = sandcell::testing::measure::warm_pool(&manager, &spec(), "bench", pool)
+            .await
+            .unwrap();
+        manager.shutdown().await;
+        warm.push((pool, parallel, figures));
+    }
+    warm
+}
+
+fn print_warm(warm: &[(usize, usize, sandcell::testing::measure::WarmPoolFigures)]) {
+    for (pool, parallel, figures) in warm {
         println!(
             "| acquire of a fresh session from a warm pool of {pool} (refilling {parallel} at a time) | {:.2} ms | | | ≤ 2 ms |",
             ms(median(figures.acquires.clone()))
@@ -189,7 +209,7 @@ async fn main() {
         println!(
             "| warm pool of {pool}, {parallel} creates at a time: fill of the empty pool; refill after {pool} acquires | {:.0} ms ({:.0} ms each); {:.0} ms | | | |",
             ms(figures.fill),
-            ms(figures.fill) / pool as f64,
+            ms(figures.fill) / *pool as f64,
             ms(figures.refill)
         );
     }
