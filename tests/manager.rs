@@ -770,6 +770,54 @@ async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
     assert_eq!(backend.live_count(), 0);
 }
 
+/// A pool sandbox that died while it waited is never handed out, and the session's
+/// record names the sandbox the session really got (the record is written while the
+/// candidate is checked, so a dead candidate's record must be replaced).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_pool_sandbox_is_skipped_and_the_record_names_the_one_taken() {
+    let backend = MockBackend::new();
+    let manager = SandboxManager::builder(backend.clone())
+        .state_store(InMemoryStateStore::new())
+        .snapshot_store(InMemorySnapshotStore::new())
+        .warm_pool("default", spec(), 2)
+        .build()
+        .await
+        .unwrap();
+    manager.fill_pools().await.unwrap();
+    let pooled: Vec<_> = manager
+        .state_store()
+        .pool_list()
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|e| e.sandbox_id)
+        .collect();
+    assert_eq!(pooled.len(), 2);
+    // Both die while waiting: the acquire goes through both and creates afresh.
+    for id in &pooled {
+        backend.destroy(id).await.unwrap();
+    }
+    let sandbox = manager
+        .acquire(&key("after-deaths"), &spec())
+        .await
+        .unwrap();
+    assert!(
+        !pooled.contains(sandbox.id()),
+        "a dead pool sandbox was handed out"
+    );
+    let record = manager
+        .state_store()
+        .get(&key("after-deaths"))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(record.sandbox_id.as_ref(), Some(sandbox.id()));
+    assert_eq!(record.status, SandboxStatus::Running);
+    let info = backend.inspect(sandbox.id()).await.unwrap();
+    assert_eq!(info.status, SandboxStatus::Running);
+    manager.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pool_fills_with_creates_in_parallel_up_to_the_setting() {
     let backend = MockBackend::new().create_delay(Duration::from_millis(20));

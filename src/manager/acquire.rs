@@ -231,34 +231,37 @@ impl<B: SandboxBackend> Inner<B> {
             }
             _ => spec,
         };
+        let record_of = |id: &SandboxId| {
+            let now = self.clock.now();
+            let mut record =
+                SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now);
+            record.created_at = session_created_at.unwrap_or(now);
+            record.status = SandboxStatus::Running;
+            record.sandbox_id = Some(id.clone());
+            record.sandbox_created_at = Some(now);
+            record.lease.clone_from(&claimed.lease);
+            record
+        };
         let (info, kind) = match snapshot {
             Some(manifest) => {
                 let info = self.create_sandbox(&self.session_spec(key, spec)).await?;
                 *created = Some(info.id.clone());
                 self.restore_into(key, &info.id, manifest).await?;
+                self.state.put(&record_of(&info.id)).await?;
                 (info, EventKind::Restored)
             }
-            None => match self.take_from_pool(spec).await? {
-                Some(info) => {
-                    *created = Some(info.id.clone());
-                    (info, EventKind::Created)
-                }
+            // The pool's sandbox is recorded while it is checked: the two round trips
+            // overlap (a dead one is replaced, and so is its record).
+            None => match self.take_from_pool(spec, created, &record_of).await? {
+                Some(info) => (info, EventKind::Created),
                 None => {
                     let info = self.create_sandbox(&self.session_spec(key, spec)).await?;
                     *created = Some(info.id.clone());
+                    self.state.put(&record_of(&info.id)).await?;
                     (info, EventKind::Created)
                 }
             },
         };
-        let now = self.clock.now();
-        let mut record =
-            SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now);
-        record.created_at = session_created_at.unwrap_or(now);
-        record.status = SandboxStatus::Running;
-        record.sandbox_id = Some(info.id.clone());
-        record.sandbox_created_at = Some(now);
-        record.lease.clone_from(&claimed.lease);
-        self.state.put(&record).await?;
         let mut event = self.event(kind).session(key).sandbox(&info.id);
         if let Some(m) = snapshot {
             event = event.snapshot(&m.id);

@@ -613,11 +613,16 @@ impl<B: SandboxBackend> Inner<B> {
     }
 
     /// A ready sandbox from the pool whose spec equals `spec`, if there is one.
-    pub(crate) async fn take_from_pool(&self, spec: &SandboxSpec) -> Result<Option<SandboxInfo>> {
+    pub(crate) async fn take_from_pool(
+        &self,
+        spec: &SandboxSpec,
+        taken_id: &mut Option<SandboxId>,
+        record: &(dyn Fn(&SandboxId) -> SessionRecord + Sync),
+    ) -> Result<Option<SandboxInfo>> {
         let Some(pool) = self.pools.iter().find(|p| p.spec == *spec) else {
             return Ok(None);
         };
-        let taken = self.take_ready(pool).await;
+        let taken = self.take_ready(pool, taken_id, record).await;
         // Whatever happened, the pool needs refilling. Woken only now, after the take,
         // a fill that starts at once counts the pool without the taken sandbox; woken
         // before it, a fill could find the pool still full and sleep through the gap.
@@ -626,13 +631,31 @@ impl<B: SandboxBackend> Inner<B> {
     }
 
     /// Takes the oldest ready sandbox of `pool` that is still running; dead ones found
-    /// on the way are dropped.
-    async fn take_ready(&self, pool: &crate::manager::WarmPool) -> Result<Option<SandboxInfo>> {
+    /// on the way are dropped. Each candidate's session record (`record`) is written
+    /// while the candidate is inspected, so the two round trips overlap; `taken_id`
+    /// names the one returned, or the one whose record could not be written, for the
+    /// caller to destroy.
+    async fn take_ready(
+        &self,
+        pool: &crate::manager::WarmPool,
+        taken_id: &mut Option<SandboxId>,
+        record: &(dyn Fn(&SandboxId) -> SessionRecord + Sync),
+    ) -> Result<Option<SandboxInfo>> {
         while let Some(entry) = self.state.pool_take(&pool.name).await? {
             lock(&self.own_slots).remove(&entry.slot);
             let Some(id) = entry.sandbox_id else { continue };
-            match self.backend.inspect(&id).await {
-                Ok(info) if info.status == SandboxStatus::Running => return Ok(Some(info)),
+            let session = record(&id);
+            let (inspected, recorded) =
+                futures::join!(self.backend.inspect(&id), self.state.put(&session));
+            if let Err(e) = recorded {
+                *taken_id = Some(id);
+                return Err(e);
+            }
+            match inspected {
+                Ok(info) if info.status == SandboxStatus::Running => {
+                    *taken_id = Some(id);
+                    return Ok(Some(info));
+                }
                 Ok(_) => {
                     let _ = self.destroy_sandbox(&id).await;
                 }
