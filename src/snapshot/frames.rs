@@ -439,6 +439,36 @@ mod tests {
         assert!(inline == blob, "the same blob with and without workers");
     }
 
+    /// A blob writer that fails part-way: the error comes back (no hang on the workers
+    /// or the hashing thread), with either pool size.
+    #[test]
+    fn a_failing_blob_writer_fails_the_pack() {
+        struct FailsAfter(usize);
+        impl Write for FailsAfter {
+            fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+                if self.0 < buf.len() {
+                    return Err(io::Error::other("disk full"));
+                }
+                self.0 -= buf.len();
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> io::Result<()> {
+                Ok(())
+            }
+        }
+        let data = sample(6 * FRAME_INPUT);
+        for workers in [0, 2] {
+            let mut w = FrameWriter::new(FailsAfter(1 << 20), 1, workers).unwrap();
+            let wrote = data.chunks(65536).try_for_each(|c| w.write_all(c));
+            let result = match wrote {
+                Ok(()) => w.finish().map(|_| ()),
+                Err(e) => Err(Error::io("writing", e)),
+            };
+            let err = result.expect_err("the pack fails");
+            assert!(err.to_string().contains("disk full"), "{err}");
+        }
+    }
+
     #[test]
     fn an_empty_stream_is_one_empty_frame() {
         let (blob, written) = pack(&[], 2);
