@@ -730,13 +730,20 @@ async fn restore_swaps_in_an_older_snapshot_and_destroys_the_old_sandbox() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
+/// A manager over a mock backend with a full warm pool of `size` for `spec()`, and the
+/// pooled sandboxes.
+async fn pooled_manager(
+    size: usize,
+) -> (
+    MockBackend,
+    SandboxManager<MockBackend>,
+    HashSet<sandcell::SandboxId>,
+) {
     let backend = MockBackend::new();
     let manager = SandboxManager::builder(backend.clone())
         .state_store(InMemoryStateStore::new())
         .snapshot_store(InMemorySnapshotStore::new())
-        .warm_pool("default", spec(), 2)
+        .warm_pool("default", spec(), size)
         .build()
         .await
         .unwrap();
@@ -750,7 +757,13 @@ async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
         .into_iter()
         .filter_map(|e| e.sandbox_id)
         .collect();
-    assert_eq!(pooled.len(), 2);
+    assert_eq!(pooled.len(), size);
+    (backend, manager, pooled)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
+    let (backend, manager, pooled) = pooled_manager(2).await;
     let sandbox = manager.acquire(&key("warm"), &spec()).await.unwrap();
     assert!(pooled.contains(sandbox.id()), "took a pooled sandbox");
     // A spec no pool serves is created fresh.
@@ -775,24 +788,7 @@ async fn a_new_session_takes_a_warm_pool_sandbox_and_the_pool_refills() {
 /// candidate is checked, so a dead candidate's record must be replaced).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dead_pool_sandbox_is_skipped_and_the_record_names_the_one_taken() {
-    let backend = MockBackend::new();
-    let manager = SandboxManager::builder(backend.clone())
-        .state_store(InMemoryStateStore::new())
-        .snapshot_store(InMemorySnapshotStore::new())
-        .warm_pool("default", spec(), 2)
-        .build()
-        .await
-        .unwrap();
-    manager.fill_pools().await.unwrap();
-    let pooled: Vec<_> = manager
-        .state_store()
-        .pool_list()
-        .await
-        .unwrap()
-        .into_iter()
-        .filter_map(|e| e.sandbox_id)
-        .collect();
-    assert_eq!(pooled.len(), 2);
+    let (backend, manager, pooled) = pooled_manager(2).await;
     // Both die while waiting: the acquire goes through both and creates afresh.
     for id in &pooled {
         backend.destroy(id).await.unwrap();
