@@ -211,12 +211,13 @@ extern "C" fn child_main(arg: *mut c_void) -> c_int {
 /// Only in the child of `spawn`: it shares the parent's memory, so it makes raw
 /// syscalls and writes nothing but its own stack and the `sh_argv` slot.
 unsafe fn setup_and_exec(args: &ChildArgs<'_>) -> io::Error {
-    // A handler of the parent's would run on the parent's memory: every handled signal
-    // goes back to its default (the table is the child's own copy). SIGPIPE, which
-    // Rust programs ignore, too, as std's spawn does; and glibc's two internal signals,
-    // which a `posix_spawn`ed parent may have inherited ignored. Raw rt_sigaction(2),
-    // since glibc's wrapper refuses its internal signals: the kernel's struct starts
-    // with the handler, and all zeroes is SIG_DFL with no flags and an empty mask.
+    // Every signal goes back to its default (the table is the child's own copy): a
+    // handler of the parent's would run on the parent's memory, and a sandbox command
+    // must not inherit what the host process ignores (SIGPIPE, which Rust programs
+    // ignore; SIGHUP under `nohup`; glibc's two internal signals, which a
+    // `posix_spawn`ed parent may have inherited ignored). Raw rt_sigaction(2), since
+    // glibc's wrapper refuses its internal signals: the kernel's struct starts with the
+    // handler, and all zeroes is SIG_DFL with no flags and an empty mask.
     const SIGSETSIZE: usize = 8;
     for signal in 1..=64 {
         let mut old = [0u64; 4];
@@ -234,12 +235,7 @@ unsafe fn setup_and_exec(args: &ChildArgs<'_>) -> io::Error {
                 continue;
             }
             let handler = old[0] as libc::sighandler_t;
-            let reset = match handler {
-                libc::SIG_DFL => false,
-                libc::SIG_IGN => signal == libc::SIGPIPE || (32..=33).contains(&signal),
-                _ => true,
-            };
-            if reset {
+            if handler != libc::SIG_DFL {
                 let default = [0u64; 4];
                 libc::syscall(
                     libc::SYS_rt_sigaction,

@@ -505,8 +505,9 @@ async fn metrics_come_from_the_cgroup() {
     );
 }
 
-/// A command starts as after a plain exec: no signal blocked, none ignored (this
-/// process ignores SIGPIPE, as Rust programs do; the command must not inherit that).
+/// A command starts with every signal at its default: none blocked, none ignored
+/// (this process ignores SIGPIPE, as Rust programs do, and SIGHUP when started under
+/// `nohup`, as CI does; the command inherits neither).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_command_starts_with_no_signal_blocked_or_ignored() {
     let f = fixture().await;
