@@ -7,7 +7,8 @@
 //! Prints p50s and ratios:
 //! - create with a 20,000-file template: overlay vs copy;
 //! - exec round trip of `true`: `SandboxBackendExt::run` vs a raw tokio spawn-and-wait;
-//! - clone of a sandbox with 100 changed files vs a fresh create;
+//! - clone of a sandbox with 100 changed files (idle: its upper layer frozen and shared;
+//!   busy: copied) vs a fresh create in the same round;
 //! - watch latency, from a write's start to its event;
 //! - terminal round trip: one byte typed at `cat` on a raw pty until it comes back.
 
@@ -138,25 +139,54 @@ async fn main() {
         inc_bytes = inc.size_bytes;
     }
     // Clone of a sandbox whose upper layer holds 100 changed files, against a fresh
-    // create from the same template.
-    for n in 0..100 {
-        let path: sandcell::SandboxPath = format!("changed/file{n:03}.txt").parse().unwrap();
-        overlay
-            .write_string(&sb.id, &path, &"changed\n".repeat(50))
-            .await
-            .unwrap();
-    }
+    // create from the same template timed in the same round (the source's own). An
+    // idle source has its upper layer frozen and shared; a busy one (a command running
+    // in its workspace) has it copied.
     let mut clone_times = Vec::new();
-    for _ in 0..rounds {
+    let mut busy_clone_times = Vec::new();
+    let mut fresh_times = Vec::new();
+    for round in 0..rounds {
+        let start = Instant::now();
+        let source = overlay.create(&SandboxSpec::new("big")).await.unwrap();
+        fresh_times.push(start.elapsed());
+        for n in 0..100 {
+            let path: sandcell::SandboxPath = format!("changed/file{n:03}.txt").parse().unwrap();
+            overlay
+                .write_string(&source.id, &path, &"changed\n".repeat(50))
+                .await
+                .unwrap();
+        }
+        let busy = round % 2 == 1;
+        let mut sleeper = if busy {
+            Some(
+                overlay
+                    .exec(&source.id, ExecRequest::new(["sleep", "60"]))
+                    .await
+                    .unwrap(),
+            )
+        } else {
+            None
+        };
         let start = Instant::now();
         let clone = overlay
-            .clone_sandbox(&sb.id, Default::default())
+            .clone_sandbox(&source.id, Default::default())
             .await
             .unwrap();
-        clone_times.push(start.elapsed());
+        let took = start.elapsed();
+        if busy {
+            busy_clone_times.push(took);
+        } else {
+            clone_times.push(took);
+        }
+        if let Some(sleeper) = sleeper.as_mut() {
+            sleeper.kill().await.unwrap();
+        }
         overlay.destroy(&clone.id).await.unwrap();
+        overlay.destroy(&source.id).await.unwrap();
     }
     let clone_p50 = common::median(clone_times);
+    let busy_clone_p50 = common::median(busy_clone_times);
+    let fresh_p50 = common::median(fresh_times);
 
     // Watch latency: from the start of a write to its event arriving.
     let mut events = overlay
@@ -222,10 +252,16 @@ async fn main() {
         100.0 * inc_bytes as f64 / full.size_bytes as f64
     );
     println!(
-        "| clone, 20,000-file template + 100 changed files (p50) | {:.2} ms | fresh create {:.2} ms | {:.2} |",
+        "| clone, 20,000-file template + 100 changed files, idle source (p50) | {:.2} ms | fresh create {:.2} ms | {:.2} |",
         ms(clone_p50),
-        ms(overlay_p50),
-        clone_p50.as_secs_f64() / overlay_p50.as_secs_f64()
+        ms(fresh_p50),
+        clone_p50.as_secs_f64() / fresh_p50.as_secs_f64()
+    );
+    println!(
+        "| the same, a command running in the source (copies the 100 files) (p50) | {:.2} ms | fresh create {:.2} ms | {:.2} |",
+        ms(busy_clone_p50),
+        ms(fresh_p50),
+        busy_clone_p50.as_secs_f64() / fresh_p50.as_secs_f64()
     );
     println!(
         "| watch: write to event (p50) | {:.3} ms | | |",

@@ -140,6 +140,29 @@ pub fn pack_dir_tar<W: Write>(dir: &Path, out: W) -> Result<PackStats> {
 
 /// [`pack_dir_tar`] into a [`ContentSink`].
 pub(crate) fn pack_dir_into<S: ContentSink>(dir: &Path, out: S) -> Result<PackStats> {
+    pack_selected_into(dir, out, &|_| true)
+}
+
+/// [`pack_dir_tar`] of the entries `keep` accepts (by path relative to `dir`); a
+/// directory it refuses is not entered. An overlay's change set, read from the merged
+/// view, uses it with the paths its layers hold.
+pub(crate) fn pack_selected_tar<W: Write>(
+    dir: &Path,
+    out: W,
+    keep: &dyn Fn(&Path) -> bool,
+) -> Result<PackStats> {
+    let out = Buffered {
+        inner: out,
+        buf: Vec::new(),
+    };
+    pack_selected_into(dir, out, keep)
+}
+
+fn pack_selected_into<S: ContentSink>(
+    dir: &Path,
+    out: S,
+    keep: &dyn Fn(&Path) -> bool,
+) -> Result<PackStats> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Deterministic);
     let mut stats = PackStats::default();
@@ -156,6 +179,9 @@ pub(crate) fn pack_dir_into<S: ContentSink>(dir: &Path, out: S) -> Result<PackSt
         let mut subdirs = Vec::new();
         for name in names {
             let rel = rel_dir.join(&name);
+            if !keep(&rel) {
+                continue;
+            }
             let full = dir.join(&rel);
             if rel.to_str().is_none() {
                 return Err(Error::invalid_input(format!(

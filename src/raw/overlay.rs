@@ -56,26 +56,22 @@ pub fn lower_dir(path: &Path) -> Result<PathBuf> {
 /// `Unsupported` when the kernel refuses the mount (no root or `CAP_SYS_ADMIN`, no
 /// overlayfs, an upper file system it cannot use).
 pub fn mount(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
-    for path in [lower, upper, work] {
-        if has_unsafe_chars(path) {
-            return Err(Error::invalid_input(format!(
-                "{} contains ',', ':' or '\\', which overlayfs cannot take",
-                path.display()
-            )));
-        }
-    }
+    mount_layers(&[lower], upper, work, target)
+}
+
+/// [`mount`] over a chain of read-only layers, `lowers[0]` on top and the last one at
+/// the bottom (the template, whose mode the root keeps). The frozen layers a clone
+/// shares with its source sit between the template and the upper layer.
+///
+/// # Errors
+/// As [`mount`]; `InvalidInput` also for no lower layer, or for a chain whose mount
+/// options do not fit the page the kernel reads them from ([`layers_fit`]).
+pub fn mount_layers(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<()> {
+    let options = options(lowers, upper, work)?;
     for d in [upper, work] {
         fs::create_dir_all(d)
             .map_err(|e| Error::io(format_args!("creating {}", d.display()), e))?;
     }
-    let options = format!(
-        "lowerdir={},upperdir={},workdir={},redirect_dir=off",
-        lower.display(),
-        upper.display(),
-        work.display()
-    );
-    let options = std::ffi::CString::new(options)
-        .map_err(|_| Error::invalid_input("overlay mount options contain a NUL byte"))?;
     rustix::mount::mount(
         "overlay",
         target,
@@ -92,14 +88,57 @@ pub fn mount(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<(
             std::io::Error::from(e),
         )
     })?;
-    // The overlay root takes the upper dir's mode; keep the lower's.
-    if let Ok(meta) = fs::metadata(lower) {
+    // The overlay root takes the upper dir's mode; keep the bottom layer's.
+    if let Some(meta) = lowers.last().and_then(|bottom| fs::metadata(bottom).ok()) {
         let _ = fs::set_permissions(
             target,
             fs::Permissions::from_mode(meta.permissions().mode() & 0o777),
         );
     }
     Ok(())
+}
+
+/// Whether an overlay of these layers can be mounted at all: every path is one
+/// overlayfs can take, and the options fit in the one page `mount(2)` reads them from.
+pub fn layers_fit(lowers: &[&Path], upper: &Path, work: &Path) -> bool {
+    options(lowers, upper, work).is_ok()
+}
+
+/// The longest mount options `mount(2)` takes: one page, its NUL included.
+const MAX_OPTIONS: usize = 4095;
+
+fn options(lowers: &[&Path], upper: &Path, work: &Path) -> Result<std::ffi::CString> {
+    if lowers.is_empty() {
+        return Err(Error::invalid_input("an overlay needs a lower layer"));
+    }
+    for path in lowers.iter().copied().chain([upper, work]) {
+        if has_unsafe_chars(path) {
+            return Err(Error::invalid_input(format!(
+                "{} contains ',', ':' or '\\', which overlayfs cannot take",
+                path.display()
+            )));
+        }
+    }
+    let lowerdir = lowers
+        .iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(":");
+    let options = format!(
+        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=off",
+        upper.display(),
+        work.display()
+    );
+    if options.len() > MAX_OPTIONS {
+        return Err(Error::invalid_input(format!(
+            "the mount options of {} layers take {} bytes, more than the {MAX_OPTIONS} \
+             mount(2) reads",
+            lowers.len(),
+            options.len()
+        )));
+    }
+    std::ffi::CString::new(options)
+        .map_err(|_| Error::invalid_input("overlay mount options contain a NUL byte"))
 }
 
 /// Lower-layer paths an upper layer deletes: whiteouts (0:0 character devices) and
@@ -163,4 +202,73 @@ pub async fn changes(upper: PathBuf) -> Result<Changes> {
         crate::archive::pack::pack_dir_tar(&upper, out).map(|_| ())
     });
     Ok(super::changes(tar, deleted))
+}
+
+/// The changes of a stack of layers over a template, as `export_changes` returns them:
+/// `merged` is the mounted view, open (an `O_PATH` descriptor will do; it is read
+/// through, and held until the tar is written, so the mount cannot go meanwhile),
+/// `layers` every layer above the template (the upper one and the frozen ones beneath
+/// it, in any order).
+///
+/// The deleted paths are every layer's whiteouts and opaque directories: one a higher
+/// layer brought back is in the tar too, and a restore deletes before it unpacks. The
+/// tar holds what the merged view shows at every path some layer holds, so a file a
+/// higher layer deleted is left out, and one it changed is read as it is now.
+pub async fn changes_of_layers(
+    merged: std::os::fd::OwnedFd,
+    layers: Vec<PathBuf>,
+) -> Result<Changes> {
+    let (deleted, touched) = tokio::task::spawn_blocking(move || {
+        let mut deleted = Vec::new();
+        let mut touched = std::collections::HashSet::new();
+        for layer in &layers {
+            deleted.extend(upper_deletions(layer)?);
+            collect_paths(layer, &mut touched)?;
+        }
+        deleted.sort();
+        deleted.dedup();
+        Ok::<_, Error>((deleted, touched))
+    })
+    .await
+    .map_err(|e| {
+        Error::with_source(
+            ErrorKind::Backend,
+            "listing the layers of a workspace failed",
+            e,
+        )
+    })??;
+    let tar = super::stream::writer_to_stream(move |out| {
+        use std::os::fd::AsRawFd;
+        // Every path is resolved through the descriptor, whatever is mounted where now.
+        let through = PathBuf::from(format!("/proc/self/fd/{}", merged.as_raw_fd()));
+        let packed =
+            crate::archive::pack::pack_selected_tar(&through, out, &|rel| touched.contains(rel));
+        drop(merged);
+        packed.map(|_| ())
+    });
+    Ok(super::changes(tar, deleted))
+}
+
+/// Adds the path (relative to `layer`) of every entry beneath `layer` to `paths`.
+fn collect_paths(layer: &Path, paths: &mut std::collections::HashSet<PathBuf>) -> Result<()> {
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let full = layer.join(&rel_dir);
+        let entries = fs::read_dir(&full)
+            .map_err(|e| Error::io(format_args!("reading {}", full.display()), e))?;
+        for entry in entries {
+            let entry =
+                entry.map_err(|e| Error::io(format_args!("reading {}", full.display()), e))?;
+            let rel = rel_dir.join(entry.file_name());
+            let is_dir = entry
+                .file_type()
+                .map_err(|e| Error::io(format_args!("inspecting {}", rel.display()), e))?
+                .is_dir();
+            if is_dir {
+                stack.push(rel.clone());
+            }
+            paths.insert(rel);
+        }
+    }
+    Ok(())
 }

@@ -57,8 +57,14 @@ struct Inner {
     capabilities: Capabilities,
     cgroups: CgroupRoots,
     probed: Probed,
-    /// Landlock rulesets by sandbox: built on first exec, enforced by every child.
-    rulesets: std::sync::Mutex<HashMap<SandboxId, Arc<OwnedFd>>>,
+    /// Landlock rulesets by sandbox, with the generation of the workspace mount they
+    /// were built for (see `mount_generation`): built on first exec, enforced by every
+    /// child.
+    rulesets: std::sync::Mutex<HashMap<SandboxId, (u64, Arc<OwnedFd>)>>,
+    /// Held (shared) while this process opens a workspace, and (exclusive) while a
+    /// clone remounts one (`crate::layers`), so no operation here ever opens the bare
+    /// mount point between the two. Once open, a workspace pins its mount.
+    workspace_gate: std::sync::RwLock<()>,
     /// The egress proxies this process serves for allowlisted sandboxes.
     egress: sandcell::egress::ServedProxies,
 }
@@ -157,6 +163,7 @@ impl LocalBackend {
                 cgroups,
                 probed,
                 rulesets: std::sync::Mutex::new(HashMap::new()),
+                workspace_gate: std::sync::RwLock::new(()),
                 egress: sandcell::egress::ServedProxies::default(),
             }),
         }
@@ -185,10 +192,11 @@ impl LocalBackend {
         F: FnOnce(&Workspace) -> Result<T> + Send + 'static,
     {
         let (dir, _) = self.meta(id)?;
-        blocking(move || op(&Workspace::open(&dir.workspace())?)).await
+        let inner = self.inner.clone();
+        blocking(move || op(&inner.open_workspace(&dir)?)).await
     }
 
-    fn lock_rulesets(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, Arc<OwnedFd>>> {
+    fn lock_rulesets(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, (u64, Arc<OwnedFd>)>> {
         // Entries are whole values inserted or removed at once: a poisoned map is intact.
         self.inner
             .rulesets
@@ -196,8 +204,9 @@ impl LocalBackend {
             .unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The sandbox's Landlock ruleset, built on first use: the paths it names never
-    /// change, and one ruleset can be enforced by any number of children.
+    /// The sandbox's Landlock ruleset, built on first use: one ruleset can be enforced
+    /// by any number of children. Its rules hold the directories they name, so a
+    /// workspace remounted by a clone gets a new one.
     fn ruleset(
         &self,
         id: &SandboxId,
@@ -205,8 +214,11 @@ impl LocalBackend {
         dir: &SandboxDir,
         egress_port: Option<u16>,
     ) -> Result<Arc<OwnedFd>> {
-        if let Some(fd) = self.lock_rulesets().get(id) {
-            return Ok(fd.clone());
+        let generation = mount_generation(dir);
+        if let Some((built_for, fd)) = self.lock_rulesets().get(id) {
+            if *built_for == generation {
+                return Ok(fd.clone());
+            }
         }
         let fd = Arc::new(crate::landlock::ruleset(
             abi,
@@ -214,7 +226,8 @@ impl LocalBackend {
             &[dir.workspace(), dir.tmp()],
             egress_port,
         )?);
-        self.lock_rulesets().insert(id.clone(), fd.clone());
+        self.lock_rulesets()
+            .insert(id.clone(), (generation, fd.clone()));
         Ok(fd)
     }
 
@@ -357,6 +370,28 @@ where
 
 /// Kills every process of the sandbox: its cgroup (which `setsid` cannot leave) where
 /// there is one, and every recorded process group.
+impl Inner {
+    /// Opens the workspace in `dir`, never while a clone remounts it.
+    fn open_workspace(&self, dir: &SandboxDir) -> Result<Workspace> {
+        // The guard protects no data: a poisoned gate is as good as a sound one.
+        let _open = self
+            .workspace_gate
+            .read()
+            .unwrap_or_else(|p| p.into_inner());
+        Workspace::open(&dir.workspace())
+    }
+}
+
+/// Which mount of its workspace a sandbox is on: the inode of the upper layer it
+/// writes to. A clone that freezes the upper layer remounts the workspace over a new
+/// one, and the old one lives on as the frozen layer beneath, so the number is never
+/// reused while the sandbox exists. (The mount's own device is: the kernel hands the
+/// new mount the number the old one freed.) Copied workspaces, never remounted, are 0.
+fn mount_generation(dir: &SandboxDir) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(dir.upper()).map_or(0, |m| m.ino())
+}
+
 fn kill_all(dir: &SandboxDir, meta: Option<&SandboxMeta>) -> Result<()> {
     for pgid in dir.groups() {
         process::signal_group(pgid, Signal::KILL);
@@ -468,6 +503,7 @@ impl SandboxBackend for LocalBackend {
         self.inner.egress.forget(id);
         let dir = self.dir(id);
         let id = id.clone();
+        let root = self.inner.config.root.clone();
         blocking(move || {
             if !dir.path().exists() {
                 return Ok(());
@@ -487,15 +523,23 @@ impl SandboxBackend for LocalBackend {
             if let Some(cg) = meta.as_ref().and_then(|m| m.cgroups.as_ref()) {
                 cg.remove();
             }
+            // An overlay's layers are read, unmounted and released under the lock, so
+            // a clone freezing this sandbox meanwhile is either done or not begun.
+            let overlay = meta.as_ref().is_none_or(|m| m.workspace == "overlay");
+            let _lock = overlay.then(|| crate::layers::lock(&root)).transpose()?;
+            let names = crate::layers::read(&dir).unwrap_or_default();
             materialize::unmount_all(&dir)?;
             match std::fs::remove_dir_all(dir.path()) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-                Err(e) => Err(Error::io(
-                    format_args!("removing {}", dir.path().display()),
-                    e,
-                )),
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return Err(Error::io(
+                        format_args!("removing {}", dir.path().display()),
+                        e,
+                    ))
+                }
             }
+            crate::layers::release(&root, &names)
         })
         .await
     }
@@ -548,10 +592,13 @@ impl SandboxBackend for LocalBackend {
         self.set_status(id, SandboxStatus::Running)
     }
 
-    /// An overlay workspace's clone copies only its upper layer (the changes) onto a
-    /// new overlay over the same template; a copied workspace is copied whole. The
-    /// source's processes are frozen during the copy where it has a cgroup, so the
-    /// clone is one moment of it.
+    /// An overlay workspace's clone shares the source's changes instead of copying
+    /// them, where nothing holds the source open: its upper layer is frozen into a
+    /// read-only layer beneath both (`crate::layers`). Otherwise (a running command, a
+    /// watch, host mounts, `Isolation::Namespaces`) the upper layer is copied onto a new
+    /// overlay over the same layers; a copied workspace is copied whole. The source's
+    /// processes are frozen meanwhile where it has a cgroup, so the clone is one moment
+    /// of it.
     async fn clone_sandbox(
         &self,
         id: &SandboxId,
@@ -578,29 +625,89 @@ impl SandboxBackend for LocalBackend {
         }
         let mut spec = source.spec.clone();
         spec.labels = labels;
-        let frozen = source.status == SandboxStatus::Running;
-        let source_cgroups = source.cgroups.clone();
-        let meta = self
-            .provision(spec, move |dir| {
-                let freeze = |on: bool| {
-                    if let (true, Some(cg)) = (frozen, &source_cgroups) {
-                        let _ = cg.freeze(on);
-                    }
-                };
-                freeze(true);
-                let copied = if strategy == "overlay" {
-                    crate::contained::copy_layer(&source_dir.upper(), &dir.upper())
-                        .map(|()| "overlay")
-                } else {
+        // A paused source stays frozen as it is; a running one is frozen while read.
+        let running = source.status == SandboxStatus::Running;
+        let source_cgroups = source.cgroups.clone().filter(|_| running);
+        let root = self.inner.config.root.clone();
+        if strategy != "overlay" {
+            let meta = self
+                .provision(spec, move |dir| {
+                    let _frozen = source_cgroups
+                        .as_ref()
+                        .and_then(|cg| cg.frozen_while_held());
                     crate::contained::copy_tree(&source_dir.workspace(), &dir.workspace())
                         .map(|()| "copy")
-                };
-                freeze(false);
-                let used = copied?;
-                if used == "overlay" {
-                    materialize::materialize(dir, &template, WorkspaceStrategy::Overlay)?;
+                })
+                .await?;
+            return Ok(meta.info(&self.dir(&meta.id)));
+        }
+        // The source's upper layer is frozen (or found busy) on one thread while the
+        // clone's cgroups and directory are made on another; the clone's mount waits
+        // for the outcome. The layers lock is held from reading the source's layers
+        // until the clone names them, so no destroy releases one in between.
+        let (outcome, freezing) = std::sync::mpsc::sync_channel(1);
+        {
+            let inner = self.inner.clone();
+            let (source_dir, template, id) = (source_dir.clone(), template.clone(), id.clone());
+            let source_cgroups = source_cgroups.clone();
+            let may_freeze = source.ns_init.is_none();
+            tokio::task::spawn_blocking(move || {
+                let frozen = (|| {
+                    let lock = crate::layers::lock(&inner.config.root)?;
+                    if source_dir.read_meta(&id)?.status == SandboxStatus::Terminated {
+                        return Err(Error::not_found(format!("sandbox {id} is being destroyed")));
+                    }
+                    let names = crate::layers::read(&source_dir)?;
+                    if !may_freeze {
+                        return Ok((lock, names, false));
+                    }
+                    let _remounting = inner
+                        .workspace_gate
+                        .write()
+                        .unwrap_or_else(|p| p.into_inner());
+                    let _frozen = source_cgroups
+                        .as_ref()
+                        .and_then(|cg| cg.frozen_while_held());
+                    let frozen =
+                        crate::layers::freeze(&inner.config.root, &source_dir, &names, &template)?;
+                    Ok(match frozen {
+                        crate::layers::Frozen::Layer(top) => {
+                            let mut stack = vec![top];
+                            stack.extend(names);
+                            (lock, stack, true)
+                        }
+                        // An empty upper layer: the clone shares the stack as it is.
+                        crate::layers::Frozen::Empty => (lock, names, true),
+                        crate::layers::Frozen::Busy => (lock, names, false),
+                    })
+                })();
+                // The clone may have failed before waiting: nobody to tell.
+                let _ = outcome.send(frozen);
+            });
+        }
+        let meta = self
+            .provision(spec, move |dir| {
+                let (lock, names, nothing_to_copy) = freezing.recv().map_err(|_| {
+                    Error::new(
+                        ErrorKind::Backend,
+                        "freezing the source's upper layer failed",
+                    )
+                })??;
+                if nothing_to_copy {
+                    std::fs::create_dir(dir.upper())
+                        .map_err(|e| Error::io("making the clone's upper layer", e))?;
+                } else {
+                    let _frozen = source_cgroups
+                        .as_ref()
+                        .and_then(|cg| cg.frozen_while_held());
+                    crate::contained::copy_layer(&source_dir.upper(), &dir.upper())?;
                 }
-                Ok(used)
+                crate::layers::mount(&root, dir, &names, &template)?;
+                if !names.is_empty() {
+                    crate::layers::write_new(dir, &names)?;
+                }
+                drop(lock);
+                Ok("overlay")
             })
             .await?;
         Ok(meta.info(&self.dir(&meta.id)))
@@ -616,9 +723,11 @@ impl SandboxBackend for LocalBackend {
         let (sender, stream) = sandcell::raw::watch_channel(path.clone());
         let path = path.clone();
         // The initial walk of a recursive watch reads directories: off the runtime.
+        let inner = self.inner.clone();
         let watcher = blocking(move || {
-            let workspace = Workspace::open(&dir.workspace())?;
-            crate::watch::Watcher::start(&workspace, path, options.recursive, sender)
+            let holding = crate::layers::hold_for_watch(&dir)?;
+            let workspace = inner.open_workspace(&dir)?;
+            crate::watch::Watcher::start(&workspace, path, options.recursive, sender, holding)
         });
         // AsyncFd registers with the runtime of the task that made it, so it is made
         // on a blocking thread inside this runtime's context.
@@ -668,6 +777,7 @@ impl SandboxBackend for LocalBackend {
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
         let (dir, meta) = self.meta(id)?;
         let egress = self.inner.egress.counts(id);
+        let inner = self.inner.clone();
         blocking(move || {
             let mut metrics = SandboxMetrics::now();
             match &meta.cgroups {
@@ -689,7 +799,7 @@ impl SandboxBackend for LocalBackend {
                 }
             }
             metrics.memory_limit_bytes = meta.spec.limits.memory_bytes;
-            metrics.disk_bytes = Some(Workspace::open(&dir.workspace())?.disk_usage()?);
+            metrics.disk_bytes = Some(inner.open_workspace(&dir)?.disk_usage()?);
             metrics.egress = egress;
             Ok(metrics)
         })
@@ -717,9 +827,11 @@ impl SandboxBackend for LocalBackend {
             .cwd
             .clone()
             .unwrap_or_else(|| meta.spec.workdir.clone());
-        let workspace_path = dir.workspace();
-        // A handful of syscalls: cheaper inline than a hop to the blocking pool.
-        let mut cwd = Workspace::open(&workspace_path)?.resolve_dir(&cwd_path)?;
+        // A handful of syscalls: cheaper inline than a hop to the blocking pool. Held
+        // open until the command has its working directory, so the mount cannot be
+        // swapped from under it by a clone meanwhile.
+        let workspace = self.inner.open_workspace(&dir)?;
+        let mut cwd = workspace.resolve_dir(&cwd_path)?;
         let mut argv = request.argv;
         let (home, tmp) = match meta.ns_init {
             Some(init) => {
@@ -808,6 +920,8 @@ impl SandboxBackend for LocalBackend {
             },
             cgroup: command_cgroup,
         })?;
+        // The command has its working directory: the mount may be swapped from here.
+        drop(workspace);
         // The cgroup already tracks every process; the group list is for hosts without.
         if meta.cgroups.is_none() {
             dir.add_group(pgid)?;
@@ -880,8 +994,27 @@ impl SandboxBackend for LocalBackend {
                 "sandbox {id} has a copied workspace; incremental snapshots need an overlay workspace"
             )));
         }
-        // The upper layer is the change set; the packer skips whiteouts (device nodes).
-        sandcell::raw::overlay::changes(dir.upper()).await
+        let names = crate::layers::read(&dir)?;
+        if names.is_empty() {
+            // The upper layer is the change set; the packer skips whiteouts (devices).
+            return sandcell::raw::overlay::changes(dir.upper()).await;
+        }
+        // Frozen layers beneath it hold changes too: read through the merged view,
+        // held open (and so never remounted) while the tar is written.
+        let merged = {
+            let inner = self.inner.clone();
+            let dir = dir.clone();
+            blocking(move || inner.open_workspace(&dir)).await?
+        };
+        let root = &self.inner.config.root;
+        let layers = std::iter::once(dir.upper())
+            .chain(
+                names
+                    .iter()
+                    .map(|name| crate::layers::layer_path(root, name)),
+            )
+            .collect();
+        sandcell::raw::overlay::changes_of_layers(merged.into_fd(), layers).await
     }
 
     async fn import_tar(
@@ -894,7 +1027,13 @@ impl SandboxBackend for LocalBackend {
         let (dir, _) = self.meta(id)?;
         let path = path.clone();
         let reader = sandcell::raw::stream::stream_to_reader(tar);
-        blocking(move || crate::import::import(&dir.workspace(), &path, reader, options)).await
+        let inner = self.inner.clone();
+        blocking(move || {
+            // Pins the mount for the import's length (see `Inner::workspace_gate`).
+            let _pinned = inner.open_workspace(&dir)?;
+            crate::import::import(&dir.workspace(), &path, reader, options)
+        })
+        .await
     }
 }
 

@@ -263,6 +263,15 @@ impl SandboxCgroups {
         Ok(true)
     }
 
+    /// Freezes the sandbox's processes, if it has any and this kernel has the v2
+    /// freezer, until the guard drops: what a clone reads is then one moment of it.
+    pub(crate) fn frozen_while_held(&self) -> Option<ThawOnDrop<'_>> {
+        if !populated(&self.unified) {
+            return None;
+        }
+        matches!(self.freeze(true), Ok(true)).then_some(ThawOnDrop(self))
+    }
+
     /// Removes the directories, the commands' cgroups first; best effort. A process
     /// that joined after the last kill keeps a directory busy, so busy means kill
     /// again, then retry.
@@ -283,6 +292,15 @@ impl SandboxCgroups {
                 }
             }
         }
+    }
+}
+
+/// Thaws what [`SandboxCgroups::frozen_while_held`] froze.
+pub(crate) struct ThawOnDrop<'a>(&'a SandboxCgroups);
+
+impl Drop for ThawOnDrop<'_> {
+    fn drop(&mut self) {
+        let _ = self.0.freeze(false);
     }
 }
 

@@ -7,6 +7,8 @@
 //!     groups        process group ids started in this sandbox, one per line
 //!     workspace/    what the sandbox sees (overlay mount point, or the copy)
 //!     upper/ work/  overlay layers (overlay strategy only)
+//!     layers        the frozen layers beneath upper/, top first (see `crate::layers`)
+//!     watching      flock'ed shared by every live watch, so no clone freezes beneath it
 //!     tmp/          TMPDIR for sandbox processes
 //! ```
 
@@ -17,6 +19,9 @@ use std::path::{Path, PathBuf};
 use chrono::{DateTime, Utc};
 use sandcell::{Error, Result, SandboxId, SandboxInfo, SandboxSpec, SandboxStatus};
 use serde::{Deserialize, Serialize};
+
+/// The name of a sandbox's list of frozen layers, in its directory.
+pub(crate) const LAYERS_FILE: &str = "layers";
 
 /// What is stored in `meta.json`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -87,6 +92,14 @@ impl SandboxDir {
     }
     pub(crate) fn work(&self) -> PathBuf {
         self.path.join("work")
+    }
+    /// The list of the sandbox's frozen layers (`crate::layers`).
+    pub(crate) fn layers(&self) -> PathBuf {
+        self.path.join(LAYERS_FILE)
+    }
+    /// The file every live watch of the sandbox holds a shared lock on.
+    pub(crate) fn watching(&self) -> PathBuf {
+        self.path.join("watching")
     }
     pub(crate) fn tmp(&self) -> PathBuf {
         self.path.join("tmp")

@@ -69,6 +69,7 @@ mod contained;
 mod egress;
 mod import;
 mod landlock;
+mod layers;
 mod layout;
 mod materialize;
 mod namespace;

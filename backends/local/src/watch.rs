@@ -55,6 +55,9 @@ pub(crate) struct Watcher {
     workspace: PathBuf,
     recursive: bool,
     sender: WatchSender,
+    /// The sandbox's watch lock, held shared while the watch lives: no clone unmounts
+    /// the workspace from under it (`crate::layers::hold_for_watch`).
+    _holding: std::fs::File,
 }
 
 /// One inotify event, owned.
@@ -74,6 +77,7 @@ impl Watcher {
         root: SandboxPath,
         recursive: bool,
         sender: WatchSender,
+        holding: std::fs::File,
     ) -> Result<Self> {
         let dir = workspace.open_dir(&root)?;
         let real = workspace.resolve_dir(&root)?;
@@ -97,6 +101,7 @@ impl Watcher {
             workspace: workspace.root_path().to_path_buf(),
             recursive,
             sender,
+            _holding: holding,
         };
         watcher.root_wd = watcher
             .add(dir.as_fd(), root.clone())

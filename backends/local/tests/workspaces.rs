@@ -522,11 +522,11 @@ async fn a_template_directory_renames_on_an_overlay_workspace() {
     backend.destroy(&sb.id).await.unwrap();
 }
 
-/// An overlay clone copies the source's upper layer only: what it changed, whiteouts
-/// of what it deleted and opaque directories included, over the same template, which is
-/// not copied. A copy clone copies the workspace whole, and neither follows a link out.
+/// An overlay clone holds the source's changes only: what it changed, whiteouts of what
+/// it deleted and opaque directories included, over the same template, which is not
+/// copied. A copy clone copies the workspace whole, and neither follows a link out.
 #[tokio::test]
-async fn an_overlay_clone_copies_only_the_changes() {
+async fn an_overlay_clone_holds_only_the_changes() {
     if !common::overlay_available() {
         return;
     }
@@ -602,15 +602,18 @@ async fn an_overlay_clone_copies_only_the_changes() {
         "a link is copied as a link"
     );
 
-    // Only the changes were copied: the clone's upper layer holds a handful of entries,
-    // not the template's two hundred files.
-    let upper = root
-        .path()
-        .join("sandboxes")
-        .join(clone.id.as_str())
-        .join("upper");
+    // Only the changes were taken: the clone's upper layer and the frozen layers it
+    // shares with its source hold a handful of entries, not the template's two hundred
+    // files.
+    let clone_dir = root.path().join("sandboxes").join(clone.id.as_str());
+    let mut stack = vec![clone_dir.join("upper")];
+    for name in std::fs::read_to_string(clone_dir.join("layers"))
+        .unwrap_or_default()
+        .lines()
+    {
+        stack.push(root.path().join("layers").join(name));
+    }
     let mut count = 0;
-    let mut stack = vec![upper];
     while let Some(dir) = stack.pop() {
         for entry in std::fs::read_dir(dir).unwrap().flatten() {
             count += 1;

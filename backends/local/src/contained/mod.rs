@@ -69,6 +69,11 @@ impl Workspace {
         &self.root_path
     }
 
+    /// The `O_PATH` descriptor of the workspace's root, which holds its mount.
+    pub(crate) fn into_fd(self) -> OwnedFd {
+        self.root
+    }
+
     /// Reads a whole regular file, following a final symlink while it stays inside.
     pub(crate) fn read(&self, path: &SandboxPath) -> Result<Vec<u8>> {
         let ctx = || format!("reading {path}");
