@@ -349,8 +349,19 @@ impl Leader {
     fn new(pid: i32, pidfd: OwnedFd) -> io::Result<Leader> {
         // SAFETY: the `OwnedFd` is the pidfd's only owner, kept (never replaced or
         // closed) for as long as the `AsyncFd` lives.
-        let pidfd =
-            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE)? };
+        let registered =
+            unsafe { AsyncFd::register_with_interest(pidfd, tokio::io::Interest::READABLE) };
+        let pidfd = match registered {
+            Ok(pidfd) => pidfd,
+            Err(e) => {
+                // The command runs, but nothing could wait for it (the reactor is out of
+                // room): end it rather than leave it unsupervised, and reap it.
+                let (pidfd, cause) = e.into_parts();
+                let _ = rustix::process::pidfd_send_signal(&pidfd, rustix::process::Signal::KILL);
+                let _ = reap(&pidfd, true);
+                return Err(cause);
+            }
+        };
         Ok(Leader {
             pid,
             pidfd,
