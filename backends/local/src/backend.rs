@@ -368,8 +368,6 @@ where
         .map_err(|e| Error::with_source(ErrorKind::Backend, "a file operation task failed", e))?
 }
 
-/// Kills every process of the sandbox: its cgroup (which `setsid` cannot leave) where
-/// there is one, and every recorded process group.
 impl Inner {
     /// Opens the workspace in `dir`, never while a clone remounts it.
     fn open_workspace(&self, dir: &SandboxDir) -> Result<Workspace> {
@@ -392,6 +390,8 @@ fn mount_generation(dir: &SandboxDir) -> u64 {
     std::fs::symlink_metadata(dir.upper()).map_or(0, |m| m.ino())
 }
 
+/// Kills every process of the sandbox: its cgroup (which `setsid` cannot leave) where
+/// there is one, and every recorded process group.
 fn kill_all(dir: &SandboxDir, meta: Option<&SandboxMeta>) -> Result<()> {
     for pgid in dir.groups() {
         process::signal_group(pgid, Signal::KILL);
@@ -994,13 +994,8 @@ impl SandboxBackend for LocalBackend {
                 "sandbox {id} has a copied workspace; incremental snapshots need an overlay workspace"
             )));
         }
-        let names = crate::layers::read(&dir)?;
-        if names.is_empty() {
-            // The upper layer is the change set; the packer skips whiteouts (devices).
-            return sandcell::raw::overlay::changes(dir.upper()).await;
-        }
-        // Frozen layers beneath it hold changes too: read through the merged view,
-        // held open (and so never remounted) while the tar is written.
+        // Pinned first, so no clone freezes the upper layer between listing the layers
+        // and reading them; held open (never remounted) while the tar is written.
         let merged = {
             let inner = self.inner.clone();
             let dir = dir.clone();
@@ -1009,7 +1004,7 @@ impl SandboxBackend for LocalBackend {
         let root = &self.inner.config.root;
         let layers = std::iter::once(dir.upper())
             .chain(
-                names
+                crate::layers::read(&dir)?
                     .iter()
                     .map(|name| crate::layers::layer_path(root, name)),
             )
