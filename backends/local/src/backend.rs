@@ -196,14 +196,6 @@ impl LocalBackend {
         blocking(move || op(&inner.open_workspace(&dir)?)).await
     }
 
-    fn lock_rulesets(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, (u64, Arc<OwnedFd>)>> {
-        // Entries are whole values inserted or removed at once: a poisoned map is intact.
-        self.inner
-            .rulesets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-    }
-
     /// The sandbox's Landlock ruleset, built on first use: one ruleset can be enforced
     /// by any number of children. Its rules hold the directories they name, so a
     /// workspace remounted by a clone gets a new one.
@@ -215,7 +207,7 @@ impl LocalBackend {
         egress_port: Option<u16>,
     ) -> Result<Arc<OwnedFd>> {
         let generation = mount_generation(dir);
-        if let Some((built_for, fd)) = self.lock_rulesets().get(id) {
+        if let Some((built_for, fd)) = self.inner.lock_rulesets().get(id) {
             if *built_for == generation {
                 return Ok(fd.clone());
             }
@@ -226,7 +218,8 @@ impl LocalBackend {
             &[dir.workspace(), dir.tmp()],
             egress_port,
         )?);
-        self.lock_rulesets()
+        self.inner
+            .lock_rulesets()
             .insert(id.clone(), (generation, fd.clone()));
         Ok(fd)
     }
@@ -369,6 +362,17 @@ where
 }
 
 impl Inner {
+    /// Drops the Landlock ruleset cached for a sandbox that is gone, or whose
+    /// workspace this process remounted.
+    fn forget_ruleset(&self, id: &SandboxId) {
+        self.lock_rulesets().remove(id);
+    }
+
+    fn lock_rulesets(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, (u64, Arc<OwnedFd>)>> {
+        // Entries are whole values inserted or removed at once: a poisoned map is intact.
+        self.rulesets.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Opens the workspace in `dir`, never while a clone remounts it.
     fn open_workspace(&self, dir: &SandboxDir) -> Result<Workspace> {
         // The guard protects no data: a poisoned gate is as good as a sound one.
@@ -380,13 +384,28 @@ impl Inner {
     }
 }
 
-/// Which mount of its workspace a sandbox is on: the inode of the upper layer it
-/// writes to. A clone that freezes the upper layer remounts the workspace over a new
-/// one, and the old one lives on as the frozen layer beneath, so the number is never
-/// reused while the sandbox exists. (The mount's own device is: the kernel hands the
-/// new mount the number the old one freed.) Copied workspaces, never remounted, are 0.
+/// Which mount of its workspace a sandbox is on, so a ruleset cached for an earlier
+/// one is rebuilt: a clone that freezes the workspace remounts it, in this process or
+/// another. The kernel's unique mount id where it has one (6.8); before, the inode of
+/// the upper layer (a new directory at each remount, made while the old one still
+/// exists, so never the number of the mount just replaced). Not the mount's device:
+/// the kernel hands the new mount the number the old one freed. Copied workspaces,
+/// never remounted, are on the mount they are on.
 fn mount_generation(dir: &SandboxDir) -> u64 {
     use std::os::unix::fs::MetadataExt;
+    /// `STATX_MNT_ID_UNIQUE`, which rustix does not name.
+    const MNT_ID_UNIQUE: u32 = 0x4000;
+    let unique = rustix::fs::StatxFlags::from_bits_retain(MNT_ID_UNIQUE);
+    if let Ok(stat) = rustix::fs::statx(
+        rustix::fs::CWD,
+        dir.workspace(),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW | rustix::fs::AtFlags::STATX_DONT_SYNC,
+        unique,
+    ) {
+        if stat.stx_mask & MNT_ID_UNIQUE != 0 {
+            return stat.stx_mnt_id;
+        }
+    }
     std::fs::symlink_metadata(dir.upper()).map_or(0, |m| m.ino())
 }
 
@@ -499,7 +518,7 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
-        self.lock_rulesets().remove(id);
+        self.inner.forget_ruleset(id);
         self.inner.egress.forget(id);
         let dir = self.dir(id);
         let id = id.clone();
@@ -594,7 +613,7 @@ impl SandboxBackend for LocalBackend {
 
     /// An overlay workspace's clone shares the source's changes instead of copying
     /// them, where nothing holds the source open: its upper layer is frozen into a
-    /// read-only layer beneath both (`crate::layers`). Otherwise (a running command, a
+    /// read-only layer beneath both (`crate::layers`, `crate::clone`). Otherwise (a running command, a
     /// watch, host mounts, `Isolation::Namespaces`) the upper layer is copied onto a new
     /// overlay over the same layers; a copied workspace is copied whole. The source's
     /// processes are frozen meanwhile where it has a cgroup, so the clone is one moment
@@ -642,72 +661,37 @@ impl SandboxBackend for LocalBackend {
             return Ok(meta.info(&self.dir(&meta.id)));
         }
         // The source's upper layer is frozen (or found busy) on one thread while the
-        // clone's cgroups and directory are made on another; the clone's mount waits
-        // for the outcome. The layers lock is held from reading the source's layers
-        // until the clone names them, so no destroy releases one in between.
-        let (outcome, freezing) = std::sync::mpsc::sync_channel(1);
+        // clone's cgroups and directory are made on another (`crate::clone`).
+        let source = Arc::new(crate::clone::Source {
+            id: id.clone(),
+            dir: source_dir,
+            template,
+            cgroups: source_cgroups,
+            may_freeze: source.ns_init.is_none(),
+        });
+        let (plan, planned) = std::sync::mpsc::sync_channel(1);
+        let (populated, is_populated) = std::sync::mpsc::sync_channel(1);
         {
-            let inner = self.inner.clone();
-            let (source_dir, template, id) = (source_dir.clone(), template.clone(), id.clone());
-            let source_cgroups = source_cgroups.clone();
-            let may_freeze = source.ns_init.is_none();
+            let (inner, source) = (self.inner.clone(), source.clone());
             tokio::task::spawn_blocking(move || {
-                let frozen = (|| {
-                    let lock = crate::layers::lock(&inner.config.root)?;
-                    if source_dir.read_meta(&id)?.status == SandboxStatus::Terminated {
-                        return Err(Error::not_found(format!("sandbox {id} is being destroyed")));
-                    }
-                    let names = crate::layers::read(&source_dir)?;
-                    if !may_freeze {
-                        return Ok((lock, names, false));
-                    }
-                    let _remounting = inner
-                        .workspace_gate
-                        .write()
-                        .unwrap_or_else(|p| p.into_inner());
-                    let _frozen = source_cgroups
-                        .as_ref()
-                        .and_then(|cg| cg.frozen_while_held());
-                    let frozen =
-                        crate::layers::freeze(&inner.config.root, &source_dir, &names, &template)?;
-                    Ok(match frozen {
-                        crate::layers::Frozen::Layer(top) => {
-                            let mut stack = vec![top];
-                            stack.extend(names);
-                            (lock, stack, true)
-                        }
-                        // An empty upper layer: the clone shares the stack as it is.
-                        crate::layers::Frozen::Empty => (lock, names, true),
-                        crate::layers::Frozen::Busy => (lock, names, false),
-                    })
-                })();
-                // The clone may have failed before waiting: nobody to tell.
-                let _ = outcome.send(frozen);
+                crate::clone::freeze_source(
+                    &inner.config.root,
+                    &inner.workspace_gate,
+                    &source,
+                    &is_populated,
+                    || inner.forget_ruleset(&source.id),
+                    plan,
+                );
             });
+        }
+        // One small read of the cgroup file system, made before the clone's cgroups
+        // are (see `freeze_source`).
+        if let Some(cg) = &source.cgroups {
+            let _ = populated.send(cg.is_populated());
         }
         let meta = self
             .provision(spec, move |dir| {
-                let (lock, names, nothing_to_copy) = freezing.recv().map_err(|_| {
-                    Error::new(
-                        ErrorKind::Backend,
-                        "freezing the source's upper layer failed",
-                    )
-                })??;
-                if nothing_to_copy {
-                    std::fs::create_dir(dir.upper())
-                        .map_err(|e| Error::io("making the clone's upper layer", e))?;
-                } else {
-                    let _frozen = source_cgroups
-                        .as_ref()
-                        .and_then(|cg| cg.frozen_while_held());
-                    crate::contained::copy_layer(&source_dir.upper(), &dir.upper())?;
-                }
-                crate::layers::mount(&root, dir, &names, &template)?;
-                if !names.is_empty() {
-                    crate::layers::write_new(dir, &names)?;
-                }
-                drop(lock);
-                Ok("overlay")
+                crate::clone::fill(&root, &planned, &source, dir)
             })
             .await?;
         Ok(meta.info(&self.dir(&meta.id)))

@@ -266,10 +266,21 @@ impl SandboxCgroups {
     /// Freezes the sandbox's processes, if it has any and this kernel has the v2
     /// freezer, until the guard drops: what a clone reads is then one moment of it.
     pub(crate) fn frozen_while_held(&self) -> Option<ThawOnDrop<'_>> {
-        if !populated(&self.unified) {
+        if !self.is_populated() {
             return None;
         }
+        self.frozen()
+    }
+
+    /// [`SandboxCgroups::frozen_while_held`] for a caller that knows the sandbox has
+    /// processes.
+    pub(crate) fn frozen(&self) -> Option<ThawOnDrop<'_>> {
         matches!(self.freeze(true), Ok(true)).then_some(ThawOnDrop(self))
+    }
+
+    /// Whether any process is in the sandbox's cgroups.
+    pub(crate) fn is_populated(&self) -> bool {
+        populated(&self.unified)
     }
 
     /// Removes the directories, the commands' cgroups first; best effort. A process

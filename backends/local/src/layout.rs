@@ -8,6 +8,8 @@
 //!     workspace/    what the sandbox sees (overlay mount point, or the copy)
 //!     upper/ work/  overlay layers (overlay strategy only)
 //!     layers        the frozen layers beneath upper/, top first (see `crate::layers`)
+//!     upper.<layer>/ work.<layer>/
+//!                   left by a freeze until its old overlay is torn down
 //!     watching      flock'ed shared by every live watch, so no clone freezes beneath it
 //!     tmp/          TMPDIR for sandbox processes
 //! ```

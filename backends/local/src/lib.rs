@@ -64,6 +64,7 @@
 
 mod backend;
 mod cgroup;
+mod clone;
 mod config;
 mod contained;
 mod egress;
