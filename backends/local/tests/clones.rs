@@ -353,3 +353,55 @@ async fn stacked_layers_export_their_changes_and_the_stack_is_bounded() {
     assert_eq!(s.layers_on_disk(), Vec::<String>::new());
     assert_eq!(entries(&s.root.path().join("sandboxes")), 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_whose_source_cannot_remount_fails_and_leaves_the_source_as_it_was() {
+    let Some(s) = setup() else { return };
+    let b = &s.backend;
+    let source = b.create(&SandboxSpec::new("t")).await.unwrap().id;
+    s.change(&source).await;
+    // Without its work directory the source's remount fails after the frozen layer
+    // is made and while the clone mounts it: the clone is unmounted and removed, and
+    // only then are the source's changes moved back out of the layer.
+    std::fs::remove_dir_all(s.dir(&source).join("work")).unwrap();
+    b.clone_sandbox(&source, Default::default())
+        .await
+        .expect_err("the source could not be remounted");
+
+    s.assert_changed(&source).await;
+    assert_eq!(
+        std::fs::read_to_string(s.dir(&source).join("upper/new.txt")).unwrap(),
+        "new\n",
+        "the changes are back in the source's own upper layer"
+    );
+    assert_eq!(s.layers_of(&source), Vec::<String>::new());
+    assert_eq!(s.layers_on_disk(), Vec::<String>::new());
+    let mut left: Vec<String> = std::fs::read_dir(s.dir(&source))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("upper.") || name.starts_with("work."))
+        .collect();
+    left.sort();
+    assert_eq!(left, Vec::<String>::new(), "nothing retired is left");
+    assert_eq!(
+        b.list(&Default::default()).await.unwrap().len(),
+        1,
+        "no clone"
+    );
+    assert_eq!(entries(&s.root.path().join("sandboxes")), 1);
+    let out = b
+        .run_shell(&source, "echo ran > after.txt && cat new.txt")
+        .await
+        .unwrap();
+    assert!(out.success(), "{out:?}");
+    assert_eq!(out.stdout_str(), "new\n");
+    // A later clone freezes as usual.
+    let clone = s.clone_of(&source).await;
+    s.assert_changed(&clone).await;
+    assert_eq!(s.layers_of(&clone).len(), 1);
+    b.destroy(&clone).await.unwrap();
+    b.destroy(&source).await.unwrap();
+    assert_eq!(s.layers_on_disk(), Vec::<String>::new());
+    assert_eq!(entries(&s.root.path().join("sandboxes")), 0);
+}
