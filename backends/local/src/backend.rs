@@ -1008,9 +1008,9 @@ impl SandboxBackend for LocalBackend {
         let reader = sandcell::raw::stream::stream_to_reader(tar);
         let inner = self.inner.clone();
         blocking(move || {
-            // Pins the mount for the import's length (see `Inner::workspace_gate`).
-            let _pinned = inner.open_workspace(&dir)?;
-            crate::import::import(&dir.workspace(), &path, reader, options)
+            // Open, the workspace pins its mount (see `Inner::workspace_gate`).
+            let workspace = inner.open_workspace(&dir)?;
+            crate::import::import(&workspace, &path, reader, options)
         })
         .await
     }

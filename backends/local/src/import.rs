@@ -1,7 +1,7 @@
 //! Archive import into a workspace: unpacked into a hidden staging directory beside
 //! the destination (same file system), checked entry by entry, then moved into place.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sandcell::archive::{ImportMode, ImportOptions};
 use sandcell::{Error, ErrorKind, FileKind, Result, SandboxPath};
@@ -12,15 +12,14 @@ use crate::contained::Workspace;
 /// the final moves are renames), then moves the result into place. Every check runs
 /// before anything outside the staging directory changes.
 pub(crate) fn import(
-    workspace: &Path,
+    ws: &Workspace,
     dest: &SandboxPath,
     reader: impl std::io::Read,
     options: ImportOptions,
 ) -> Result<()> {
-    let ws = Workspace::open(workspace)?;
     let dest = match ws.stat(dest) {
-        Ok(info) if info.kind == FileKind::Dir => real_path(&ws, dest)?,
-        Ok(info) if info.kind == FileKind::Symlink => real_path(&ws, dest)?,
+        Ok(info) if info.kind == FileKind::Dir => real_path(ws, dest)?,
+        Ok(info) if info.kind == FileKind::Symlink => real_path(ws, dest)?,
         Ok(_) => {
             return Err(Error::invalid_input(format!(
                 "cannot import into {dest}: it is not a directory"
@@ -34,7 +33,7 @@ pub(crate) fn import(
     let merge = options.mode != ImportMode::Replace;
     sandcell::raw::archive::unpack_to_dir_with(
         reader,
-        &workspace.join(&staging_name),
+        &ws.root_path().join(&staging_name),
         &options.limits,
         |entry| {
             if merge {
@@ -61,7 +60,7 @@ pub(crate) fn import(
                 ws.remove(&entry.path, true)?;
             }
         }
-        move_tree(&ws, &staging, &dest)
+        move_tree(ws, &staging, &dest)
     })();
     let cleaned = ws.remove(&staging, true);
     moved?;

@@ -29,7 +29,6 @@
 //! copying its upper layer, sharing the layers it already has.
 
 use std::fs;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use rustix::fs::FlockOperation;
@@ -123,21 +122,24 @@ pub(crate) fn read(dir: &SandboxDir) -> Result<Vec<String>> {
 /// Records the frozen layers of a sandbox being made (its directory is not yet a
 /// sandbox to anyone else, so a plain write will do).
 pub(crate) fn write_new(dir: &SandboxDir, names: &[String]) -> Result<()> {
-    let mut text = names.join("\n");
-    text.push('\n');
-    fs::write(dir.layers(), text).map_err(|e| Error::io("writing the layers of a sandbox", e))
+    fs::write(dir.layers(), listing(names))
+        .map_err(|e| Error::io("writing the layers of a sandbox", e))
 }
 
 /// Records the sandbox's frozen layers (atomically: a temp file renamed over).
 pub(crate) fn write(dir: &SandboxDir, names: &[String]) -> Result<()> {
-    let mut tmp = tempfile::NamedTempFile::new_in(dir.path())
-        .map_err(|e| Error::io("writing the layers of a sandbox", e))?;
-    for name in names {
-        writeln!(tmp, "{name}").map_err(|e| Error::io("writing the layers of a sandbox", e))?;
-    }
-    tmp.persist(dir.layers())
-        .map_err(|e| Error::io("writing the layers of a sandbox", e.error))?;
-    Ok(())
+    dir.write_atomically(
+        &dir.layers(),
+        listing(names).as_bytes(),
+        "writing the layers of a sandbox",
+    )
+}
+
+/// The text of a layers file: one name a line, top first.
+fn listing(names: &[String]) -> String {
+    let mut text = names.join("\n");
+    text.push('\n');
+    text
 }
 
 /// Held (a shared lock on the sandbox's `watching` file) by a live watch, in any

@@ -138,12 +138,16 @@ impl SandboxDir {
                 format!("encoding metadata: {e}"),
             )
         })?;
-        let mut tmp = tempfile::NamedTempFile::new_in(&self.path)
-            .map_err(|e| Error::io("writing sandbox metadata", e))?;
-        tmp.write_all(&json)
-            .map_err(|e| Error::io("writing sandbox metadata", e))?;
-        tmp.persist(self.meta_path())
-            .map_err(|e| Error::io("writing sandbox metadata", e.error))?;
+        self.write_atomically(&self.meta_path(), &json, "writing sandbox metadata")
+    }
+
+    /// Replaces the file at `path`, in this directory, with `bytes` at once (a temp
+    /// file renamed over it), so a crash never leaves half a file.
+    pub(crate) fn write_atomically(&self, path: &Path, bytes: &[u8], what: &str) -> Result<()> {
+        let mut tmp =
+            tempfile::NamedTempFile::new_in(&self.path).map_err(|e| Error::io(what, e))?;
+        tmp.write_all(bytes).map_err(|e| Error::io(what, e))?;
+        tmp.persist(path).map_err(|e| Error::io(what, e.error))?;
         Ok(())
     }
 
