@@ -156,6 +156,36 @@ pub async fn exec_missing_program_is_not_found(b: &dyn SandboxBackend) {
     .await;
 }
 
+/// A command starts with no signal blocked and none ignored, whatever the process
+/// running the backend blocks or ignores (a server started under `nohup` ignores
+/// `SIGHUP`, and a child would inherit that): read from `/proc/self/status` of the
+/// command itself, on backends with a shell (real processes).
+pub async fn commands_start_with_default_signals(b: &dyn SandboxBackend) {
+    if !b.capabilities().shell {
+        return shell_is_refused(b, "commands_start_with_default_signals").await;
+    }
+    with_sandbox(b, spec(), |id| async move {
+        let out = b
+            .run(&id, ExecRequest::new(["cat", "/proc/self/status"]))
+            .await
+            .unwrap();
+        assert!(out.success(), "{out:?}");
+        let status = out.stdout_str();
+        for field in ["SigBlk", "SigIgn"] {
+            let mask = status
+                .lines()
+                .find_map(|line| line.strip_prefix(&format!("{field}:")))
+                .unwrap_or_else(|| panic!("no {field} in /proc/self/status: {status}"))
+                .trim();
+            assert!(
+                u64::from_str_radix(mask, 16) == Ok(0),
+                "{field} of a command is {mask}, not empty"
+            );
+        }
+    })
+    .await;
+}
+
 /// A process left running in the background by one command is still there for the
 /// next one, and `reset` ends it (backends with a shell and reset).
 pub async fn background_processes_live_until_reset(b: &dyn SandboxBackend) {

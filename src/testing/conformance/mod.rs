@@ -42,8 +42,9 @@ pub use archives::{archive_round_trip, hostile_archives_are_rejected};
 pub use capabilities::{claimed_capabilities_work, create_refuses_what_it_cannot_honour};
 pub use clone::clone_is_independent;
 pub use exec::{
-    background_processes_by_id, background_processes_live_until_reset, exec_basics,
-    exec_missing_program_is_not_found, timeouts_end_every_descendant,
+    background_processes_by_id, background_processes_live_until_reset,
+    commands_start_with_default_signals, exec_basics, exec_missing_program_is_not_found,
+    timeouts_end_every_descendant,
 };
 pub use ext::{ext_editing_and_search, ext_upload_download};
 pub use files::{
@@ -209,6 +210,7 @@ macro_rules! __conformance_cases {
             ext_upload_download
             exec_basics
             exec_missing_program_is_not_found
+            commands_start_with_default_signals
             background_processes_live_until_reset
             timeouts_end_every_descendant
             background_processes_by_id
