@@ -57,7 +57,7 @@ pub use lifecycle::{
     unknown_sandbox_is_not_found,
 };
 pub use manager::{manager_housekeeping, manager_sessions};
-pub use observe::{metrics_report_use, watch_reports_changes_in_order};
+pub use observe::{metrics_report_use, watch_outlives_a_clone, watch_reports_changes_in_order};
 pub use pty::pty_terminal;
 pub use snapshots::{
     hostile_snapshots_are_rejected, incremental_snapshot_round_trip, snapshot_round_trip,
@@ -218,6 +218,7 @@ macro_rules! __conformance_cases {
             watch_reports_changes_in_order
             metrics_report_use
             clone_is_independent
+            watch_outlives_a_clone
         }
     };
 }

@@ -80,6 +80,56 @@ async fn expect_events(
     );
 }
 
+/// A live watch keeps reporting after its sandbox is cloned (a clone may remount the
+/// source's workspace, or pause it), and reports nothing the clone does: on backends
+/// claiming both watch and clone.
+pub async fn watch_outlives_a_clone(b: &dyn SandboxBackend) {
+    let caps = b.capabilities();
+    if !(caps.watch && caps.clone) {
+        return;
+    }
+    with_sandbox(b, spec(), |id| async move {
+        b.mkdir(&id, &p("w")).await.unwrap();
+        let mut watch = b
+            .watch(&id, &p("w"), WatchOptions::new())
+            .await
+            .expect("a watch");
+        b.write(&id, &p("w/before.txt"), Bytes::from_static(b"1"))
+            .await
+            .unwrap();
+        let seen = normalize(&events_until(&mut watch, "Created w/before.txt").await);
+        assert!(
+            seen.iter().any(|e| e == "Created w/before.txt"),
+            "the watch reports before the clone: {seen:?}"
+        );
+        let clone = b.clone_sandbox(&id, spec().labels).await.expect("clone").id;
+        let checks = async {
+            b.write(&clone, &p("w/in-clone.txt"), Bytes::from_static(b"c"))
+                .await
+                .unwrap();
+            b.write(&id, &p("w/after.txt"), Bytes::from_static(b"2"))
+                .await
+                .unwrap();
+            let seen = normalize(&events_until(&mut watch, "Created w/after.txt").await);
+            assert!(
+                seen.iter().any(|e| e == "Created w/after.txt"),
+                "the watch reports after the clone: {seen:?}"
+            );
+            assert!(
+                !seen.iter().any(|e| e.contains("in-clone")),
+                "the source's watch reports the clone's write: {seen:?}"
+            );
+        };
+        let result = futures::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(checks)).await;
+        let destroyed = b.destroy(&clone).await;
+        if let Err(panic) = result {
+            std::panic::resume_unwind(panic);
+        }
+        destroyed.expect("destroy the clone");
+    })
+    .await;
+}
+
 /// Watching a directory, recursively and not: every change made afterwards, by the
 /// API and (with a shell) by a process, arrives in order with workspace-relative paths;
 /// nothing reached through a symlink is reported; the stream ends with the sandbox.
