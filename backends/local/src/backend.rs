@@ -613,9 +613,10 @@ impl SandboxBackend for LocalBackend {
 
     /// An overlay workspace's clone shares the source's changes instead of copying
     /// them, where nothing holds the source open: its upper layer is frozen into a
-    /// read-only layer beneath both (`crate::layers`, `crate::clone`). Otherwise (a running command, a
-    /// watch, host mounts, `Isolation::Namespaces`) the upper layer is copied onto a new
-    /// overlay over the same layers; a copied workspace is copied whole. The source's
+    /// read-only layer beneath both (`crate::layers`, `crate::clone`). Otherwise (a
+    /// running command, a watch, host mounts, `Isolation::Namespaces`) the upper layer
+    /// is copied onto a new overlay over the same layers; a copied workspace is copied
+    /// whole. The source's
     /// processes are frozen meanwhile where it has a cgroup, so the clone is one moment
     /// of it.
     async fn clone_sandbox(

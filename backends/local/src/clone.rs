@@ -144,7 +144,7 @@ pub(crate) fn freeze_source(
 }
 
 /// The provisioning thread's part: makes the clone's workspace in `dir` as the plan
-/// says, over `template`, and waits for the source's remount.
+/// says, over the source's template, and waits for the source's remount.
 pub(crate) fn fill(
     root: &Path,
     plan: &Receiver<Result<Plan>>,

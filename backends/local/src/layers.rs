@@ -85,18 +85,12 @@ pub(crate) struct LayersLock {
 pub(crate) fn lock(root: &Path) -> Result<LayersLock> {
     let dir = layers_dir(root);
     let path = dir.join(".lock");
-    let open = || {
-        fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-    };
-    let file = match open() {
+    let file = match open_lock_file(&path) {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::create_dir_all(&dir)
             .map_err(|e| Error::io(format_args!("creating {}", dir.display()), e))
             .and_then(|()| {
-                open().map_err(|e| Error::io(format_args!("opening {}", path.display()), e))
+                open_lock_file(&path)
+                    .map_err(|e| Error::io(format_args!("opening {}", path.display()), e))
             }),
         opened => opened.map_err(|e| Error::io(format_args!("opening {}", path.display()), e)),
     }?;
@@ -153,12 +147,16 @@ pub(crate) fn hold_for_watch(dir: &SandboxDir) -> Result<fs::File> {
 }
 
 fn open_watching(dir: &SandboxDir) -> Result<fs::File> {
+    open_lock_file(&dir.watching()).map_err(|e| Error::io("opening the watch lock of a sandbox", e))
+}
+
+/// Opens (made where missing, never truncated) a file that is only ever flock'ed.
+fn open_lock_file(path: &Path) -> std::io::Result<fs::File> {
     fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
-        .open(dir.watching())
-        .map_err(|e| Error::io("opening the watch lock of a sandbox", e))
+        .open(path)
 }
 
 /// What [`freeze`] did.
@@ -237,19 +235,17 @@ pub(crate) fn freeze(
     // A detached copy of the mount keeps the overlay alive through the unmount, which
     // then only takes it out of the tree. Without one (a kernel before 5.2) the
     // unmount tears it down at once: slower, and otherwise the same.
-    let pin = (!unmounted)
-        .then(|| {
-            rustix::mount::open_tree(
-                rustix::fs::CWD,
-                dir.workspace(),
-                OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
-            )
-            .ok()
-        })
-        .flatten();
-    if !unmounted {
+    let pin = if unmounted {
+        None
+    } else {
+        let pin = rustix::mount::open_tree(
+            rustix::fs::CWD,
+            dir.workspace(),
+            OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .ok();
         match rustix::mount::unmount(dir.workspace(), UnmountFlags::empty()) {
-            Ok(()) => {}
+            Ok(()) => pin,
             Err(rustix::io::Errno::BUSY) => return Ok(Frozen::Busy),
             Err(e) => {
                 return Err(Error::io(
@@ -258,7 +254,7 @@ pub(crate) fn freeze(
                 ))
             }
         }
-    }
+    };
     let staged = Staged {
         root: root.to_path_buf(),
         dir: dir.clone(),
