@@ -75,6 +75,9 @@ pub(crate) struct Probed {
     pub(crate) landlock_abi: Option<u32>,
     pub(crate) read_rules: crate::landlock::ReadRules,
     pub(crate) namespace_tools: Option<crate::namespace::Tools>,
+    /// Who owns and runs the sandboxes when this process is root (see
+    /// [`crate::owner`]).
+    pub(crate) owner: Option<Arc<crate::owner::SandboxOwner>>,
 }
 
 impl LocalBackend {
@@ -193,7 +196,13 @@ impl LocalBackend {
     {
         let (dir, _) = self.meta(id)?;
         let inner = self.inner.clone();
-        blocking(move || op(&inner.open_workspace(&dir)?)).await
+        blocking(move || {
+            let workspace = inner.open_workspace(&dir)?;
+            // What the host writes for the sandbox is the sandbox's.
+            let _owner = inner.owner().map(|owner| owner.assume());
+            op(&workspace)
+        })
+        .await
     }
 
     /// The sandbox's Landlock ruleset, built on first use: one ruleset can be enforced
@@ -243,14 +252,18 @@ impl LocalBackend {
         let id = SandboxId::generate("local");
         let dir = self.dir(&id);
         let roots = self.inner.cgroups.clone();
+        let owner = self.inner.owner();
         let (dir, mut meta) = blocking(move || {
             let mut cgroups = None;
             let result = (|| {
                 cgroups = roots.create(&id, &spec.limits)?;
                 std::fs::create_dir_all(dir.tmp())
                     .map_err(|e| Error::io("creating the sandbox directory", e))?;
+                if let Some(owner) = &owner {
+                    owner.chown(&dir.tmp())?;
+                }
                 let used = fill(&dir)?;
-                materialize::attach_mounts(&dir, &spec.mounts)?;
+                materialize::attach_mounts(&dir, &spec.mounts, owner.as_deref())?;
                 let meta = SandboxMeta {
                     id: id.clone(),
                     spec,
@@ -374,6 +387,12 @@ impl Inner {
     }
 
     /// Opens the workspace in `dir`, never while a clone remounts it.
+    /// Who owns and runs the sandboxes, where that is not this process's user (see
+    /// [`crate::owner`]).
+    fn owner(&self) -> Option<Arc<crate::owner::SandboxOwner>> {
+        self.probed.owner.clone()
+    }
+
     fn open_workspace(&self, dir: &SandboxDir) -> Result<Workspace> {
         // The guard protects no data: a poisoned gate is as good as a sound one.
         let _open = self
@@ -454,9 +473,10 @@ impl SandboxBackend for LocalBackend {
         limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
         limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
         let strategy = self.inner.config.workspace;
+        let owner = self.inner.owner();
         let meta = self
             .provision(spec, move |dir| {
-                materialize::materialize(dir, &template, strategy)
+                materialize::materialize(dir, &template, strategy, owner.as_deref())
             })
             .await?;
         tracing::debug!(sandbox = %meta.id, workspace = %meta.workspace, "created local sandbox");
@@ -649,14 +669,20 @@ impl SandboxBackend for LocalBackend {
         let running = source.status == SandboxStatus::Running;
         let source_cgroups = source.cgroups.clone().filter(|_| running);
         let root = self.inner.config.root.clone();
+        let owner = self.inner.owner();
         if strategy != "overlay" {
             let meta = self
                 .provision(spec, move |dir| {
                     let _frozen = source_cgroups
                         .as_ref()
                         .and_then(|cg| cg.frozen_while_held());
-                    crate::contained::copy_tree(&source_dir.workspace(), &dir.workspace())
-                        .map(|()| "copy")
+                    crate::contained::copy_tree(&source_dir.workspace(), &dir.workspace())?;
+                    // No process of the clone's can reach its copy yet.
+                    match &owner {
+                        Some(owner) => owner.chown_tree(&dir.workspace()),
+                        None => Ok(()),
+                    }
+                    .map(|()| "copy")
                 })
                 .await?;
             return Ok(meta.info(&self.dir(&meta.id)));
@@ -669,6 +695,7 @@ impl SandboxBackend for LocalBackend {
             template,
             cgroups: source_cgroups,
             may_freeze: source.ns_init.is_none(),
+            owner: owner.clone(),
         });
         let (plan, planned) = std::sync::mpsc::sync_channel(1);
         let (populated, is_populated) = std::sync::mpsc::sync_channel(1);
@@ -692,7 +719,7 @@ impl SandboxBackend for LocalBackend {
         }
         let meta = self
             .provision(spec, move |dir| {
-                crate::clone::fill(&root, &planned, &source, dir)
+                crate::clone::fill(&root, &planned, &source, dir, owner.as_deref())
             })
             .await?;
         Ok(meta.info(&self.dir(&meta.id)))
@@ -819,29 +846,7 @@ impl SandboxBackend for LocalBackend {
         let mut cwd = workspace.resolve_dir(&cwd_path)?;
         let mut argv = request.argv;
         let (home, tmp) = match meta.ns_init {
-            Some(init) => {
-                if !crate::namespace::alive(init) {
-                    return Err(Error::new(
-                        ErrorKind::InvalidState,
-                        format!("the namespaces of sandbox {id} are gone (was the host restarted?); reset it"),
-                    ));
-                }
-                program_exists(&argv[0], &cwd)?;
-                let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
-                let rel = SandboxPath::new(&rel.to_string_lossy())?;
-                let tools = self.namespace_tools()?;
-                argv = crate::namespace::enter(
-                    tools,
-                    init,
-                    meta.ns_user,
-                    &rel,
-                    request.pty.is_some(),
-                    argv,
-                );
-                // --wdns sets the directory inside; the launcher itself needs none.
-                cwd = PathBuf::from("/");
-                (crate::namespace::WORKSPACE.to_owned(), "/tmp".to_owned())
-            }
+            Some(_) => (crate::namespace::WORKSPACE.to_owned(), "/tmp".to_owned()),
             None => (
                 dir.workspace().display().to_string(),
                 dir.tmp().display().to_string(),
@@ -859,6 +864,32 @@ impl SandboxBackend for LocalBackend {
         }
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
+        if let Some(init) = meta.ns_init {
+            if !crate::namespace::alive(init) {
+                return Err(Error::new(
+                    ErrorKind::InvalidState,
+                    format!("the namespaces of sandbox {id} are gone (was the host restarted?); reset it"),
+                ));
+            }
+            let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
+            let rel = SandboxPath::new(&rel.to_string_lossy())?;
+            crate::namespace::program_exists(init, &argv[0], &rel)?;
+            let tools = self.namespace_tools()?;
+            // The command's environment goes in through `env` at the end of the
+            // wrapper; the wrapper itself, started on the host, gets only ours.
+            argv = crate::namespace::enter(
+                tools,
+                init,
+                meta.ns_user,
+                &rel,
+                request.pty.is_some(),
+                &env,
+                argv,
+            )?;
+            env = crate::namespace::host_env();
+            // --wdns sets the directory inside; the launcher itself needs none.
+            cwd = PathBuf::from("/");
+        }
         // A cgroup per command, so a timeout or kill reaches what left its group.
         let command_cgroup = match &meta.cgroups {
             Some(cg) => Some(cg.command()?),
@@ -900,7 +931,18 @@ impl SandboxBackend for LocalBackend {
                 sockets,
                 // Without a cgroup, what leaves the group stays beneath the command.
                 subreaper: meta.cgroups.is_none() && meta.ns_init.is_none(),
-                // `process::spawn` sets the session up for a terminal.
+                confined: self.inner.config.isolation != Isolation::None,
+                // The namespaces' helper needs its capabilities to join them, and
+                // drops them itself before the command.
+                drop_capabilities: self.inner.config.isolation != Isolation::None
+                    && meta.ns_init.is_none(),
+                // The namespaces' helper becomes the owner itself, inside them.
+                run_as: self
+                    .inner
+                    .owner()
+                    .filter(|_| meta.ns_init.is_none())
+                    .map(|owner| (owner.uid, owner.gid)),
+                // `process::spawn` sets the session up.
                 ..Default::default()
             },
             cgroup: command_cgroup,
@@ -1011,6 +1053,7 @@ impl SandboxBackend for LocalBackend {
         blocking(move || {
             // Open, the workspace pins its mount (see `Inner::workspace_gate`).
             let workspace = inner.open_workspace(&dir)?;
+            let _owner = inner.owner().map(|owner| owner.assume());
             crate::import::import(&workspace, &path, reader, options)
         })
         .await
@@ -1035,6 +1078,7 @@ async fn start_namespaces(
             cgroup_procs,
             landlock: None,
             max_file_bytes: None,
+            run_as: tools.owner.as_ref().map(|owner| (owner.uid, owner.gid)),
             ..Default::default()
         },
     );
@@ -1051,26 +1095,10 @@ async fn start_namespaces(
         let _ = child.wait().await;
     });
     let init = init?;
+    if tools.owner.is_some() {
+        crate::namespace::attach_workspace(tools, init, dir)?;
+    }
     meta.ns_init = Some(init);
     meta.ns_user = crate::namespace::has_own_user_ns(init);
     dir.write_meta(meta)
-}
-
-/// Whether `program` can be found the way the command will look for it, so a missing
-/// one is `NotFound` (as on every backend) rather than a 127 from inside the namespaces.
-fn program_exists(program: &str, cwd: &Path) -> Result<()> {
-    let found = if program.contains('/') {
-        cwd.join(program).is_file()
-    } else {
-        DEFAULT_PATH
-            .split(':')
-            .any(|dir| Path::new(dir).join(program).is_file())
-    };
-    if found {
-        Ok(())
-    } else {
-        Err(Error::not_found(format!(
-            "program {program:?} was not found on the sandbox's PATH"
-        )))
-    }
 }

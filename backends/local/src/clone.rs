@@ -50,6 +50,8 @@ pub(crate) struct Source {
     pub(crate) cgroups: Option<SandboxCgroups>,
     /// False where its workspace must not be remounted (its namespaces hold it).
     pub(crate) may_freeze: bool,
+    /// Who owns its files (see [`crate::owner`]), the clone's too.
+    pub(crate) owner: Option<std::sync::Arc<crate::owner::SandboxOwner>>,
 }
 
 /// The freezing thread: decides the [`Plan`] and sends it, then remounts the source.
@@ -92,7 +94,13 @@ pub(crate) fn freeze_source(
                 // Not read: read it now.
                 Err(_) => cg.frozen_while_held(),
             });
-        let frozen = crate::layers::freeze(root, &source.dir, &names, &source.template)?;
+        let frozen = crate::layers::freeze(
+            root,
+            &source.dir,
+            &names,
+            &source.template,
+            source.owner.clone(),
+        )?;
         Ok((lock, names, frozen))
     })();
     // Each send below may find the clone already failed: nobody to tell.
@@ -145,11 +153,15 @@ pub(crate) fn freeze_source(
 
 /// The provisioning thread's part: makes the clone's workspace in `dir` as the plan
 /// says, over the source's template, and waits for the source's remount.
+///
+/// With an `owner`, the clone's upper layer is the owner's (its copy given to it, no
+/// sandbox process can reach it yet) and the template is seen through a view.
 pub(crate) fn fill(
     root: &Path,
     plan: &Receiver<Result<Plan>>,
     source: &Source,
     dir: &SandboxDir,
+    owner: Option<&crate::owner::SandboxOwner>,
 ) -> Result<&'static str> {
     // Made while the freeze runs, so the mount that follows it does less.
     for made in [dir.work(), dir.workspace()] {
@@ -168,11 +180,14 @@ pub(crate) fn fill(
             .as_ref()
             .and_then(|cg| cg.frozen_while_held());
         crate::contained::copy_layer(&source.dir.upper(), &dir.upper())?;
+        if let Some(owner) = owner {
+            owner.chown_tree(&dir.upper())?;
+        }
     } else {
         std::fs::create_dir(dir.upper())
             .map_err(|e| Error::io("making the clone's upper layer", e))?;
     }
-    crate::layers::mount(root, dir, &plan.stack, &source.template)?;
+    crate::layers::mount(root, dir, &plan.stack, &source.template, owner)?;
     if !plan.stack.is_empty() {
         crate::layers::write_new(dir, &plan.stack)?;
     }

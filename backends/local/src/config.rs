@@ -96,6 +96,13 @@ pub struct LocalConfig {
     /// (an internal package mirror, a test server). The addresses are checked like
     /// resolved ones: a private one needs an address rule.
     pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// When the backend runs as root and isolates (`Isolation::Landlock` or
+    /// `Namespaces`): the unprivileged host uid (and gid) that owns every sandbox's
+    /// files and runs its processes (at `Namespaces` they see it as their root).
+    /// Default 1000000000, past the subordinate id ranges a distribution hands out;
+    /// must not be 0. Unused otherwise: an unprivileged backend's sandboxes are its
+    /// own user.
+    pub sandbox_uid: u32,
 }
 
 impl Default for LocalConfig {
@@ -110,6 +117,7 @@ impl Default for LocalConfig {
             hidden: crate::SYSTEM_HIDDEN.iter().map(PathBuf::from).collect(),
             default_limits: sandcell::Limits::default(),
             egress_hosts: BTreeMap::new(),
+            sandbox_uid: crate::owner::DEFAULT_ID,
         }
     }
 }
@@ -157,6 +165,13 @@ impl LocalBackendBuilder {
         self
     }
 
+    /// Sets the unprivileged uid (and gid) that owns and runs namespaced sandboxes
+    /// when the backend runs as root ([`LocalConfig::sandbox_uid`]).
+    pub fn sandbox_uid(mut self, uid: u32) -> Self {
+        self.config.sandbox_uid = uid;
+        self
+    }
+
     /// Sets the time between SIGTERM and SIGKILL when a process tree is killed.
     pub fn kill_grace(mut self, grace: Duration) -> Self {
         self.config.kill_grace = grace;
@@ -201,7 +216,10 @@ impl LocalBackendBuilder {
     /// Validates everything and creates the root directory.
     pub fn build(self) -> Result<LocalBackend> {
         let mut config = self.config;
-        let mut probed = crate::backend::Probed::default();
+        let mut probed = crate::backend::Probed {
+            owner: crate::owner::SandboxOwner::for_backend(config.isolation, config.sandbox_uid)?,
+            ..Default::default()
+        };
         match config.isolation {
             Isolation::None => {}
             Isolation::Landlock => {
@@ -210,7 +228,10 @@ impl LocalBackendBuilder {
                     crate::landlock::ReadRules::new(&config.readable, &config.hidden);
             }
             Isolation::Namespaces => {
-                probed.namespace_tools = Some(crate::namespace::probe(&config.hidden)?)
+                probed.namespace_tools = Some(crate::namespace::probe(
+                    &config.hidden,
+                    probed.owner.clone(),
+                )?)
             }
         }
         std::fs::create_dir_all(config.root.join("sandboxes")).map_err(|e| {

@@ -61,18 +61,31 @@ pub(crate) fn lowers(root: &Path, names: &[String], template: &Path) -> Vec<Path
         .collect()
 }
 
-/// Mounts the sandbox's overlay over `names` and the template.
+/// Mounts the sandbox's overlay over `names` and the template; with an `owner`, the
+/// template through an idmapped view (see [`crate::materialize::materialize`]).
 pub(crate) fn mount(
     root: &Path,
     dir: &SandboxDir,
     names: &[String],
     template: &Path,
+    owner: Option<&crate::owner::SandboxOwner>,
 ) -> Result<()> {
-    let lowers = lowers(root, names, template);
-    let lowers: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
     let workspace = dir.workspace();
     fs::create_dir_all(&workspace).map_err(|e| Error::io("creating the workspace directory", e))?;
-    sandcell::raw::overlay::mount_layers(&lowers, &dir.upper(), &dir.work(), &workspace)
+    if let Some(owner) = owner {
+        // The upper layer is the overlay's root: the owner's, as every change in it.
+        fs::create_dir_all(dir.upper()).map_err(|e| Error::io("creating an upper layer", e))?;
+        owner.chown(&dir.upper())?;
+    }
+    let mount = |template: &Path| {
+        let lowers = lowers(root, names, template);
+        let lowers: Vec<&Path> = lowers.iter().map(PathBuf::as_path).collect();
+        sandcell::raw::overlay::mount_layers(&lowers, &dir.upper(), &dir.work(), &workspace)
+    };
+    match owner {
+        None => mount(template),
+        Some(owner) => crate::materialize::with_view(dir, owner, template, mount),
+    }
 }
 
 /// The exclusive lock on the layers of a backend root, across processes; released
@@ -192,6 +205,7 @@ pub(crate) fn freeze(
     dir: &SandboxDir,
     names: &[String],
     template: &Path,
+    owner: Option<std::sync::Arc<crate::owner::SandboxOwner>>,
 ) -> Result<Frozen> {
     let upper_is_empty = fs::read_dir(dir.upper())
         .map_err(|e| Error::io("reading an upper layer", e))?
@@ -259,6 +273,7 @@ pub(crate) fn freeze(
         root: root.to_path_buf(),
         dir: dir.clone(),
         template: template.to_path_buf(),
+        owner,
         layer: layer_path(root, &name),
         stack,
         retired: Retired {
@@ -289,6 +304,7 @@ pub(crate) struct Staged {
     root: PathBuf,
     dir: SandboxDir,
     template: PathBuf,
+    owner: Option<std::sync::Arc<crate::owner::SandboxOwner>>,
     layer: PathBuf,
     /// The sandbox's stack once remounted, the new layer first.
     stack: Vec<String>,
@@ -314,7 +330,13 @@ impl Staged {
             .map_err(|e| Error::io("retiring an upper layer", e))?;
         fs::rename(dir.work(), &self.retired.dirs[1])
             .map_err(|e| Error::io("retiring a work directory", e))?;
-        mount(&self.root, dir, &self.stack, &self.template)?;
+        mount(
+            &self.root,
+            dir,
+            &self.stack,
+            &self.template,
+            self.owner.as_deref(),
+        )?;
         write(dir, &self.stack).inspect_err(|_| {
             let _ = rustix::mount::unmount(dir.workspace(), UnmountFlags::empty());
         })
@@ -345,7 +367,13 @@ impl Staged {
         // The old overlay must be gone before its directories are mounted again.
         drop(self.retired.pin.take());
         self.retired.dirs.clear();
-        let _ = mount(&self.root, dir, &self.stack[1..], &self.template);
+        let _ = mount(
+            &self.root,
+            dir,
+            &self.stack[1..],
+            &self.template,
+            self.owner.as_deref(),
+        );
     }
 }
 
@@ -486,7 +514,7 @@ mod tests {
         fs::write(template.join("base.txt"), "base\n").unwrap();
         let dir = SandboxDir::new(root.path(), &sandcell::SandboxId::generate("local"));
         fs::create_dir_all(dir.path()).unwrap();
-        if mount(root.path(), &dir, &[], &template).is_err() {
+        if mount(root.path(), &dir, &[], &template, None).is_err() {
             return None;
         }
         fs::write(dir.workspace().join("changed.txt"), "changed\n").unwrap();
@@ -503,7 +531,7 @@ mod tests {
             return;
         };
         let _lock = lock(root.path()).unwrap();
-        let Frozen::Layer(staged) = freeze(root.path(), &dir, &[], &template).unwrap() else {
+        let Frozen::Layer(staged) = freeze(root.path(), &dir, &[], &template, None).unwrap() else {
             panic!("an idle sandbox with changes freezes");
         };
         let name = staged.stack()[0].clone();
@@ -550,7 +578,7 @@ mod tests {
             return;
         };
         let _lock = lock(root.path()).unwrap();
-        let Frozen::Layer(staged) = freeze(root.path(), &dir, &[], &template).unwrap() else {
+        let Frozen::Layer(staged) = freeze(root.path(), &dir, &[], &template, None).unwrap() else {
             panic!("an idle sandbox with changes freezes");
         };
         let layer = layer_path(root.path(), &staged.stack()[0]);

@@ -9,56 +9,113 @@ use sandcell::{Error, ErrorKind, Result};
 
 use crate::config::WorkspaceStrategy;
 use crate::layout::SandboxDir;
+use crate::owner::SandboxOwner;
 
 /// Creates the sandbox's workspace from `template` and returns the strategy used
 /// ("overlay" or "copy").
+///
+/// With an `owner` (a root backend's namespaced sandboxes), the workspace is the
+/// owner's: an overlay's upper layer is, and its template is seen through an idmapped
+/// view; a copy is given to it.
 pub(crate) fn materialize(
     dir: &SandboxDir,
     template: &Path,
     strategy: WorkspaceStrategy,
+    owner: Option<&SandboxOwner>,
 ) -> Result<&'static str> {
     let workspace = dir.workspace();
     if strategy == WorkspaceStrategy::InPlace {
-        // A link the workspace is opened through (once, by a trusted path); removing the
-        // sandbox directory removes the link, never the template.
-        std::os::unix::fs::symlink(template, &workspace)
-            .map_err(|e| Error::io("linking the workspace to its template", e))?;
+        match owner {
+            // The template itself, seen through a view as the owner's; destroy
+            // unmounts the view and leaves the template.
+            Some(owner) => {
+                fs::create_dir(&workspace)
+                    .map_err(|e| Error::io("creating the workspace directory", e))?;
+                owner.view(template, &workspace)?;
+            }
+            // A link the workspace is opened through (once, by a trusted path);
+            // removing the sandbox directory removes the link, never the template.
+            None => std::os::unix::fs::symlink(template, &workspace)
+                .map_err(|e| Error::io("linking the workspace to its template", e))?,
+        }
         return Ok("in_place");
     }
     fs::create_dir_all(&workspace).map_err(|e| Error::io("creating the workspace directory", e))?;
-    match strategy {
-        WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace => {
-            copy_tree(template, &workspace).map(|()| "copy")
+    let copy = || {
+        copy_tree(template, &workspace)?;
+        match owner {
+            Some(owner) => owner.chown_tree(&workspace),
+            None => Ok(()),
         }
-        WorkspaceStrategy::Overlay => mount_overlay(dir, template).map(|()| "overlay"),
-        WorkspaceStrategy::Auto => match mount_overlay(dir, template) {
+        .map(|()| "copy")
+    };
+    match strategy {
+        WorkspaceStrategy::Copy | WorkspaceStrategy::InPlace => copy(),
+        WorkspaceStrategy::Overlay => mount_overlay(dir, template, owner).map(|()| "overlay"),
+        WorkspaceStrategy::Auto => match mount_overlay(dir, template, owner) {
             Ok(()) => Ok("overlay"),
             Err(e) => {
                 tracing::info!(error = %e, "overlay mount not possible, copying the template instead");
                 let _ = fs::remove_dir_all(dir.upper());
                 let _ = fs::remove_dir_all(dir.work());
-                copy_tree(template, &workspace).map(|()| "copy")
+                copy()
             }
         },
     }
 }
 
-fn mount_overlay(dir: &SandboxDir, template: &Path) -> Result<()> {
-    sandcell::raw::overlay::mount(template, &dir.upper(), &dir.work(), &dir.workspace()).map_err(
-        |e| match e.kind() {
-            ErrorKind::Unsupported => Error::new(
-                ErrorKind::Unsupported,
-                format!("{e}, or use WorkspaceStrategy::Copy"),
-            ),
-            _ => e,
-        },
-    )
+fn mount_overlay(dir: &SandboxDir, template: &Path, owner: Option<&SandboxOwner>) -> Result<()> {
+    let mount = |lower: &Path| {
+        sandcell::raw::overlay::mount(lower, &dir.upper(), &dir.work(), &dir.workspace())
+    };
+    let mounted = match owner {
+        None => mount(template),
+        Some(owner) => {
+            // The upper layer is the overlay's root and takes every change: the owner's.
+            fs::create_dir_all(dir.upper())
+                .map_err(|e| Error::io("creating the upper layer", e))?;
+            owner.chown(&dir.upper())?;
+            with_view(dir, owner, template, mount)
+        }
+    };
+    mounted.map_err(|e| match e.kind() {
+        ErrorKind::Unsupported => Error::new(
+            ErrorKind::Unsupported,
+            format!("{e}, or use WorkspaceStrategy::Copy"),
+        ),
+        _ => e,
+    })
+}
+
+/// Runs `f` with an idmapped view of `source` (see [`SandboxOwner::view`]) mounted in
+/// the sandbox directory, then detaches the view: an overlay made over it in `f`
+/// keeps its own reference to its layers.
+pub(crate) fn with_view<T>(
+    dir: &SandboxDir,
+    owner: &SandboxOwner,
+    source: &Path,
+    f: impl FnOnce(&Path) -> Result<T>,
+) -> Result<T> {
+    let at = dir.path().join("view");
+    fs::create_dir(&at).map_err(|e| Error::io("creating a directory for a view", e))?;
+    let result = owner.view(source, &at).and_then(|()| {
+        let result = f(&at);
+        let _ = rustix::mount::unmount(&at, UnmountFlags::DETACH);
+        result
+    });
+    let _ = fs::remove_dir(&at);
+    result
 }
 
 /// Bind-mounts the spec's host directories into the workspace, read-only where asked.
 /// Runs at create time, before any sandbox process exists, with targets resolved
-/// inside the workspace by the contained file operations.
-pub(crate) fn attach_mounts(dir: &SandboxDir, mounts: &[sandcell::Mount]) -> Result<()> {
+/// inside the workspace by the contained file operations. With an `owner`, each is an
+/// idmapped view, so what root owns in it is the sandbox's.
+pub(crate) fn attach_mounts(
+    dir: &SandboxDir,
+    mounts: &[sandcell::Mount],
+    owner: Option<&SandboxOwner>,
+) -> Result<()> {
     if mounts.is_empty() {
         return Ok(());
     }
@@ -74,12 +131,15 @@ pub(crate) fn attach_mounts(dir: &SandboxDir, mounts: &[sandcell::Mount]) -> Res
         }
         ws.mkdir(&m.target)?;
         let target = ws.resolve_dir(&m.target)?;
-        rustix::mount::mount_bind(&m.host, &target).map_err(|e| {
-            Error::io(
-                format_args!("bind-mounting {} at {}", m.host.display(), m.target),
-                e.into(),
-            )
-        })?;
+        match owner {
+            Some(owner) => owner.view(&m.host, &target)?,
+            None => rustix::mount::mount_bind(&m.host, &target).map_err(|e| {
+                Error::io(
+                    format_args!("bind-mounting {} at {}", m.host.display(), m.target),
+                    e.into(),
+                )
+            })?,
+        }
         if m.read_only {
             rustix::mount::mount_remount(
                 &target,

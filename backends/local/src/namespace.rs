@@ -11,18 +11,22 @@
 //! hook: doing it right (allocation-free setup between fork and exec, a reaping pid 1,
 //! pivoting the root) is exactly what that tool exists for.
 
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use sandcell::{Error, ErrorKind, Network, Result, SandboxPath};
 
 use crate::layout::SandboxDir;
+use crate::owner::SandboxOwner;
 use crate::process::DEFAULT_PATH;
 
 /// Where the workspace appears inside the namespaces.
 pub(crate) const WORKSPACE: &str = "/workspace";
 
-fn find(program: &str) -> Option<PathBuf> {
+/// `program` in the sandbox's default `PATH`, on the host.
+pub(crate) fn find(program: &str) -> Option<PathBuf> {
     DEFAULT_PATH
         .split(':')
         .map(|dir| Path::new(dir).join(program))
@@ -36,16 +40,22 @@ pub(crate) struct Tools {
     nsenter: PathBuf,
     setpriv: PathBuf,
     setsid: PathBuf,
+    /// `env`, which applies the command's environment inside, as the last step before
+    /// the command itself: nothing of the client's reaches the helpers before it.
+    env: PathBuf,
     /// `true`, which the helper that opens an egress listener execs when done.
     pub(crate) noop: PathBuf,
     /// What stays unreadable beneath the bound system directories
     /// ([`LocalConfig::hidden`](crate::LocalConfig::hidden)).
     hidden: Vec<PathBuf>,
+    /// Who the sandboxes are on the host when this process is root; `None` when it is
+    /// not, and the sandboxes are its own user.
+    pub(crate) owner: Option<Arc<SandboxOwner>>,
 }
 
 /// Finds the tools this level needs and checks that bubblewrap can create user, pid
 /// and network namespaces on this kernel.
-pub(crate) fn probe(hidden: &[PathBuf]) -> Result<Tools> {
+pub(crate) fn probe(hidden: &[PathBuf], owner: Option<Arc<SandboxOwner>>) -> Result<Tools> {
     let bwrap = find("bwrap").ok_or_else(|| {
         Error::unsupported(
             "isolation level Namespaces needs bubblewrap: install it (apt-get install bubblewrap)",
@@ -62,11 +72,15 @@ pub(crate) fn probe(hidden: &[PathBuf]) -> Result<Tools> {
         nsenter: util_linux("nsenter")?,
         setpriv: util_linux("setpriv")?,
         setsid: util_linux("setsid")?,
+        env: find("env").ok_or_else(|| {
+            Error::unsupported("isolation level Namespaces needs `env` from coreutils")
+        })?,
         noop: find("true").ok_or_else(|| {
             Error::unsupported("isolation level Namespaces needs `true` from coreutils")
         })?,
         bwrap,
         hidden: hidden.to_vec(),
+        owner: None,
     };
     // Only the system directories, as a sandbox sees them: binding all of `/` would copy
     // every mount on the host, and one that disappears meanwhile (another sandbox's
@@ -86,7 +100,7 @@ pub(crate) fn probe(hidden: &[PathBuf]) -> Result<Tools> {
             String::from_utf8_lossy(&out.stderr).trim()
         )));
     }
-    Ok(tools)
+    Ok(Tools { owner, ..tools })
 }
 
 /// The system directories a namespaced sandbox sees, read-only.
@@ -140,6 +154,11 @@ pub(crate) fn init_command(
     network: &Network,
 ) -> Result<tokio::process::Command> {
     let mut args: Vec<String> = vec!["--unshare-all".into()];
+    if tools.owner.is_some() {
+        // Run as the owner (see `ChildSetup::run_as`), whom a user namespace of the
+        // sandbox's own makes its root.
+        args.extend(["--unshare-user", "--uid", "0", "--gid", "0"].map(String::from));
+    }
     match network {
         // An allowlist's only way out is the egress listener made in the namespace.
         Network::None | Network::Allowlist(_) => {}
@@ -153,17 +172,23 @@ pub(crate) fn init_command(
         }
     }
     args.extend(system_binds(&tools.hidden));
+    args.extend(["--proc", "/proc", "--dev", "/dev"].map(String::from));
+    if tools.owner.is_some() {
+        // Mounted in by `attach_workspace` once the namespaces exist: the owner
+        // cannot reach the sandbox directory, and its path stays out of the
+        // sandbox's view of bubblewrap's command line.
+        args.extend(["--dir", "/tmp", "--dir", WORKSPACE].map(String::from));
+    } else {
+        args.extend([
+            "--bind".into(),
+            dir.tmp().display().to_string(),
+            "/tmp".into(),
+            "--bind".into(),
+            dir.workspace().display().to_string(),
+            WORKSPACE.into(),
+        ]);
+    }
     args.extend([
-        "--proc".into(),
-        "/proc".into(),
-        "--dev".into(),
-        "/dev".into(),
-        "--bind".into(),
-        dir.tmp().display().to_string(),
-        "/tmp".into(),
-        "--bind".into(),
-        dir.workspace().display().to_string(),
-        WORKSPACE.into(),
         "--chdir".into(),
         WORKSPACE.into(),
         "--hostname".into(),
@@ -225,15 +250,32 @@ pub(crate) fn has_own_user_ns(init: i32) -> bool {
     own != theirs
 }
 
-/// `argv` wrapped so it runs inside the namespaces of `init`, in `cwd`.
+/// `argv` wrapped so it runs inside the namespaces of `init`, in `cwd`, with `env` as
+/// its whole environment.
+///
+/// The helpers in front of the command (`nsenter`, which starts on the host with every
+/// capability, then `setpriv` and `setsid`) are started with the environment the
+/// backend gives [`host_env`], never the command's: a dynamic loader variable such as
+/// `LD_PRELOAD` naming a file the sandbox wrote would otherwise run that file in
+/// them, on the host (ADVERSARIAL 36). `env -i` applies the command's environment
+/// last, inside every namespace and restriction.
+///
+/// Fails for a program whose name holds `=`, which `env` would take for a variable.
 pub(crate) fn enter(
     tools: &Tools,
     init: i32,
     join_user_ns: bool,
     cwd: &SandboxPath,
     terminal: bool,
+    env: &BTreeMap<String, String>,
     argv: Vec<String>,
-) -> Vec<String> {
+) -> Result<Vec<String>> {
+    if argv.first().is_some_and(|program| program.contains('=')) {
+        return Err(Error::invalid_input(format!(
+            "program {:?}: under Isolation::Namespaces a program's name cannot hold '='",
+            argv[0]
+        )));
+    }
     let inside = if cwd.is_root() {
         WORKSPACE.to_owned()
     } else {
@@ -252,7 +294,13 @@ pub(crate) fn enter(
         "--ipc".into(),
         "--net".into(),
         "--pid".into(),
-        "--preserve-credentials".into(),
+    ]);
+    if tools.owner.is_none() || !join_user_ns {
+        // An unprivileged process keeps its credentials (it could not set others);
+        // root becomes the owner, the user namespace's root.
+        out.push("--preserve-credentials".into());
+    }
+    out.extend([
         format!("--wdns={inside}"),
         "--".into(),
         // No capabilities inside: a root process cannot remount, mount or escape.
@@ -274,6 +322,109 @@ pub(crate) fn enter(
             "--".into(),
         ]);
     }
+    out.push(tools.env.display().to_string());
+    out.push("-i".into());
+    out.push("--".into());
+    out.extend(env.iter().map(|(key, value)| format!("{key}={value}")));
     out.extend(argv);
-    out
+    Ok(out)
+}
+
+/// The whole environment of the helpers that put a command into a sandbox's
+/// namespaces: built here, nothing from the spec or the request.
+pub(crate) fn host_env() -> BTreeMap<String, String> {
+    BTreeMap::from([("PATH".to_owned(), DEFAULT_PATH.to_owned())])
+}
+
+/// Whether `program` can be found the way the command will look for it inside the
+/// namespaces of `init`, from `cwd` beneath the workspace, so a missing one is
+/// `NotFound` (as on every backend) rather than a 127 from inside.
+///
+/// Looked up in the sandbox's own view of the file system (its root, with symlinks
+/// resolved inside it), never the host's: otherwise whether `/root/.bashrc` exists on
+/// the host would show in the answer (ADVERSARIAL 41).
+pub(crate) fn program_exists(init: i32, program: &str, cwd: &SandboxPath) -> Result<()> {
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+    let root = rustix::fs::open(
+        format!("/proc/{init}/root"),
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io("opening the sandbox's root", e.into()))?;
+    let is_file = |path: &str| {
+        rustix::fs::openat2(
+            &root,
+            path,
+            OFlags::PATH | OFlags::CLOEXEC,
+            Mode::empty(),
+            ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
+        )
+        .and_then(|fd| rustix::fs::fstat(&fd))
+        .is_ok_and(|stat| FileType::from_raw_mode(stat.st_mode) == FileType::RegularFile)
+    };
+    let found = if program.starts_with('/') {
+        is_file(program)
+    } else if program.contains('/') {
+        let inside = if cwd.is_root() {
+            WORKSPACE.to_owned()
+        } else {
+            format!("{WORKSPACE}/{cwd}")
+        };
+        is_file(&format!("{inside}/{program}"))
+    } else {
+        DEFAULT_PATH
+            .split(':')
+            .any(|dir| is_file(&format!("{dir}/{program}")))
+    };
+    if found {
+        Ok(())
+    } else {
+        Err(Error::not_found(format!(
+            "program {program:?} was not found on the sandbox's PATH"
+        )))
+    }
+}
+
+/// Mounts the sandbox's workspace and tmp into the namespaces of `init` (made by a
+/// bubblewrap running as the owner, who cannot reach the sandbox directory): each is a
+/// detached copy of the host's mount, `nosuid` and `nodev`, moved in by a short-lived
+/// child that joins the namespaces' mount namespace. The child execs `noop` when
+/// done, having made plain system calls only on descriptors opened before it existed.
+pub(crate) fn attach_workspace(tools: &Tools, init: i32, dir: &SandboxDir) -> Result<()> {
+    use rustix::mount::OpenTreeFlags;
+    let failed = |step: &str, e: std::io::Error| {
+        Error::io(
+            format_args!("mounting the workspace into the sandbox ({step})"),
+            e,
+        )
+    };
+    let tree = |source: &Path| {
+        let tree = rustix::mount::open_tree(
+            rustix::fs::CWD,
+            source,
+            OpenTreeFlags::OPEN_TREE_CLONE
+                | OpenTreeFlags::OPEN_TREE_CLOEXEC
+                | OpenTreeFlags::AT_RECURSIVE,
+        )
+        .map_err(|e| failed("open_tree", e.into()))?;
+        crate::owner::restrict_mount(&tree).map_err(|e| failed("mount_setattr", e.into()))?;
+        Ok::<_, Error>(tree)
+    };
+    let workspace = tree(&dir.workspace())?;
+    let tmp = tree(&dir.tmp())?;
+    let mnt_ns = std::fs::File::open(format!("/proc/{init}/ns/mnt"))
+        .map_err(|e| failed("opening the mount namespace", e))?;
+    let status = crate::owner::move_into_namespace(
+        &tools.noop,
+        &mnt_ns,
+        &[(&workspace, c"/workspace"), (&tmp, c"/tmp")],
+    )
+    .map_err(|e| failed("starting the helper", e))?;
+    if !status.success() {
+        return Err(failed(
+            "the helper",
+            std::io::Error::other(format!("it exited with {status}")),
+        ));
+    }
+    Ok(())
 }

@@ -74,6 +74,10 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
             (Some(terminal), None, [dup(&slave)?, dup(&slave)?, slave])
         }
         None => {
+            // A session of its own here too, with no controlling terminal: the caller's
+            // terminal (the shell that ran the CLI, an MCP host) is not the command's
+            // to type into (ADVERSARIAL 43).
+            launch.setup.new_session = true;
             let (stdin_read, stdin_write) = pipe()?;
             let (stdout_read, stdout_write) = pipe()?;
             let (stderr_read, stderr_write) = pipe()?;

@@ -1,6 +1,6 @@
 //! Raw system calls without a safe wrapper (Landlock, seccomp, cgroup BPF), the work a
 //! child does between its creation and its exec, and passing a descriptor over a Unix
-//! socket. With [`crate::spawn`], the crate's only `unsafe`.
+//! socket. With [`crate::spawn`] and [`crate::seccomp`], the crate's only `unsafe`.
 
 #![allow(unsafe_code)]
 
@@ -145,10 +145,10 @@ pub(crate) enum SocketFilter {
     /// Any (the network is the sandbox's own, or it has the host's on purpose).
     #[default]
     Any,
-    /// No IPv4, IPv6 or packet sockets: [`NO_NETWORK`].
+    /// No IPv4, IPv6 or packet sockets: [`crate::seccomp::NO_NETWORK`].
     NoNetwork,
     /// IPv4 and IPv6 only as TCP, which Landlock's port rules and the cgroup's connect
-    /// filter govern: [`TCP_ONLY`].
+    /// filter govern: [`crate::seccomp::TCP_ONLY`].
     TcpOnly,
 }
 
@@ -173,98 +173,18 @@ pub(crate) struct ChildSetup {
     pub(crate) new_session: bool,
     /// Make stdin (a terminal) the controlling terminal of that session.
     pub(crate) controlling_terminal: bool,
+    /// The command is a sandbox's (any isolation but `None`): no new privileges, and
+    /// no `TIOCSTI` or `TIOCLINUX` on any terminal it holds.
+    pub(crate) confined: bool,
+    /// Drop every capability (bounding, ambient, inheritable, permitted, effective)
+    /// before the exec, so even a command a root host process starts holds none in the
+    /// host's user namespace (ADVERSARIAL 37). Not for the helper that joins a
+    /// sandbox's namespaces, which needs them and drops them itself.
+    pub(crate) drop_capabilities: bool,
+    /// Become this uid and gid, with no supplementary groups, before the exec: the
+    /// owner of a root backend's namespaced sandboxes (see [`crate::owner`]).
+    pub(crate) run_as: Option<(u32, u32)>,
 }
-
-// The seccomp filter of `no_network`, in classic BPF over `struct seccomp_data`
-// (`nr` at offset 0, `arch` at 4, the first argument's low half at 16 on these
-// little-endian targets).
-#[cfg(target_arch = "x86_64")]
-const AUDIT_ARCH_NATIVE: u32 = 0xC000_003E;
-#[cfg(target_arch = "aarch64")]
-const AUDIT_ARCH_NATIVE: u32 = 0xC000_00B7;
-/// On x86_64, system call numbers from here up are the x32 ABI's.
-const X32_SYSCALL_BIT: u32 = 0x4000_0000;
-const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
-const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
-const DENY: u32 = SECCOMP_RET_ERRNO | libc::EACCES as u32;
-
-const fn stmt(code: u32, k: u32) -> libc::sock_filter {
-    libc::sock_filter {
-        code: code as u16,
-        jt: 0,
-        jf: 0,
-        k,
-    }
-}
-
-const fn jump(code: u32, k: u32, jt: u8, jf: u8) -> libc::sock_filter {
-    libc::sock_filter {
-        code: code as u16,
-        jt,
-        jf,
-        k,
-    }
-}
-
-/// Refuses (`EACCES`) `socket(2)` for IPv4, IPv6 and raw packets, and `io_uring_setup(2)`
-/// (whose socket operation would get past this filter); refuses every system call of a
-/// foreign ABI (x86's 32-bit entry, x32), which has socket calls of its own. Unix
-/// sockets stay, and Landlock's scoping keeps them off the host's abstract ones.
-static NO_NETWORK: [libc::sock_filter; 13] = {
-    const LD_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
-    const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
-    const JGE: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
-    const RET: u32 = libc::BPF_RET | libc::BPF_K;
-    [
-        /* 0 */ stmt(LD_ABS, 4),
-        /* 1 */ jump(JEQ, AUDIT_ARCH_NATIVE, 1, 0),
-        /* 2 */ stmt(RET, DENY),
-        /* 3 */ stmt(LD_ABS, 0),
-        /* 4 */ jump(JGE, X32_SYSCALL_BIT, 7, 0),
-        /* 5 */ jump(JEQ, libc::SYS_io_uring_setup as u32, 6, 0),
-        /* 6 */ jump(JEQ, libc::SYS_socket as u32, 0, 4),
-        /* 7 */ stmt(LD_ABS, 16),
-        /* 8 */ jump(JEQ, libc::AF_INET as u32, 3, 0),
-        /* 9 */ jump(JEQ, libc::AF_INET6 as u32, 2, 0),
-        /* 10 */ jump(JEQ, libc::AF_PACKET as u32, 1, 0),
-        /* 11 */ stmt(RET, SECCOMP_RET_ALLOW),
-        /* 12 */ stmt(RET, DENY),
-    ]
-};
-
-/// Like [`NO_NETWORK`], but IPv4 and IPv6 sockets are allowed as TCP: type
-/// `SOCK_STREAM` (flags aside) with protocol 0 or `IPPROTO_TCP`, so neither UDP, ICMP,
-/// raw sockets, SCTP nor MPTCP, which Landlock's TCP rules do not govern.
-static TCP_ONLY: [libc::sock_filter; 19] = {
-    const LD_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
-    const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
-    const JGE: u32 = libc::BPF_JMP | libc::BPF_JGE | libc::BPF_K;
-    const AND: u32 = libc::BPF_ALU | libc::BPF_AND | libc::BPF_K;
-    const RET: u32 = libc::BPF_RET | libc::BPF_K;
-    /// `SOCK_TYPE_MASK`: the type without `SOCK_NONBLOCK` and `SOCK_CLOEXEC`.
-    const TYPE_MASK: u32 = 0xf;
-    [
-        /* 0 */ stmt(LD_ABS, 4),
-        /* 1 */ jump(JEQ, AUDIT_ARCH_NATIVE, 1, 0),
-        /* 2 */ stmt(RET, DENY),
-        /* 3 */ stmt(LD_ABS, 0),
-        /* 4 */ jump(JGE, X32_SYSCALL_BIT, 13, 0),
-        /* 5 */ jump(JEQ, libc::SYS_io_uring_setup as u32, 12, 0),
-        /* 6 */ jump(JEQ, libc::SYS_socket as u32, 0, 10),
-        /* 7 */ stmt(LD_ABS, 16),
-        /* 8 */ jump(JEQ, libc::AF_PACKET as u32, 9, 0),
-        /* 9 */ jump(JEQ, libc::AF_INET as u32, 1, 0),
-        /* 10 */ jump(JEQ, libc::AF_INET6 as u32, 0, 6),
-        /* 11 */ stmt(LD_ABS, 24),
-        /* 12 */ stmt(AND, TYPE_MASK),
-        /* 13 */ jump(JEQ, libc::SOCK_STREAM as u32, 0, 4),
-        /* 14 */ stmt(LD_ABS, 32),
-        /* 15 */ jump(JEQ, 0, 1, 0),
-        /* 16 */ jump(JEQ, libc::IPPROTO_TCP as u32, 0, 1),
-        /* 17 */ stmt(RET, SECCOMP_RET_ALLOW),
-        /* 18 */ stmt(RET, DENY),
-    ]
-};
 
 /// Makes the child join the sandbox's cgroups, drop core dumps and enforce its Landlock
 /// ruleset before it execs, so not even its first instruction runs outside them (moving
@@ -287,8 +207,9 @@ impl ChildSetup {
     /// async-signal-safe work is allowed (and, for a child sharing its parent's memory,
     /// nothing may be written but its own stack): it makes raw syscalls only —
     /// setsid(2), ioctl(2) TIOCSCTTY on fd 0, write(2) of a static buffer to descriptors
-    /// the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper),
-    /// landlock_restrict_self(2) and seccomp(2) with a static filter — and allocates
+    /// the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper, capability
+    /// sets), landlock_restrict_self(2), seccomp(2) with a static filter, capset(2) and
+    /// close_range(2) — and allocates
     /// nothing; errors convert from an errno without allocating.
     pub(crate) unsafe fn apply(&self) -> std::io::Result<()> {
         let no_core = rustix::process::Rlimit {
@@ -314,16 +235,33 @@ impl ChildSetup {
             };
             rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
         }
+        if self.drop_capabilities {
+            // Before the uid changes, while this process still may.
+            drop_bounding_set();
+        }
+        if let Some((uid, gid)) = self.run_as {
+            // Raw calls: C libraries broadcast their wrappers to every thread.
+            // SAFETY: setgroups(2), setresgid(2) and setresuid(2) with integer
+            // arguments and an empty list.
+            unsafe {
+                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+                    || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
+                    || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+        }
         // SAFETY: prctl(2) with integer arguments.
         if self.subreaper && unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } < 0 {
             return Err(std::io::Error::last_os_error());
         }
         let filter: &[libc::sock_filter] = match self.sockets {
             SocketFilter::Any => &[],
-            SocketFilter::NoNetwork => &NO_NETWORK,
-            SocketFilter::TcpOnly => &TCP_ONLY,
+            SocketFilter::NoNetwork => &crate::seccomp::NO_NETWORK,
+            SocketFilter::TcpOnly => &crate::seccomp::TCP_ONLY,
         };
-        if self.landlock.is_some() || !filter.is_empty() {
+        if self.confined || self.landlock.is_some() || !filter.is_empty() {
             rustix::thread::set_no_new_privs(true)?;
         }
         if let Some(ruleset) = &self.landlock {
@@ -333,18 +271,80 @@ impl ChildSetup {
             }
         }
         if !filter.is_empty() {
-            let program = libc::sock_fprog {
-                len: filter.len() as u16,
-                filter: filter.as_ptr().cast_mut(),
-            };
-            let set_filter = 1u32; // SECCOMP_SET_MODE_FILTER
-            let program: *const libc::sock_fprog = &program;
-            // SAFETY: the program points at a static filter the kernel copies.
-            if unsafe { libc::syscall(libc::SYS_seccomp, set_filter, 0u32, program) } < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
+            // SAFETY: a static filter, no-new-privileges set above.
+            unsafe { crate::seccomp::install(filter)? };
         }
+        if self.confined {
+            // SAFETY: as above.
+            unsafe { crate::seccomp::install(&crate::seccomp::NO_TERMINAL_INJECTION)? };
+        }
+        if self.drop_capabilities {
+            clear_capabilities()?;
+        }
+        close_inherited();
         Ok(())
+    }
+}
+
+/// Empties the calling thread's capability bounding set, so no exec can grant it a
+/// capability again. Needs `CAP_SETPCAP`; without it there is nothing to drop, and
+/// no-new-privileges keeps the exec from granting any. Async-signal-safe: prctl(2).
+fn drop_bounding_set() {
+    for cap in 0..64 {
+        // SAFETY: prctl(2) with integer arguments; EINVAL past the last capability and
+        // EPERM without CAP_SETPCAP are expected.
+        unsafe { libc::prctl(libc::PR_CAPBSET_DROP, cap, 0, 0, 0) };
+    }
+}
+
+/// Drops every capability the calling thread, which is about to exec, still holds:
+/// the ambient set, then the inheritable, permitted and effective sets at once.
+/// Async-signal-safe: prctl(2) and capset(2) on stack memory.
+fn clear_capabilities() -> std::io::Result<()> {
+    // SAFETY: prctl(2) with integer arguments.
+    unsafe {
+        libc::prctl(
+            libc::PR_CAP_AMBIENT,
+            libc::PR_CAP_AMBIENT_CLEAR_ALL,
+            0,
+            0,
+            0,
+        )
+    };
+    // `_LINUX_CAPABILITY_VERSION_3`: a header, then two 32-bit halves of
+    // (effective, permitted, inheritable).
+    let header: [u32; 2] = [0x2008_0522, 0];
+    let data = [0u32; 6];
+    // SAFETY: capset(2) reads both buffers, which are as large as version 3 needs.
+    if unsafe { libc::syscall(libc::SYS_capset, header.as_ptr(), data.as_ptr()) } < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Marks every descriptor above stdio close-on-exec, so the command gets none of this
+/// process's (another sandbox's terminal, a socket, a directory) whether or not it was
+/// opened with `O_CLOEXEC` (ADVERSARIAL 44). Marking instead of closing leaves the
+/// setup's own descriptors usable until the exec. Async-signal-safe: close_range(2),
+/// or on kernels without its `CLOSE_RANGE_CLOEXEC` (before 5.11) fcntl(2) on each.
+fn close_inherited() {
+    const CLOSE_RANGE_CLOEXEC: libc::c_uint = 1 << 2;
+    // SAFETY: close_range(2) with integer arguments.
+    let marked =
+        unsafe { libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, CLOSE_RANGE_CLOEXEC) } == 0;
+    if marked {
+        return;
+    }
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit(2) into stack memory.
+    unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) };
+    let last = limit.rlim_cur.min(1 << 20) as libc::c_int;
+    for fd in 3..last {
+        // SAFETY: fcntl(2) on any number; EBADF for one not open.
+        unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) };
     }
 }
 

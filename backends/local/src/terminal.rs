@@ -40,7 +40,7 @@ pub(crate) fn open(size: TerminalSize, ptmx: Option<&Path>) -> Result<(Terminal,
         Error::io(format_args!("opening a terminal ({step})"), e.into())
     };
     let master = match ptmx {
-        None => rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY)
+        None => rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
             .map_err(|e| failed("posix_openpt", e))?,
         Some(path) => open_ptmx(path).map_err(|e| failed("opening the sandbox's ptmx", e))?,
     };
@@ -48,8 +48,11 @@ pub(crate) fn open(size: TerminalSize, ptmx: Option<&Path>) -> Result<(Terminal,
     rustix::pty::unlockpt(&master).map_err(|e| failed("unlockpt", e))?;
     // The slave straight from the master (TIOCGPTPEER): no path in /dev/pts to look
     // up, so it cannot be raced or swapped.
-    let slave = rustix::pty::ioctl_tiocgptpeer(&master, OpenptFlags::RDWR | OpenptFlags::NOCTTY)
-        .map_err(|e| failed("TIOCGPTPEER", e))?;
+    let slave = rustix::pty::ioctl_tiocgptpeer(
+        &master,
+        OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC,
+    )
+    .map_err(|e| failed("TIOCGPTPEER", e))?;
     rustix::termios::tcsetwinsize(&master, winsize(size)).map_err(|e| failed("TIOCSWINSZ", e))?;
     let flags = rustix::fs::fcntl_getfl(&master).map_err(|e| failed("F_GETFL", e))?;
     rustix::fs::fcntl_setfl(&master, flags | rustix::fs::OFlags::NONBLOCK)

@@ -20,6 +20,7 @@ mod exec;
 mod ext;
 mod files;
 mod fixture;
+mod host;
 mod lifecycle;
 mod manager;
 mod observe;
@@ -52,6 +53,7 @@ pub use files::{
     remove_mkdir_rename, symlink_escapes_are_refused,
 };
 pub use fixture::{run_case, CaseFuture, Fixture, SharedBackend};
+pub use host::{commands_inherit_no_descriptors, host_helpers_ignore_loader_variables};
 pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
     unknown_sandbox_is_not_found,
@@ -219,6 +221,8 @@ macro_rules! __conformance_cases {
             metrics_report_use
             clone_is_independent
             watch_outlives_a_clone
+            host_helpers_ignore_loader_variables
+            commands_inherit_no_descriptors
         }
     };
 }
