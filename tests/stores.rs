@@ -46,6 +46,31 @@ async fn sqlite_state_survives_reopen_and_is_shared_between_handles() {
     assert_eq!(reopened.get(&key).await.unwrap(), Some(record));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_ids_name_one_store_and_survive_reopening() {
+    use sandcell::store::StateStore;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a/state.db"), dir.path().join("b/state.db"));
+    let first = SqliteStateStore::open(&a).await.unwrap();
+    let other = SqliteStateStore::open(&b).await.unwrap();
+    stores::state_instance_ids_differ(&first, &other).await;
+    let id = first.instance_id().await.unwrap();
+    let second = SqliteStateStore::open(&a).await.unwrap();
+    assert_eq!(second.instance_id().await.unwrap(), id);
+    first.close().await;
+    second.close().await;
+    let reopened = SqliteStateStore::open(&a).await.unwrap();
+    assert_eq!(reopened.instance_id().await.unwrap(), id);
+
+    let memory = InMemoryStateStore::new();
+    stores::state_instance_ids_differ(&memory, &InMemoryStateStore::new()).await;
+    // Clones are one store.
+    assert_eq!(
+        memory.clone().instance_id().await.unwrap(),
+        memory.instance_id().await.unwrap()
+    );
+}
+
 /// ADVERSARIAL 45 (the LOW item of issue 47): the state store holds every spec's
 /// environment, so no other local user may read it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -40,6 +40,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct SqliteStateStore {
     pool: SqlitePool,
     path: PathBuf,
+    instance_id: String,
 }
 
 fn db_error(context: &str, e: sqlx::Error) -> Error {
@@ -88,7 +89,12 @@ impl SqliteStateStore {
                 e,
             )
         })?;
-        Ok(SqliteStateStore { pool, path })
+        let instance_id = instance_id(&pool).await?;
+        Ok(SqliteStateStore {
+            pool,
+            path,
+            instance_id,
+        })
     }
 
     /// The database file.
@@ -136,6 +142,25 @@ fn private_files(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The store's instance id: written by the first process to open the store (a racing
+/// second one keeps the first's), read by every other.
+async fn instance_id(pool: &SqlitePool) -> Result<String> {
+    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    sqlx::query(
+        "INSERT INTO store_meta (name, value) VALUES ('instance_id', ?) \
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(fresh)
+    .execute(pool)
+    .await
+    .map_err(|e| db_error("recording the store's instance id", e))?;
+    let row = sqlx::query("SELECT value FROM store_meta WHERE name = 'instance_id'")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| db_error("reading the store's instance id", e))?;
+    Ok(row.get(0))
+}
+
 const SESSION_COLUMNS: &str = "data, fence, lease_owner, lease_expires";
 
 fn session_row(row: &sqlx::sqlite::SqliteRow) -> Result<SessionRecord> {
@@ -172,6 +197,9 @@ async fn write_session(
 
 #[async_trait]
 impl StateStore for SqliteStateStore {
+    async fn instance_id(&self) -> Result<String> {
+        Ok(self.instance_id.clone())
+    }
 
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
         let key = &claim.record.key;
