@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use futures::StreamExt;
 use sandcell::manager::{
-    SnapshotRetention, LABEL_MANAGER, LABEL_POOL_SLOT, LABEL_SESSION, LABEL_TENANT,
+    SnapshotRetention, LABEL_MANAGER, LABEL_POOL_SLOT, LABEL_SESSION, LABEL_STORE, LABEL_TENANT,
 };
 use sandcell::snapshot::SnapshotManifest;
 use sandcell::store::{
@@ -417,19 +417,37 @@ async fn reconcile_destroys_only_orphans_carrying_its_own_label() {
         let backend = backend.clone();
         async move { backend.create(&s).await.unwrap().id }
     };
+    let store = manager.store_id().to_owned();
     let orphan = make(&[
         (LABEL_MANAGER, "mgr-a"),
+        (LABEL_STORE, &store),
         (LABEL_TENANT, "acme"),
         (LABEL_SESSION, "ghost"),
     ])
     .await;
-    let orphan_slot = make(&[(LABEL_MANAGER, "mgr-a"), (LABEL_POOL_SLOT, "gone")]).await;
+    let orphan_slot = make(&[
+        (LABEL_MANAGER, "mgr-a"),
+        (LABEL_STORE, &store),
+        (LABEL_POOL_SLOT, "gone"),
+    ])
+    .await;
     let other_manager = make(&[
         (LABEL_MANAGER, "mgr-b"),
+        (LABEL_STORE, &store),
         (LABEL_TENANT, "acme"),
         (LABEL_SESSION, "x"),
     ])
     .await;
+    // Another program that set the same manager id, with a store of its own.
+    let other_store = make(&[
+        (LABEL_MANAGER, "mgr-a"),
+        (LABEL_STORE, "another-store"),
+        (LABEL_TENANT, "acme"),
+        (LABEL_SESSION, "ghost"),
+    ])
+    .await;
+    // Made before stores were labelled: no store label, left alone.
+    let unlabelled_store = make(&[(LABEL_MANAGER, "mgr-a")]).await;
     let unlabelled = make(&[]).await;
 
     let report = manager.reconcile().await.unwrap();
@@ -444,7 +462,13 @@ async fn reconcile_destroys_only_orphans_carrying_its_own_label() {
             ErrorKind::NotFound
         );
     }
-    for id in [known.id(), &other_manager, &unlabelled] {
+    for id in [
+        known.id(),
+        &other_manager,
+        &other_store,
+        &unlabelled_store,
+        &unlabelled,
+    ] {
         backend.inspect(id).await.unwrap();
     }
     assert!(manager.reconcile().await.unwrap().destroyed.is_empty());

@@ -26,6 +26,11 @@ async fn postgres_state_store() {
     // A second connection finds the schema in place (migrations are idempotent).
     let again = PostgresStateStore::connect(&url).await.unwrap();
     assert!(again.list(Some("no-such-tenant")).await.unwrap().is_empty());
+    // ... and the same store: the instance id written by the first is kept.
+    assert_eq!(
+        again.instance_id().await.unwrap(),
+        store.instance_id().await.unwrap()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -46,6 +46,93 @@ async fn sqlite_state_survives_reopen_and_is_shared_between_handles() {
     assert_eq!(reopened.get(&key).await.unwrap(), Some(record));
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn instance_ids_name_one_store_and_survive_reopening() {
+    use sandcell::store::StateStore;
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a/state.db"), dir.path().join("b/state.db"));
+    let first = SqliteStateStore::open(&a).await.unwrap();
+    let other = SqliteStateStore::open(&b).await.unwrap();
+    stores::state_instance_ids_differ(&first, &other).await;
+    let id = first.instance_id().await.unwrap();
+    let second = SqliteStateStore::open(&a).await.unwrap();
+    assert_eq!(second.instance_id().await.unwrap(), id);
+    first.close().await;
+    second.close().await;
+    let reopened = SqliteStateStore::open(&a).await.unwrap();
+    assert_eq!(reopened.instance_id().await.unwrap(), id);
+
+    let memory = InMemoryStateStore::new();
+    stores::state_instance_ids_differ(&memory, &InMemoryStateStore::new()).await;
+    // Clones are one store.
+    assert_eq!(
+        memory.clone().instance_id().await.unwrap(),
+        memory.instance_id().await.unwrap()
+    );
+}
+
+/// ADVERSARIAL 45 (the LOW item of issue 47): the state store holds every spec's
+/// environment, so no other local user may read it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_state_database_and_its_directories_are_private() {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data/nested");
+    let path = data.join("state.db");
+    let store = SqliteStateStore::open(&path).await.unwrap();
+    // A write, so the WAL and shared-memory files exist.
+    use sandcell::store::StateStore;
+    let key = sandcell::store::SessionKey::new("acme", "s1").unwrap();
+    let record = sandcell::store::SessionRecord::provisioning(
+        key,
+        "mock",
+        sandcell::SandboxSpec::new("default"),
+        chrono::Utc::now(),
+    );
+    store.put(&record).await.unwrap();
+    assert_eq!(mode(&data), 0o700);
+    assert_eq!(mode(&dir.path().join("data")), 0o700);
+    for file in ["state.db", "state.db-wal", "state.db-shm"] {
+        assert_eq!(mode(&data.join(file)), 0o600, "{file}");
+    }
+    store.close().await;
+
+    // A database an older version left world-readable is made private when opened.
+    for file in ["state.db", "state.db-wal", "state.db-shm"] {
+        let p = data.join(file);
+        if p.exists() {
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o644)).unwrap();
+        }
+    }
+    let reopened = SqliteStateStore::open(&path).await.unwrap();
+    assert_eq!(mode(&path), 0o600);
+    reopened.close().await;
+
+    // Snapshot directories the file store creates are private too.
+    let snapshots = dir.path().join("snapshots");
+    let fs_store = FsSnapshotStore::new(&snapshots);
+    stores::snapshot_round_trip(&fs_store).await;
+    for entry in walk(&snapshots) {
+        if entry.is_dir() {
+            assert_eq!(mode(&entry), 0o700, "{}", entry.display());
+        }
+    }
+}
+
+fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut out = vec![dir.to_path_buf()];
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            out.extend(walk(&path));
+        } else {
+            out.push(path);
+        }
+    }
+    out
+}
+
 #[tokio::test]
 async fn in_memory_snapshot_store() {
     stores::snapshot_store_all(&InMemorySnapshotStore::new()).await;

@@ -378,25 +378,53 @@ fn snapshot_ls_and_gc_report_json() {
 
     // After a crash: a sandbox with this manager's label that no session knows, and a
     // session whose sandbox vanished. `gc` cleans up both.
-    let (orphan, session_sandbox) = tokio::runtime::Runtime::new().unwrap().block_on(async {
-        let backend = sandcell_local::LocalBackend::builder()
-            .root(cli.data_dir.join("local"))
-            .build()
-            .unwrap();
-        let orphan = backend
-            .create(&SandboxSpec::new("default").label("sandcell.manager", "sandcell"))
-            .await
-            .unwrap();
-        let selector = LabelSelector::new().label("sandcell.session", "s");
-        let session_sandbox = backend.list(&selector).await.unwrap().remove(0);
-        backend.destroy(&session_sandbox.id).await.unwrap();
-        (orphan.id, session_sandbox.id)
-    });
+    let (orphan, session_sandbox, neighbour) =
+        tokio::runtime::Runtime::new().unwrap().block_on(async {
+            let backend = sandcell_local::LocalBackend::builder()
+                .root(cli.data_dir.join("local"))
+                .build()
+                .unwrap();
+            let selector = LabelSelector::new().label("sandcell.session", "s");
+            let session_sandbox = backend.list(&selector).await.unwrap().remove(0);
+            // The orphan carries what the CLI's manager labels its sandboxes with: its
+            // (default, store-derived) manager id and its store's instance id.
+            let mut spec = SandboxSpec::new("default");
+            for label in ["sandcell.manager", "sandcell.store"] {
+                spec = spec.label(label, &session_sandbox.labels[label]);
+            }
+            let orphan = backend.create(&spec).await.unwrap();
+            // A neighbour's sandbox (another data directory) is left alone.
+            let neighbour = backend
+                .create(
+                    &SandboxSpec::new("default")
+                        .label(
+                            "sandcell.manager",
+                            &session_sandbox.labels["sandcell.manager"],
+                        )
+                        .label("sandcell.store", "another-store"),
+                )
+                .await
+                .unwrap();
+            backend.destroy(&session_sandbox.id).await.unwrap();
+            (orphan.id, session_sandbox.id, neighbour.id)
+        });
     let report = cli.json(&["gc"]);
     assert_eq!(
         report["reconcile"]["destroyed"],
         serde_json::json!([orphan])
     );
+    assert_eq!(
+        cli.sandbox_dirs().len(),
+        1,
+        "the neighbour's sandbox is kept"
+    );
+    tokio::runtime::Runtime::new().unwrap().block_on(async {
+        let backend = sandcell_local::LocalBackend::builder()
+            .root(cli.data_dir.join("local"))
+            .build()
+            .unwrap();
+        backend.destroy(&neighbour).await.unwrap();
+    });
     assert_eq!(
         report["reconcile"]["lost"],
         serde_json::json!([{"tenant": "acme", "session": "s"}])

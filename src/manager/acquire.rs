@@ -15,7 +15,8 @@ impl<B: SandboxBackend> Inner<B> {
 
     pub(super) fn session_spec(&self, key: &SessionKey, spec: &SandboxSpec) -> SandboxSpec {
         spec.clone()
-            .label(LABEL_MANAGER, &self.settings.manager_id)
+            .label(LABEL_MANAGER, &self.manager_id)
+            .label(LABEL_STORE, &self.store_id)
             .label(LABEL_TENANT, key.tenant())
             .label(LABEL_SESSION, key.session())
     }
@@ -143,7 +144,7 @@ impl<B: SandboxBackend> Inner<B> {
         let now = self.clock.now();
         Claim::new(
             SessionRecord::provisioning(key.clone(), self.backend.name(), spec.clone(), now),
-            &self.settings.manager_id,
+            &self.manager_id,
             now + chrono_duration(self.settings.lease_ttl),
             self.settings.max_sandboxes_per_tenant,
             now - chrono_duration(self.settings.provision_timeout),

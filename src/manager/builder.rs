@@ -94,7 +94,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
 
     /// See [`ManagerSettings::manager_id`].
     pub fn manager_id(mut self, id: impl Into<String>) -> Self {
-        self.settings.manager_id = id.into();
+        self.settings.manager_id = Some(id.into());
         self
     }
 
@@ -188,7 +188,7 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
 
     /// Validates the settings, opens the stores, reconciles, and starts the background
     /// reaper and pool filler where configured.
-    pub async fn build(self) -> Result<SandboxManager<B>> {
+    pub async fn build(mut self) -> Result<SandboxManager<B>> {
         self.settings.validate()?;
         if self.settings.suspend == SuspendStrategy::Pause && !self.backend.capabilities().pause {
             return Err(Error::unsupported(format!(
@@ -235,6 +235,16 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
                 ))
             }
         };
+        let store_id = state
+            .instance_id()
+            .await
+            .map_err(|e| e.context("reading the state store's instance id"))?;
+        crate::sandbox::validate_name("state store instance id", &store_id)?;
+        let manager_id = self
+            .settings
+            .manager_id
+            .get_or_insert_with(|| default_manager_id(&store_id))
+            .clone();
         let (events, _) = broadcast::channel(1024);
         let background = crate::background::Background::new();
         let services =
@@ -244,6 +254,8 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
             state,
             snapshots,
             settings: self.settings,
+            manager_id,
+            store_id,
             pools: self.pools,
             clock: Clock::new(),
             key_locks: Mutex::new(HashMap::new()),
@@ -267,4 +279,12 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
         manager.start_background_tasks();
         Ok(manager)
     }
+}
+
+/// The manager id of a manager whose settings leave it unset: `sandcell-` and the
+/// store's instance id, cut to the 128 characters an id may have.
+fn default_manager_id(store_id: &str) -> String {
+    let mut id = format!("sandcell-{store_id}");
+    id.truncate(128);
+    id
 }

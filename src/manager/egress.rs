@@ -44,9 +44,7 @@ impl<B: SandboxBackend> Inner<B> {
             if record.backend != self.backend.name()
                 || !record.is_live()
                 || !matches!(record.spec.network, Network::Allowlist(_))
-                || record
-                    .held_against(&self.settings.manager_id, now)
-                    .is_some()
+                || record.held_against(&self.manager_id, now).is_some()
             {
                 continue;
             }

@@ -14,7 +14,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::manager::{
     chrono_duration, live_sandbox, lock, EventKind, Inner, ReleaseMode, SandboxManager,
     ShutdownPolicy, SnapshotRetention, LABEL_MANAGER, LABEL_POOL, LABEL_POOL_SLOT, LABEL_SESSION,
-    LABEL_TENANT,
+    LABEL_STORE, LABEL_TENANT,
 };
 use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 use crate::snapshot::SnapshotManifest;
@@ -78,7 +78,8 @@ impl std::fmt::Display for SessionError {
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ReconcileReport {
-    /// Resources with this manager's label that the store did not know, destroyed.
+    /// Resources with this manager's and this store's labels that the store did not
+    /// know, destroyed.
     pub destroyed: Vec<SandboxId>,
     /// Sessions whose sandbox was gone from the backend, marked accordingly.
     pub lost: Vec<SessionKey>,
@@ -145,11 +146,13 @@ impl<B: SandboxBackend> SandboxManager<B> {
             .await
     }
 
-    /// Destroys resources labelled with this manager's id that the state store does not
-    /// know (orphans of a crash), marks records whose sandbox is gone (unless another
-    /// manager holds their lease), and deletes snapshot blobs no manifest references
-    /// that are older than `orphan_grace`. Resources without this manager's label are
-    /// never touched. Runs at `build` unless disabled.
+    /// Destroys resources labelled with this manager's id and its state store's
+    /// instance id ([`LABEL_STORE`](crate::manager::LABEL_STORE)) that the state store
+    /// does not know (orphans of a crash), marks records whose sandbox is gone (unless
+    /// another manager holds their lease), and deletes snapshot blobs no manifest
+    /// references that are older than `orphan_grace`. Resources without both labels —
+    /// another program's on the same backend, with a store of its own — are never
+    /// touched. Runs at `build` unless disabled.
     pub async fn reconcile(&self) -> Result<ReconcileReport> {
         self.inner
             .reconcile()
@@ -289,10 +292,7 @@ impl<B: SandboxBackend> Inner<B> {
                 continue;
             }
             // Another manager holds it: that manager's reaper looks after it.
-            if record
-                .held_against(&self.settings.manager_id, now)
-                .is_some()
-            {
+            if record.held_against(&self.manager_id, now).is_some() {
                 continue;
             }
             let key = &record.key;
@@ -440,9 +440,9 @@ impl<B: SandboxBackend> Inner<B> {
     pub(crate) async fn reconcile(&self) -> Result<ReconcileReport> {
         let mut report = ReconcileReport::default();
         let now = self.clock.now();
-        let me = &self.settings.manager_id;
+        let me = &self.manager_id;
         let stale_before = now - chrono_duration(self.settings.provision_timeout);
-        let selector = LabelSelector::new().label(LABEL_MANAGER, &self.settings.manager_id);
+        let selector = LabelSelector::new().label(LABEL_MANAGER, &self.manager_id);
         let listed = self.backend.list(&selector).await?;
         let records = self.state.list(None).await?;
         let pool = self.state.pool_list().await?;
@@ -458,7 +458,12 @@ impl<B: SandboxBackend> Inner<B> {
         };
         let any_in_flight = records.iter().any(&in_flight);
         for info in &listed {
-            if by_id.contains(&info.id) {
+            // Only what this store recorded can be an orphan of it: a neighbour with
+            // its own store (another program, another data directory) on the same
+            // backend is never touched, nor a sandbox an older version made unlabelled.
+            if by_id.contains(&info.id)
+                || info.labels.get(LABEL_STORE).map(String::as_str) != Some(self.store_id.as_str())
+            {
                 continue;
             }
             if let Some(slot) = info.labels.get(LABEL_POOL_SLOT) {
@@ -588,7 +593,8 @@ impl<B: SandboxBackend> Inner<B> {
         let spec = pool
             .spec
             .clone()
-            .label(LABEL_MANAGER, &self.settings.manager_id)
+            .label(LABEL_MANAGER, &self.manager_id)
+            .label(LABEL_STORE, &self.store_id)
             .label(LABEL_POOL, &pool.name)
             .label(LABEL_POOL_SLOT, &entry.slot);
         let info = match self.create_sandbox(&spec).await {
@@ -680,7 +686,7 @@ impl<B: SandboxBackend> Inner<B> {
         let mine = record
             .lease
             .as_ref()
-            .is_some_and(|l| l.owner == self.settings.manager_id && l.expires_at > now);
+            .is_some_and(|l| l.owner == self.manager_id && l.expires_at > now);
         if mine {
             return Ok(Some(record));
         }
@@ -709,7 +715,7 @@ impl<B: SandboxBackend> Inner<B> {
     /// third of `lease_ttl`.
     pub(crate) async fn renew_leases(&self) -> Result<u64> {
         self.state
-            .renew_leases(&self.settings.manager_id, self.lease_until())
+            .renew_leases(&self.manager_id, self.lease_until())
             .await
     }
 

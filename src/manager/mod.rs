@@ -77,6 +77,9 @@ use crate::store::{
 
 /// Label carrying the manager id on every resource a manager creates.
 pub const LABEL_MANAGER: &str = "sandcell.manager";
+/// Label carrying the instance id of the state store that recorded the sandbox
+/// ([`StateStore::instance_id`]): reconcile destroys only sandboxes of its own store.
+pub const LABEL_STORE: &str = "sandcell.store";
 /// Label carrying the tenant of a session's sandbox.
 pub const LABEL_TENANT: &str = "sandcell.tenant";
 /// Label carrying the session id of a session's sandbox.
@@ -156,6 +159,10 @@ pub(crate) struct Inner<B: SandboxBackend> {
     pub(crate) state: Arc<dyn StateStore>,
     pub(crate) snapshots: Arc<dyn SnapshotStore>,
     pub(crate) settings: ManagerSettings,
+    /// The manager id in force: set, or derived from the store's instance id.
+    pub(crate) manager_id: String,
+    /// The state store's instance id, labelled on every sandbox this manager creates.
+    pub(crate) store_id: String,
     pub(crate) pools: Vec<WarmPool>,
     pub(crate) clock: Clock,
     key_locks: Mutex<HashMap<SessionKey, Weak<tokio::sync::Mutex<()>>>>,
@@ -215,6 +222,18 @@ impl<B: SandboxBackend> SandboxManager<B> {
     /// The settings in force.
     pub fn settings(&self) -> &ManagerSettings {
         &self.inner.settings
+    }
+
+    /// The manager id in force ([`ManagerSettings::manager_id`], or the default derived
+    /// from the state store).
+    pub fn manager_id(&self) -> &str {
+        &self.inner.manager_id
+    }
+
+    /// The state store's instance id ([`StateStore::instance_id`]), which every sandbox
+    /// this manager creates carries as [`LABEL_STORE`].
+    pub fn store_id(&self) -> &str {
+        &self.inner.store_id
     }
 
     /// The state store.
@@ -474,7 +493,7 @@ impl<B: SandboxBackend> Inner<B> {
         let now = self.clock.now();
         let record = self
             .state
-            .take_lease(key, &self.settings.manager_id, now, self.lease_until())
+            .take_lease(key, &self.manager_id, now, self.lease_until())
             .await?;
         self.refuse_elsewhere(&record)?;
         Ok(record)

@@ -84,8 +84,16 @@ pub struct ManagerSettings {
     /// Labels every resource this manager creates (`sandcell.manager`) and owns the
     /// session leases it takes ([`Lease`](crate::store::Lease)). Managers sharing an id
     /// are one owner: give each host (each manager that may run at once with another
-    /// over the same stores) its own. Reconcile only ever touches resources carrying it.
-    pub manager_id: String,
+    /// over the same stores) its own. Reconcile only ever touches resources carrying it
+    /// (and the state store's instance id, `sandcell.store`).
+    ///
+    /// Unset (the default), the manager takes `sandcell-<the state store's instance
+    /// id>`: the same for every process on one store (a restarted process keeps its
+    /// leases), different for every other store, so programs with their own stores on
+    /// one backend never share an owner. Managers on several hosts sharing one store
+    /// (PostgreSQL) still need an id each. After `build`, the manager's
+    /// [`settings`](crate::SandboxManager::settings) carry the id in force.
+    pub manager_id: Option<String>,
     /// At most this many sessions of one tenant hold a sandbox at once.
     pub max_sandboxes_per_tenant: Option<u32>,
     /// A session unused this long is suspended by the reaper.
@@ -133,7 +141,7 @@ pub struct ManagerSettings {
 impl Default for ManagerSettings {
     fn default() -> Self {
         ManagerSettings {
-            manager_id: "sandcell".to_owned(),
+            manager_id: None,
             max_sandboxes_per_tenant: None,
             idle_timeout: None,
             max_lifetime: None,
@@ -155,7 +163,9 @@ impl Default for ManagerSettings {
 impl ManagerSettings {
     /// Checks the settings; the builder calls this.
     pub fn validate(&self) -> Result<()> {
-        crate::sandbox::validate_name("manager id", &self.manager_id)?;
+        if let Some(id) = &self.manager_id {
+            crate::sandbox::validate_name("manager id", id)?;
+        }
         self.service_ports.validate()?;
         if self.pool_fill_parallelism == 0 {
             return Err(Error::invalid_input(

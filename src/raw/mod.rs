@@ -9,6 +9,7 @@
 //! | [`ProcessControl`], [`process`], [`finished_process`], [`limit_output`] | assembling the [`Process`] a backend's `exec` returns |
 //! | [`changes`] | assembling the [`Changes`] of `export_changes` |
 //! | [`overlay`] | overlay workspaces on this host: mount, and the changes of an upper layer (Linux) |
+//! | [`private_dir`] | default host-state directories, created `0700` and checked to be this user's alone |
 //! | [`tree`] | directory trees walked through descriptors without following links: list, remove, copy, move (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
 //!
@@ -17,6 +18,7 @@
 
 #[cfg(target_os = "linux")]
 pub mod overlay;
+pub mod private_dir;
 pub mod stream;
 #[cfg(target_os = "linux")]
 pub mod tree;

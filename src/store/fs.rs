@@ -70,7 +70,7 @@ fn write_durably(dest: &Path, fill: impl FnOnce(&mut File) -> Result<u64>) -> Re
     let dir = dest
         .parent()
         .ok_or_else(|| Error::invalid_input(format!("{} has no parent", dest.display())))?;
-    fs::create_dir_all(dir)
+    crate::raw::private_dir::create_private_dir_all(dir)
         .map_err(|e| Error::io(format_args!("creating {}", dir.display()), e))?;
     let mut temp = tempfile::Builder::new()
         .prefix(TEMP_PREFIX)

@@ -25,15 +25,25 @@ struct StateInner {
     pool: BTreeMap<String, PoolEntry>,
 }
 
-/// A [`StateStore`] in memory. Clones share the same state, so several managers in one
-/// process can share it; nothing survives the process.
-#[derive(Debug, Clone, Default)]
+/// A [`StateStore`] in memory. Clones share the same state (and instance id), so
+/// several managers in one process can share it; nothing survives the process.
+#[derive(Debug, Clone)]
 pub struct InMemoryStateStore {
     inner: Arc<Mutex<StateInner>>,
+    instance_id: Arc<str>,
+}
+
+impl Default for InMemoryStateStore {
+    fn default() -> Self {
+        InMemoryStateStore {
+            inner: Arc::default(),
+            instance_id: uuid::Uuid::new_v4().simple().to_string().into(),
+        }
+    }
 }
 
 impl InMemoryStateStore {
-    /// An empty store.
+    /// An empty store with a new instance id.
     pub fn new() -> Self {
         Self::default()
     }
@@ -41,6 +51,10 @@ impl InMemoryStateStore {
 
 #[async_trait]
 impl StateStore for InMemoryStateStore {
+    async fn instance_id(&self) -> Result<String> {
+        Ok(self.instance_id.to_string())
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
         let mut inner = lock(&self.inner);
         let key = &claim.record.key;

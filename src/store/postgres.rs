@@ -35,6 +35,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres
 #[derive(Debug, Clone)]
 pub struct PostgresStateStore {
     pool: PgPool,
+    instance_id: String,
 }
 
 fn db_error(context: &str, e: sqlx::Error) -> Error {
@@ -83,13 +84,33 @@ impl PostgresStateStore {
             .run(&pool)
             .await
             .map_err(|e| Error::with_source(ErrorKind::Backend, "state store: migrating", e))?;
-        Ok(PostgresStateStore { pool })
+        let instance_id = instance_id(&pool).await?;
+        Ok(PostgresStateStore { pool, instance_id })
     }
 
     /// Closes every connection (waiting for queries in flight).
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// The store's instance id: written by the first process to open the store (a racing
+/// second one keeps the first's), read by every other.
+async fn instance_id(pool: &PgPool) -> Result<String> {
+    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    sqlx::query(
+        "INSERT INTO store_meta (name, value) VALUES ('instance_id', $1) \
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(fresh)
+    .execute(pool)
+    .await
+    .map_err(|e| db_error("recording the store's instance id", e))?;
+    let row = sqlx::query("SELECT value FROM store_meta WHERE name = 'instance_id'")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| db_error("reading the store's instance id", e))?;
+    Ok(row.get(0))
 }
 
 const SESSION_COLUMNS: &str = "data, fence, lease_owner, lease_expires";
@@ -128,6 +149,10 @@ async fn write_session(
 
 #[async_trait]
 impl StateStore for PostgresStateStore {
+    async fn instance_id(&self) -> Result<String> {
+        Ok(self.instance_id.clone())
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
         let key = &claim.record.key;
         let mut tx = self

@@ -427,8 +427,17 @@ pub fn decide_claim<'a>(
 /// - `list` returns records sorted by key; `list(Some(t))` only tenant `t`'s.
 /// - `pool_take` removes and returns one entry of the pool that has a sandbox, or `None`;
 ///   two takes never return the same entry.
+/// - `instance_id` names the store itself: generated once, when the store is first
+///   opened, and kept with its data, so every call and every process opening the same
+///   store gets the same id, and another store (another file, database or in-memory
+///   instance) a different one. It is 1-128 characters from `[A-Za-z0-9_-]`.
 #[async_trait]
 pub trait StateStore: Send + Sync + 'static {
+    /// This store's instance id (see the `# Behavior` list). Managers label every
+    /// sandbox they create with it, and reconcile destroys only sandboxes carrying the
+    /// id of its own store.
+    async fn instance_id(&self) -> Result<String>;
+
     /// Atomically decides and records a claim on a session: see [`ClaimOutcome`]. A tenant
     /// at its limit is [`ErrorKind::LimitExceeded`](crate::ErrorKind::LimitExceeded) with
     /// the limit in the message, and nothing is written.
@@ -481,6 +490,9 @@ macro_rules! forward_state_store {
     ($ty:ty) => {
         #[async_trait]
         impl<T: StateStore + ?Sized> StateStore for $ty {
+            async fn instance_id(&self) -> Result<String> {
+                (**self).instance_id().await
+            }
             async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
                 (**self).claim(claim).await
             }

@@ -40,6 +40,7 @@ static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 pub struct SqliteStateStore {
     pool: SqlitePool,
     path: PathBuf,
+    instance_id: String,
 }
 
 fn db_error(context: &str, e: sqlx::Error) -> Error {
@@ -64,11 +65,10 @@ impl SqliteStateStore {
     /// brings its schema up to date.
     pub async fn open(path: impl AsRef<Path>) -> Result<Self> {
         let path = path.as_ref().to_path_buf();
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            tokio::fs::create_dir_all(parent)
-                .await
-                .map_err(|e| Error::io(format_args!("creating {}", parent.display()), e))?;
-        }
+        let private = path.clone();
+        tokio::task::spawn_blocking(move || private_files(&private))
+            .await
+            .map_err(|e| Error::with_source(ErrorKind::Backend, "state store task failed", e))??;
         let options = SqliteConnectOptions::from_str("sqlite:")
             .map_err(|e| db_error("building options", e))?
             .filename(&path)
@@ -89,7 +89,12 @@ impl SqliteStateStore {
                 e,
             )
         })?;
-        Ok(SqliteStateStore { pool, path })
+        let instance_id = instance_id(&pool).await?;
+        Ok(SqliteStateStore {
+            pool,
+            path,
+            instance_id,
+        })
     }
 
     /// The database file.
@@ -101,6 +106,59 @@ impl SqliteStateStore {
     pub async fn close(&self) {
         self.pool.close().await;
     }
+}
+
+/// Creates the database's missing parent directories `0700` and the database `0600`,
+/// and takes group and other permissions off an existing database and its `-wal` and
+/// `-shm` files (SQLite gives those the database's mode): the records hold every
+/// spec's environment.
+fn private_files(path: &Path) -> Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        crate::raw::private_dir::create_private_dir_all(parent)
+            .map_err(|e| Error::io(format_args!("creating {}", parent.display()), e))?;
+    }
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| Error::io(format_args!("creating {}", path.display()), e))?;
+    for suffix in ["", "-wal", "-shm"] {
+        let mut file = path.as_os_str().to_owned();
+        file.push(suffix);
+        let file = PathBuf::from(file);
+        let mode = match std::fs::metadata(&file) {
+            Ok(meta) => meta.permissions().mode(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(Error::io(format_args!("inspecting {}", file.display()), e)),
+        };
+        if mode & 0o077 != 0 {
+            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode & 0o7700))
+                .map_err(|e| Error::io(format_args!("making {} private", file.display()), e))?;
+        }
+    }
+    Ok(())
+}
+
+/// The store's instance id: written by the first process to open the store (a racing
+/// second one keeps the first's), read by every other.
+async fn instance_id(pool: &SqlitePool) -> Result<String> {
+    let fresh = uuid::Uuid::new_v4().simple().to_string();
+    sqlx::query(
+        "INSERT INTO store_meta (name, value) VALUES ('instance_id', ?) \
+         ON CONFLICT (name) DO NOTHING",
+    )
+    .bind(fresh)
+    .execute(pool)
+    .await
+    .map_err(|e| db_error("recording the store's instance id", e))?;
+    let row = sqlx::query("SELECT value FROM store_meta WHERE name = 'instance_id'")
+        .fetch_one(pool)
+        .await
+        .map_err(|e| db_error("reading the store's instance id", e))?;
+    Ok(row.get(0))
 }
 
 const SESSION_COLUMNS: &str = "data, fence, lease_owner, lease_expires";
@@ -139,6 +197,10 @@ async fn write_session(
 
 #[async_trait]
 impl StateStore for SqliteStateStore {
+    async fn instance_id(&self) -> Result<String> {
+        Ok(self.instance_id.clone())
+    }
+
     async fn claim(&self, claim: &Claim) -> Result<ClaimOutcome> {
         let key = &claim.record.key;
         // IMMEDIATE takes the write lock before the read, so no other process can slip a

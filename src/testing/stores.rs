@@ -39,6 +39,31 @@ pub async fn state_store_all(store: &dyn StateStore) {
     state_leases(store).await;
     state_touch(store).await;
     state_pool(store).await;
+    state_instance_id(store).await;
+}
+
+/// `instance_id` is a non-empty name from `[A-Za-z0-9_-]`, the same on every call.
+/// (That another store has another id, and the same store opened again the same one,
+/// needs two stores: see [`state_instance_ids_differ`].)
+pub async fn state_instance_id(store: &dyn StateStore) {
+    let id = store.instance_id().await.unwrap();
+    assert!(
+        !id.is_empty()
+            && id.len() <= 128
+            && id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-')),
+        "{id:?}"
+    );
+    assert_eq!(store.instance_id().await.unwrap(), id);
+}
+
+/// Two distinct stores have distinct instance ids.
+pub async fn state_instance_ids_differ(one: &dyn StateStore, other: &dyn StateStore) {
+    assert_ne!(
+        one.instance_id().await.unwrap(),
+        other.instance_id().await.unwrap()
+    );
 }
 
 /// `put` inserts or replaces, `get` of an unknown key is `None`, `delete` is idempotent,

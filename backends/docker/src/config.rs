@@ -288,9 +288,16 @@ pub struct DockerConfig {
     pub agent: Option<PathBuf>,
     /// Where the workspace is inside the container.
     pub workspace: String,
-    /// Where this backend keeps a directory per allowlisted sandbox on this host (its
-    /// egress proxy's socket, mounted into the container); default
-    /// `<temp dir>/sandcell-docker`.
+    /// Where this backend keeps its host state: a directory per allowlisted sandbox
+    /// (its egress proxy's socket, mounted into the container) and the layers of
+    /// host-directory workspaces, which it mounts as root. Created `0700` if missing;
+    /// `build` refuses one that is a symlink, is owned by another user or is writable
+    /// by its group or others
+    /// ([`ensure_private_dir`](sandcell::raw::private_dir::ensure_private_dir)), so no
+    /// other local user can swap a path beneath it. Default: `/var/lib/sandcell-docker`
+    /// for root, else `$XDG_STATE_HOME/sandcell-docker` or
+    /// `~/.local/state/sandcell-docker`
+    /// ([`default_dir`](sandcell::raw::private_dir::default_dir)).
     pub runtime_dir: PathBuf,
     /// Names the egress proxy of a `Network::Allowlist` sandbox resolves to these
     /// addresses instead of asking the system's resolver (checked like resolved ones).
@@ -310,7 +317,7 @@ impl Default for DockerConfig {
             runtime: None,
             agent: None,
             workspace: "/workspace".to_owned(),
-            runtime_dir: std::env::temp_dir().join("sandcell-docker"),
+            runtime_dir: sandcell::raw::private_dir::default_dir("sandcell-docker"),
             egress_hosts: BTreeMap::new(),
         }
     }
@@ -503,6 +510,8 @@ impl DockerBackendBuilder {
                 self.config.workspace
             )));
         }
+        sandcell::raw::private_dir::ensure_private_dir(&self.config.runtime_dir)
+            .map_err(|e| e.context("the Docker backend's runtime directory"))?;
         if let Some(agent) = &self.config.agent {
             if !agent.is_file() {
                 return Err(Error::invalid_input(format!(

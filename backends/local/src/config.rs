@@ -69,7 +69,13 @@ pub enum WorkspaceStrategy {
 #[serde(default, deny_unknown_fields)]
 #[non_exhaustive]
 pub struct LocalConfig {
-    /// Where sandboxes live (`<root>/sandboxes/<id>`); created if missing.
+    /// Where sandboxes live (`<root>/sandboxes/<id>`); created `0700` if missing.
+    /// `build` refuses a root that is a symlink, is owned by another user or is
+    /// writable by its group or others
+    /// ([`ensure_private_dir`](sandcell::raw::private_dir::ensure_private_dir)).
+    /// Default: `/var/lib/sandcell-local` for root, else
+    /// `$XDG_STATE_HOME/sandcell-local` or `~/.local/state/sandcell-local`
+    /// ([`default_dir`](sandcell::raw::private_dir::default_dir)).
     pub root: PathBuf,
     /// Template name → host directory. `"default"` maps to an empty template if unset.
     pub templates: BTreeMap<String, PathBuf>,
@@ -108,7 +114,7 @@ pub struct LocalConfig {
 impl Default for LocalConfig {
     fn default() -> Self {
         LocalConfig {
-            root: std::env::temp_dir().join("sandcell-local"),
+            root: sandcell::raw::private_dir::default_dir("sandcell-local"),
             templates: BTreeMap::new(),
             isolation: Isolation::Landlock,
             workspace: WorkspaceStrategy::Auto,
@@ -213,7 +219,8 @@ impl LocalBackendBuilder {
         self
     }
 
-    /// Validates everything and creates the root directory.
+    /// Validates everything and creates the root directory (`0700`), refusing one that
+    /// another user could change ([`LocalConfig::root`]).
     pub fn build(self) -> Result<LocalBackend> {
         let mut config = self.config;
         let mut probed = crate::backend::Probed {
@@ -234,6 +241,8 @@ impl LocalBackendBuilder {
                 )?)
             }
         }
+        sandcell::raw::private_dir::ensure_private_dir(&config.root)
+            .map_err(|e| e.context("the local backend's root"))?;
         std::fs::create_dir_all(config.root.join("sandboxes")).map_err(|e| {
             Error::io(
                 format_args!("creating sandbox root {}", config.root.display()),

@@ -79,14 +79,11 @@ pub(crate) struct StoreArgs {
     #[arg(long = "snapshots", global = true, env = "SANDCELL_SNAPSHOTS")]
     pub(crate) snapshots: Option<String>,
     /// This manager's id: the owner of the session leases it takes. Give every host
-    /// sharing one state store its own.
-    #[arg(
-        long,
-        global = true,
-        env = "SANDCELL_MANAGER_ID",
-        default_value = "sandcell"
-    )]
-    pub(crate) manager_id: String,
+    /// sharing one state store its own. Default: derived from the state store, so
+    /// programs with other data directories on the same backend are never mistaken
+    /// for this one.
+    #[arg(long, global = true, env = "SANDCELL_MANAGER_ID")]
+    pub(crate) manager_id: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -103,9 +103,11 @@ pub(crate) async fn open_manager(
     };
     let mut builder = SandboxManager::builder(backend)
         .data_dir(data_dir)
-        .manager_id(&stores.manager_id)
         .shutdown_policy(ShutdownPolicy::Keep)
         .reconcile_on_start(false);
+    if let Some(id) = &stores.manager_id {
+        builder = builder.manager_id(id);
+    }
     if let Some(url) = &stores.state {
         builder = builder.state_store(sandcell::store::open_state_store(url).await?);
     }

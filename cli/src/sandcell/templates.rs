@@ -112,7 +112,7 @@ impl Templates {
                 "check the data directory's permissions",
             )
         };
-        std::fs::create_dir_all(data_dir).map_err(io_err)?;
+        sandcell::raw::private_dir::create_private_dir_all(data_dir).map_err(io_err)?;
         // Temp file + rename: a crash never leaves a half-written registry.
         let mut file = tempfile::NamedTempFile::new_in(data_dir).map_err(io_err)?;
         let json = serde_json::to_vec_pretty(&templates.0)

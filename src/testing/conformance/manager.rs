@@ -8,8 +8,8 @@ use crate::{ErrorKind, SandboxBackend, SandboxBackendExt};
 /// The session manager over this backend, the path an agent framework takes: a session
 /// is acquired, used, suspended (snapshot, then the sandbox destroyed), and a second
 /// manager on the same stores restores it into a new sandbox; reconcile destroys a
-/// sandbox carrying the manager's label that no session knows and leaves an unlabelled
-/// one alone; a fork is an independent session; purge leaves nothing. Takes the backend shared, as a manager owns one.
+/// sandbox carrying the manager's and the store's labels that no session knows and
+/// leaves an unlabelled one alone; a fork is an independent session; purge leaves nothing. Takes the backend shared, as a manager owns one.
 pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
     use crate::manager::LABEL_MANAGER;
     use crate::store::{InMemorySnapshotStore, InMemoryStateStore, SessionKey};
@@ -66,7 +66,11 @@ pub async fn manager_sessions(backend: std::sync::Arc<dyn SandboxBackend>) {
     assert_eq!(&read.unwrap()[..], b"kept");
 
     let orphan = backend
-        .create(&spec().label(LABEL_MANAGER, &manager_id))
+        .create(
+            &spec()
+                .label(LABEL_MANAGER, &manager_id)
+                .label(crate::manager::LABEL_STORE, second.store_id()),
+        )
         .await
         .unwrap();
     let bystander = backend.create(&spec()).await.unwrap();

@@ -23,6 +23,7 @@ mod fixture;
 mod host;
 mod lifecycle;
 mod manager;
+mod neighbours;
 mod observe;
 mod pty;
 mod snapshots;
@@ -59,6 +60,7 @@ pub use lifecycle::{
     unknown_sandbox_is_not_found,
 };
 pub use manager::{manager_housekeeping, manager_sessions};
+pub use neighbours::manager_neighbours;
 pub use observe::{metrics_report_use, watch_outlives_a_clone, watch_reports_changes_in_order};
 pub use pty::pty_terminal;
 pub use snapshots::{
@@ -183,7 +185,8 @@ pub async fn run_all(b: &dyn SandboxBackend) {
 
 /// The suite's cases, in the order [`run_all`] runs them: the one list both it and
 /// [`conformance_tests!`](crate::conformance_tests) expand, so a new case is added here
-/// once. (`manager_sessions` and `manager_housekeeping` take the backend shared and are listed by the test macro.)
+/// once. (`manager_sessions`, `manager_housekeeping` and `manager_neighbours` take the
+/// backend shared and are listed by the test macro.)
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __conformance_cases {
@@ -239,7 +242,8 @@ macro_rules! __conformance_run_all {
 }
 
 /// Generates the conformance suite as tests: one `#[test]` per case, plus
-/// `manager_sessions` and `manager_housekeeping`, each on a fresh backend from `setup` (an `async fn` or closure
+/// `manager_sessions`, `manager_housekeeping` and `manager_neighbours`, each on a fresh
+/// backend from `setup` (an `async fn` or closure
 /// answering a [`Fixture`](crate::testing::conformance::Fixture)). Put it in a module
 /// of its own per backend variant; cargo then names each case as
 /// `module::case`.
@@ -297,6 +301,18 @@ macro_rules! __conformance_tests {
                 ))
             }
             $crate::testing::conformance::run_case("manager_housekeeping", $setup, case);
+        }
+
+        #[test]
+        fn manager_neighbours() {
+            fn case(
+                backend: &$crate::testing::conformance::SharedBackend,
+            ) -> $crate::testing::conformance::CaseFuture<'_> {
+                ::std::boxed::Box::pin($crate::testing::conformance::manager_neighbours(
+                    ::std::sync::Arc::clone(backend),
+                ))
+            }
+            $crate::testing::conformance::run_case("manager_neighbours", $setup, case);
         }
     };
 }
