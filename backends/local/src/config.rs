@@ -252,6 +252,10 @@ impl LocalBackendBuilder {
         let root = std::fs::canonicalize(&config.root)
             .map_err(|e| Error::io(format_args!("resolving {}", config.root.display()), e))?;
         config.root = root;
+        if let (Some(owner), Isolation::Landlock) = (&probed.owner, config.isolation) {
+            // Its commands reach their workspace and tmp by these paths.
+            owner.reach(&config.root)?;
+        }
         if !config.templates.contains_key("default") {
             let empty = config.root.join("templates").join("default");
             std::fs::create_dir_all(&empty)

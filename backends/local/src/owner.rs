@@ -92,6 +92,34 @@ impl SandboxOwner {
         })
     }
 
+    /// Makes sure the owner can reach the sandboxes beneath `root` by path, as
+    /// commands at `Isolation::Landlock` do: `root` (this process's) becomes
+    /// searchable by other users, never listable; an ancestor the owner cannot search
+    /// is refused with what to do.
+    pub(crate) fn reach(&self, root: &Path) -> Result<()> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        let meta = std::fs::metadata(root).map_err(|e| Error::io("inspecting the root", e))?;
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            std::fs::set_permissions(root, std::fs::Permissions::from_mode(mode | 0o001))
+                .map_err(|e| Error::io("making the root searchable", e))?;
+        }
+        for ancestor in root.ancestors().skip(1) {
+            let meta =
+                std::fs::metadata(ancestor).map_err(|e| Error::io("inspecting the root", e))?;
+            if meta.mode() & 0o001 == 0 && meta.uid() != self.uid {
+                return Err(Error::unsupported(format!(
+                    "as root, sandboxes run as uid {}, which cannot reach {}: {} is not searchable by other users; \
+                     make it so (chmod o+x) or choose another root",
+                    self.uid,
+                    root.display(),
+                    ancestor.display()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// Gives `path` itself (not what it holds) to the owner.
     pub(crate) fn chown(&self, path: &Path) -> Result<()> {
         std::os::unix::fs::lchown(path, Some(self.uid), Some(self.gid))

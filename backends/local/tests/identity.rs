@@ -10,7 +10,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use sandcell::testing::conformance;
-use sandcell::{ErrorKind, SandboxBackendExt, SandboxSpec};
+use sandcell::{ErrorKind, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
 mod common;
@@ -71,6 +71,29 @@ fn host_uids_of(cmdline: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// The owners of every file called `name` beneath `dir`.
+fn owners_of(dir: &Path, name: &str) -> Vec<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let mut owners = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(path) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&path) else {
+            continue;
+        };
+        for entry in entries.flatten() {
+            let Ok(meta) = entry.path().symlink_metadata() else {
+                continue;
+            };
+            if meta.is_dir() {
+                stack.push(entry.path());
+            } else if entry.file_name() == name {
+                owners.push(meta.uid());
+            }
+        }
+    }
+    owners
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_processes_are_never_host_root() {
     let in_etc = Secret::place(Path::new("/etc"));
@@ -82,6 +105,7 @@ async fn sandbox_processes_are_never_host_root() {
             continue;
         };
         let root_path = root.path().to_path_buf();
+        let in_host_root = rustix::process::geteuid().is_root();
         let (etc, opt) = (in_etc.0.clone(), in_opt.0.clone());
         conformance::with_sandbox(&backend, SandboxSpec::default(), |id| {
             let backend = &backend;
@@ -134,6 +158,48 @@ async fn sandbox_processes_are_never_host_root() {
                     !uids.contains(&0),
                     "ADVERSARIAL 37 at {isolation:?}: a sandbox process is host root: {uids:?}"
                 );
+                // What the host writes for the sandbox is the sandbox's to change.
+                backend
+                    .write(&id, &"host.txt".parse().unwrap(), "host\n".into())
+                    .await
+                    .unwrap();
+                backend
+                    .write(&id, &"dir/host.txt".parse().unwrap(), "host\n".into())
+                    .await
+                    .unwrap();
+                let tar = backend
+                    .export_tar(&id, &"dir".parse().unwrap())
+                    .await
+                    .unwrap();
+                backend
+                    .import_tar(
+                        &id,
+                        &"imported".parse().unwrap(),
+                        tar,
+                        sandcell::archive::ImportOptions::default(),
+                    )
+                    .await
+                    .unwrap();
+                let changed = backend
+                    .run_shell(
+                        &id,
+                        "echo more >> host.txt && echo more >> imported/host.txt && mkdir imported/sub && echo ok",
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    changed.stdout_str(),
+                    "ok\n",
+                    "at {isolation:?} the sandbox could not change what the host wrote for it: {}",
+                    changed.stderr_str()
+                );
+                if in_host_root {
+                    let owners = owners_of(&root_path, "host.txt");
+                    assert!(
+                        !owners.is_empty() && !owners.contains(&0),
+                        "at {isolation:?} files the host wrote for a sandbox are root's: {owners:?}"
+                    );
+                }
                 if isolation == Isolation::Namespaces {
                     let seen = backend
                         .run_shell(&id, "tr '\\0' ' ' < /proc/1/cmdline")
