@@ -5,7 +5,7 @@
 //! | route (under `/v1`) | what |
 //! |---|---|
 //! | `POST /apps/{app}/machines` | create (`config.image` is the template; unique `name`) |
-//! | `GET /apps/{app}/machines` | list the app's machines |
+//! | `GET /apps/{app}/machines` | list the app's machines (`?metadata.{key}={value}` filters) |
 //! | `GET/DELETE /apps/{app}/machines/{id}` | inspect, destroy (`404` once gone) |
 //! | `GET .../wait?state=&timeout=` | wait for a state, `408` after `timeout` (≤ 60 s) |
 //! | `POST .../suspend`, `.../stop`, `.../start`, `.../restart` | pause, pause, resume, reset |
@@ -20,6 +20,7 @@
 
 mod e2b;
 mod exec;
+pub(crate) mod labels;
 pub(crate) mod machines;
 mod tenants;
 mod tls;
@@ -40,33 +41,13 @@ use axum::{Json, Router};
 use sandcell::{Error, ErrorKind, SandboxBackend, SandboxId, SandboxInfo};
 
 use crate::protocol::{status_for, ErrorBody};
+pub(crate) use labels::client_metadata;
 pub(crate) use tenants::Caller;
 
-/// The prefix of every label the server sets; a client's labels with it are dropped.
+/// The prefix of every label the server sets; a client's labels with it are refused
+/// ([`labels::Reserved`]).
 pub(crate) const SERVER_LABEL_PREFIX: &str = "sandcell.server.";
 
-/// A sandbox's metadata as a client sees it: its labels without the server's own, and
-/// the spec the client recorded at create ([`SPEC_METADATA`](crate::protocol::SPEC_METADATA))
-/// with the network in force now (`set_network` may have changed it since).
-pub(crate) fn client_metadata(info: &SandboxInfo) -> std::collections::BTreeMap<String, String> {
-    let mut metadata: std::collections::BTreeMap<String, String> = info
-        .labels
-        .iter()
-        .filter(|(k, _)| !k.starts_with(SERVER_LABEL_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if let Some(json) = metadata.get_mut(crate::protocol::SPEC_METADATA) {
-        if let Ok(mut spec) = serde_json::from_str::<sandcell::SandboxSpec>(json) {
-            if spec.network != info.network {
-                spec.network = info.network.clone();
-                if let Ok(updated) = serde_json::to_string(&spec) {
-                    *json = updated;
-                }
-            }
-        }
-    }
-    metadata
-}
 /// Label naming the app a machine belongs to.
 pub(crate) const APP_LABEL: &str = "sandcell.server.app";
 /// Label holding a machine's unique name.
@@ -209,6 +190,8 @@ pub(crate) struct Shared {
     pub(crate) creating: tokio::sync::Mutex<()>,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
+    /// The labels no client may set or filter on.
+    pub(crate) reserved: labels::Reserved,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -225,10 +208,20 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .cloned()
         .map(Arc::new)
         .collect();
+    let reserved = labels::Reserved {
+        #[cfg(feature = "mcp")]
+        manager_id: config
+            .mcp
+            .as_ref()
+            .map(|manager| manager.settings().manager_id.clone()),
+        #[cfg(not(feature = "mcp"))]
+        manager_id: None,
+    };
     let state = Arc::new(Shared {
         backend,
         config,
         tenants,
+        reserved,
         stopped: Mutex::new(HashSet::new()),
         creating: tokio::sync::Mutex::new(()),
         e2b: e2b::E2bState::default(),

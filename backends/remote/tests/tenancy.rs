@@ -1,0 +1,198 @@
+//! Two tenants on one sandcell-server, attacking each other through the E2B and Fly
+//! faces with plain HTTP: filter and label injection (ADVERSARIAL case 39).
+#![cfg(feature = "server")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use sandcell_remote::server::{ServerConfig, Tenant};
+use serde_json::{json, Value};
+
+const ALICE: &str = "token-alice";
+const BOB: &str = "token-bob";
+const SECRET: &str = "hunter2-do-not-echo";
+const MACHINES: &str = "/v1/apps/sandcell/machines";
+
+fn two_tenants() -> ServerConfig {
+    ServerConfig::with_tenants([
+        Tenant::new("alice", ALICE),
+        Tenant::new("bob", BOB).max_sandboxes(1),
+    ])
+    .unwrap()
+}
+
+/// One HTTP call with `token` as both faces take it; the status and the JSON body.
+async fn call(
+    url: &str,
+    token: &str,
+    method: reqwest::Method,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let mut request = reqwest::Client::new()
+        .request(method, format!("{url}{path}"))
+        .header("X-API-Key", token)
+        .bearer_auth(token);
+    if let Some(body) = body {
+        request = request.json(&body);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let text = response.text().await.unwrap();
+    (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+}
+
+async fn get(url: &str, token: &str, path: &str) -> (u16, Value) {
+    call(url, token, reqwest::Method::GET, path, None).await
+}
+
+/// An E2B create by `token`: the sandbox id and its envd access token.
+async fn e2b_sandbox(url: &str, token: &str, body: Value) -> (String, String) {
+    let (status, created) = call(url, token, reqwest::Method::POST, "/sandboxes", Some(body)).await;
+    assert_eq!(status, 201, "{created}");
+    let field = |name: &str| created[name].as_str().unwrap().to_owned();
+    (field("sandboxID"), field("envdAccessToken"))
+}
+
+/// Destroys every sandbox the server's backend holds, so no mount or process outlives
+/// the test.
+async fn clean(server: &common::TestServer) {
+    use sandcell::SandboxBackend;
+    for sandbox in server.local.list(&Default::default()).await.unwrap() {
+        server.local.destroy(&sandbox.id).await.unwrap();
+    }
+}
+
+fn ids(listed: &Value) -> Vec<String> {
+    listed
+        .as_array()
+        .unwrap_or_else(|| panic!("not a list: {listed}"))
+        .iter()
+        .map(|s| {
+            s.get("sandboxID")
+                .or_else(|| s.get("id"))
+                .and_then(Value::as_str)
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// ADVERSARIAL case 39 on the E2B face: bob's `metadata` filter naming the server's
+/// tenant label is refused (it once replaced bob's scope and listed alice's
+/// sandboxes), a plain filter stays within bob's scope, a create cannot set the
+/// server's labels, and alice's env is not echoed in her sandbox's metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_39_e2b_list_filters_cannot_widen_the_tenant_scope() {
+    let server = common::serve_local_with(two_tenants()).await;
+    let url = &server.url;
+    let spec = json!({"template": "default", "env": {"DB_PASSWORD": SECRET}}).to_string();
+    let (alice_id, _) = e2b_sandbox(
+        url,
+        ALICE,
+        json!({
+            "templateID": "base",
+            "envVars": {"DB_PASSWORD": SECRET},
+            "metadata": {"team": "red", "sandcell.spec": spec},
+        }),
+    )
+    .await;
+    for path in [
+        "/v2/sandboxes?metadata=sandcell.server.tenant%3Dalice",
+        "/v2/sandboxes?metadata=team%3Dred%26sandcell.server.tenant%3Dalice",
+        "/sandboxes?metadata=sandcell.server.tenant%3Dalice",
+        "/v2/sandboxes?metadata=sandcell.server.app%3De2b",
+    ] {
+        let (status, body) = get(url, BOB, path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["code"], 400, "E2B's error shape: {body}");
+        assert!(
+            body["message"].as_str().unwrap().contains("reserved"),
+            "{body}"
+        );
+    }
+    let (status, listed) = get(url, BOB, "/v2/sandboxes?metadata=team%3Dred").await;
+    assert_eq!((status, ids(&listed)), (200, vec![]), "{listed}");
+    let (_, listed) = get(url, ALICE, "/v2/sandboxes?metadata=team%3Dred").await;
+    assert_eq!(ids(&listed), vec![alice_id.clone()]);
+
+    // A create naming the server's labels is refused, not quietly relabelled.
+    let (status, body) = call(
+        url,
+        BOB,
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "base", "metadata": {"sandcell.server.tenant": "alice"}})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    // Alice's own view of her sandbox carries her metadata, not her env.
+    for path in [format!("/sandboxes/{alice_id}"), "/v2/sandboxes".to_owned()] {
+        let (status, body) = get(url, ALICE, &path).await;
+        assert_eq!(status, 200);
+        assert!(
+            !body.to_string().contains(SECRET),
+            "{path} echoed the env: {body}"
+        );
+        assert!(body.to_string().contains("red"), "{body}");
+    }
+    clean(&server).await;
+}
+
+/// ADVERSARIAL case 39 on the Fly face: a `metadata.` filter or a create naming the
+/// server's labels is refused, a plain filter stays within the caller's scope, and a
+/// machine's `sandcell.spec` metadata shows no env.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_39_fly_list_filters_cannot_widen_the_tenant_scope() {
+    let server = common::serve_local_with(two_tenants()).await;
+    let url = &server.url;
+    let machines = MACHINES;
+    let spec = json!({"template": "default", "env": {"DB_PASSWORD": SECRET}}).to_string();
+    let create = json!({"config": {
+        "image": "default",
+        "env": {"API_KEY": SECRET},
+        "metadata": {"team": "red", "sandcell.spec": spec},
+    }});
+    let (status, machine) = call(url, ALICE, reqwest::Method::POST, machines, Some(create)).await;
+    assert_eq!(status, 200, "{machine}");
+    let alice_id = machine["id"].as_str().unwrap().to_owned();
+    assert!(!machine.to_string().contains(SECRET), "{machine}");
+
+    for path in [
+        format!("{machines}?metadata.sandcell.server.tenant=alice"),
+        format!("{machines}?metadata.team=red&metadata.sandcell.server.tenant=alice"),
+    ] {
+        let (status, body) = get(url, BOB, &path).await;
+        assert_eq!(status, 400, "{path}: {body}");
+        assert_eq!(body["kind"], "invalid_input", "{body}");
+    }
+    let (status, listed) = get(url, BOB, &format!("{machines}?metadata.team=red")).await;
+    assert_eq!((status, ids(&listed)), (200, vec![]), "{listed}");
+    let (_, listed) = get(url, ALICE, &format!("{machines}?metadata.team=red")).await;
+    assert_eq!(ids(&listed), vec![alice_id.clone()]);
+    let (_, listed) = get(url, ALICE, &format!("{machines}?metadata.team=blue")).await;
+    assert_eq!(ids(&listed), Vec::<String>::new());
+
+    let (status, body) = call(
+        url,
+        BOB,
+        reqwest::Method::POST,
+        machines,
+        Some(json!({"config": {"image": "default", "metadata": {"sandcell.server.tenant": "alice"}}})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+
+    // Alice's machine, got and listed, shows its spec without the env.
+    for path in [format!("{machines}/{alice_id}"), machines.to_owned()] {
+        let (status, body) = get(url, ALICE, &path).await;
+        assert_eq!(status, 200);
+        assert!(
+            !body.to_string().contains(SECRET),
+            "{path} echoed the env: {body}"
+        );
+        assert!(body.to_string().contains("sandcell.spec"), "{body}");
+    }
+    clean(&server).await;
+}
