@@ -1,10 +1,12 @@
 //! Two tenants on one sandcell-server, attacking each other through the E2B and Fly
-//! faces with plain HTTP: filter and label injection (ADVERSARIAL case 39).
+//! faces with plain HTTP: filter and label injection (ADVERSARIAL case 39), oracles
+//! and leaks (case 41).
 #![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
+use sandcell_remote::e2b::envd;
 use sandcell_remote::server::{ServerConfig, Tenant};
 use serde_json::{json, Value};
 
@@ -194,5 +196,85 @@ async fn adversarial_39_fly_list_filters_cannot_widen_the_tenant_scope() {
         );
         assert!(body.to_string().contains("sandcell.spec"), "{body}");
     }
+    clean(&server).await;
+}
+
+/// ADVERSARIAL case 41: envd's routes authenticate before they look the sandbox up, so
+/// without a valid token an id that does not exist and another tenant's existing one
+/// answer alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_41_envd_answers_alike_for_unknown_and_others_sandboxes() {
+    let server = common::serve_local_with(two_tenants()).await;
+    let url = &server.url;
+    let (alice_id, _) = e2b_sandbox(url, ALICE, json!({"templateID": "base"})).await;
+    let (_, bob_token) = e2b_sandbox(url, BOB, json!({"templateID": "base"})).await;
+    let http = reqwest::Client::new();
+    let answer = |method: reqwest::Method, path: &str, id: &str, token: Option<&str>| {
+        let mut request = http
+            .request(method, format!("{url}{path}"))
+            .header("E2b-Sandbox-Id", id)
+            .header("Content-Type", "application/json")
+            .body("{}");
+        if let Some(token) = token {
+            request = request.header("X-Access-Token", token);
+        }
+        async move {
+            let response = request.send().await.unwrap();
+            (response.status().as_u16(), response.text().await.unwrap())
+        }
+    };
+    for (method, path) in [
+        (reqwest::Method::GET, "/health"),
+        (reqwest::Method::POST, "/filesystem.Filesystem/Stat"),
+        (reqwest::Method::POST, "/process.Process/List"),
+        (reqwest::Method::GET, "/files?path=x"),
+    ] {
+        for token in [None, Some("00"), Some(bob_token.as_str())] {
+            let existing = answer(method.clone(), path, &alice_id, token).await;
+            let unknown = answer(method.clone(), path, "sbx-never-made", token).await;
+            assert_eq!(existing, unknown, "{path} with {token:?}");
+            assert_eq!(existing.0, 401, "{path} with {token:?}: {}", existing.1);
+        }
+    }
+    clean(&server).await;
+}
+
+/// The pid envd's `Start` answers for a command in sandbox `id`.
+async fn start_pid(url: &str, id: &str, token: &str) -> u64 {
+    let body = json!({"process": {"cmd": "true"}});
+    let response = reqwest::Client::new()
+        .post(format!("{url}/process.Process/Start"))
+        .header("E2b-Sandbox-Id", id)
+        .header("X-Access-Token", token)
+        .header("Content-Type", envd::STREAM_CONTENT_TYPE)
+        .body(envd::frame(0, &serde_json::to_vec(&body).unwrap()).to_vec())
+        .send()
+        .await
+        .unwrap();
+    let bytes = response.bytes().await.unwrap();
+    let mut decoder = envd::FrameDecoder::default();
+    decoder.push(&bytes);
+    let (_, first) = decoder.next_frame().unwrap().unwrap();
+    let first: Value = serde_json::from_slice(&first).unwrap();
+    first["event"]["start"]["pid"]
+        .as_u64()
+        .unwrap_or_else(|| panic!("no pid in {first}"))
+}
+
+/// ADVERSARIAL case 41: envd pids are counted per sandbox, so alice's commands do not
+/// move the pids bob sees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_41_envd_pids_are_counted_per_sandbox() {
+    let server = common::serve_local_with(two_tenants()).await;
+    let url = &server.url;
+    let (alice_id, alice_token) = e2b_sandbox(url, ALICE, json!({"templateID": "base"})).await;
+    let (bob_id, bob_token) = e2b_sandbox(url, BOB, json!({"templateID": "base"})).await;
+    let first = start_pid(url, &alice_id, &alice_token).await;
+    for _ in 0..3 {
+        start_pid(url, &alice_id, &alice_token).await;
+    }
+    assert_eq!(start_pid(url, &bob_id, &bob_token).await, first);
+    assert_eq!(start_pid(url, &bob_id, &bob_token).await, first + 1);
+    assert_eq!(start_pid(url, &alice_id, &alice_token).await, first + 4);
     clean(&server).await;
 }
