@@ -1,7 +1,8 @@
 //! Two tenants on one sandcell-server's `/mcp`, with plain HTTP speaking MCP's
 //! streamable HTTP transport: each tenant's `list_sessions` shows its own sessions,
+//! a transport session belongs to the tenant that opened it (ADVERSARIAL case 31),
 //! and no Fly or E2B client can plant a sandbox labelled as the server's MCP manager's
-//! (ADVERSARIAL case 39).
+//! (case 39).
 #![cfg(feature = "mcp")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -115,6 +116,45 @@ impl Mcp {
             .unwrap_or_else(|| panic!("{name}: {answer}"))
             .to_owned()
     }
+
+    /// Sends `method` with `token` (not this client's) on this client's session.
+    async fn hijack(&self, token: &'static str, method: reqwest::Method) -> u16 {
+        let response = reqwest::Client::new()
+            .request(method, &self.url)
+            .bearer_auth(token)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Mcp-Session-Id", self.session.as_deref().unwrap())
+            .json(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"}))
+            .send()
+            .await
+            .unwrap();
+        response.status().as_u16()
+    }
+}
+
+/// ADVERSARIAL case 31: bob cannot use or delete alice's transport session by its id;
+/// it answers him as an unknown session does, and stays alice's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_31_mcp_sessions_belong_to_the_tenant_that_opened_them() {
+    let (server, _data) = serve().await;
+    let mut alice = Mcp::open(&server.url, ALICE).await;
+    let unknown = Mcp {
+        url: alice.url.clone(),
+        token: BOB,
+        session: Some("not-a-session".to_owned()),
+        next_id: 1,
+    };
+    for method in [reqwest::Method::POST, reqwest::Method::DELETE] {
+        assert_eq!(alice.hijack(BOB, method.clone()).await, 404, "{method}");
+        assert_eq!(unknown.hijack(BOB, method.clone()).await, 404, "{method}");
+    }
+    let (status, answer, _) = alice.post(json!({"method": "tools/list"})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
+    assert!(alice
+        .tool("list_sessions", json!({}))
+        .await
+        .contains("no sessions"));
 }
 
 /// ADVERSARIAL cases 31 and 39 on MCP: each tenant's `list_sessions` shows only its own

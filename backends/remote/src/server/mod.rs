@@ -22,6 +22,8 @@ mod e2b;
 mod exec;
 pub(crate) mod labels;
 pub(crate) mod machines;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod tenants;
 mod tls;
 mod wire;
@@ -258,7 +260,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     };
     #[cfg(feature = "mcp")]
     let routes = match &state.config.mcp {
-        Some(manager) if extensions => routes.merge(mcp_routes(&state, Arc::clone(manager))),
+        Some(manager) if extensions => routes.merge(mcp::routes(&state, Arc::clone(manager))),
         _ => routes,
     };
     routes
@@ -345,30 +347,6 @@ async fn authorize(State(state): State<AppState>, mut request: Request, next: Ne
             response
         }
     }
-}
-
-/// `/mcp`: MCP's tools over streamable HTTP, behind the tenants' tokens; each request
-/// carries its caller's tenant to the tools.
-#[cfg(feature = "mcp")]
-fn mcp_routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> Router<AppState> {
-    async fn tenant_of_caller(mut request: Request, next: Next) -> Response {
-        let tenant = request
-            .extensions()
-            .get::<tenants::Caller>()
-            .map(|caller| sandcell_mcp::Tenant(caller.0.name.clone()));
-        if let Some(tenant) = tenant {
-            request.extensions_mut().insert(tenant);
-        }
-        next.run(request).await
-    }
-    let service = sandcell_mcp::http_service(manager, sandcell_mcp::ToolSettings::default());
-    Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn(tenant_of_caller))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(state),
-            authorize,
-        ))
 }
 
 /// The answer of a call that only acts.
