@@ -1,10 +1,13 @@
 //! Two tenants on one sandcell-server, attacking each other through the E2B and Fly
 //! faces with plain HTTP: filter and label injection (ADVERSARIAL case 39), oracles
-//! and leaks (case 41).
+//! and leaks (case 41), and the status codes of oversized or impossible requests
+//! (case 34).
 #![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
+
+use std::time::{Duration, Instant};
 
 use sandcell_remote::e2b::envd;
 use sandcell_remote::server::{ServerConfig, Tenant};
@@ -276,5 +279,111 @@ async fn adversarial_41_envd_pids_are_counted_per_sandbox() {
     assert_eq!(start_pid(url, &bob_id, &bob_token).await, first);
     assert_eq!(start_pid(url, &bob_id, &bob_token).await, first + 1);
     assert_eq!(start_pid(url, &alice_id, &alice_token).await, first + 4);
+    clean(&server).await;
+}
+
+/// A server with small body limits: 4 KiB of JSON, 1 KiB files.
+async fn small_limits() -> common::TestServer {
+    let mut config = two_tenants();
+    config.max_json_bytes = 4096;
+    config.max_file_bytes = 1024;
+    common::serve_local_with(config).await
+}
+
+/// ADVERSARIAL case 34: a JSON body over the limit is `413` on both faces (the Fly
+/// face once answered `422`, the E2B face `400`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_34_json_bodies_over_the_limit_are_413() {
+    let server = small_limits().await;
+    let url = &server.url;
+    let padding = "x".repeat(8192);
+    let big = json!({"config": {"image": "default", "metadata": {"pad": padding}}});
+    let (status, body) = call(url, ALICE, reqwest::Method::POST, MACHINES, Some(big)).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["kind"], "limit_exceeded", "{body}");
+    let big = json!({"templateID": "base", "metadata": {"pad": padding}});
+    let (status, body) = call(url, ALICE, reqwest::Method::POST, "/sandboxes", Some(big)).await;
+    assert_eq!(status, 413, "{body}");
+    assert_eq!(body["code"], 413, "{body}");
+}
+
+/// ADVERSARIAL case 34: a multipart upload over the file limit is `413`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_34_a_multipart_upload_over_the_limit_is_413() {
+    let server = small_limits().await;
+    let url = &server.url;
+    let (id, token) = e2b_sandbox(url, ALICE, json!({"templateID": "base"})).await;
+    let part = reqwest::multipart::Part::bytes(vec![b'y'; 4096]).file_name("big.bin");
+    let response = reqwest::Client::new()
+        .post(format!("{url}/files"))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &token)
+        .multipart(reqwest::multipart::Form::new().part("file", part))
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.text().await.unwrap();
+    assert_eq!(status, 413, "{body}");
+    clean(&server).await;
+}
+
+/// An E2B create over the tenant's quota is `429`, as E2B answers a team over its
+/// concurrent sandboxes (it was `403`), naming the limit; sandcell's own E2B client
+/// reads it as `LimitExceeded`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_e2b_create_over_the_quota_is_429() {
+    let server = common::serve_local_with(two_tenants()).await;
+    let url = &server.url;
+    e2b_sandbox(url, BOB, json!({"templateID": "base"})).await;
+    let (status, body) = call(
+        url,
+        BOB,
+        reqwest::Method::POST,
+        "/sandboxes",
+        Some(json!({"templateID": "base"})),
+    )
+    .await;
+    assert_eq!(status, 429, "{body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("max_sandboxes"),
+        "{body}"
+    );
+    let config =
+        sandcell_remote::e2b::E2bConfig::self_hosted(url, BOB).retry(common::fast_retries());
+    let client = sandcell_remote::e2b::E2bBackend::connect(config)
+        .await
+        .unwrap();
+    use sandcell::SandboxBackend;
+    let err = client
+        .create(&sandcell::SandboxSpec::new("default"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::LimitExceeded, "{err}");
+    clean(&server).await;
+}
+
+/// ADVERSARIAL case 41: a zero CPU or memory limit is `400` at once (it was a `500`
+/// after seconds, naming the host's cgroup directory).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_41_zero_limits_are_refused_at_once_naming_no_host_path() {
+    let server = common::serve_local_with(two_tenants()).await;
+    let url = &server.url;
+    for guest in [json!({"cpus": 0}), json!({"memory_mb": 0})] {
+        let started = Instant::now();
+        let create = json!({"config": {"image": "default", "guest": guest}});
+        let (status, body) = call(url, ALICE, reqwest::Method::POST, MACHINES, Some(create)).await;
+        assert_eq!(status, 400, "{guest}: {body}");
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{guest} took {:?}",
+            started.elapsed()
+        );
+        let text = body.to_string();
+        assert!(
+            !text.contains("/sys/") && !text.contains("cgroup"),
+            "{text}"
+        );
+    }
     clean(&server).await;
 }

@@ -367,8 +367,27 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(status_for(self.0.kind()))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(ErrorBody::from_error(&self.0))).into_response()
+        let body = ErrorBody {
+            error: public_message(&self.0),
+            kind: Some(self.0.kind().name().to_owned()),
+        };
+        (status, Json(body)).into_response()
     }
+}
+
+/// What a client is told of `error`, at every face's boundary (ADVERSARIAL case 41):
+/// a `Backend` error is the server's own failure, whose message may name host paths
+/// (a cgroup directory, the backend's root), so it is logged in full under a reference
+/// and answered with that reference alone. The other kinds describe what the client
+/// asked for and pass as they are.
+pub(crate) fn public_message(error: &Error) -> String {
+    if error.kind() != ErrorKind::Backend {
+        return error.to_string();
+    }
+    let reference = uuid::Uuid::new_v4().simple().to_string();
+    let reference = &reference[..12];
+    tracing::warn!(reference, error = %format_args!("{error:#}"), "a backend error, answered without its details");
+    format!("the server's backend failed (reference {reference}; the server's log has the details)")
 }
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
@@ -381,18 +400,21 @@ where
     T: serde::de::DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = Response;
 
+    /// A body over the limit answers `413` (kind `limit_exceeded`), a malformed one
+    /// `400`.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                let error = Error::new(ErrorKind::LimitExceeded, rejection.body_text());
+                let mut response = ApiError(error).into_response();
+                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+                Err(response)
+            }
             Err(rejection) => {
-                let kind = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ErrorKind::LimitExceeded
-                } else {
-                    ErrorKind::InvalidInput
-                };
-                Err(ApiError(Error::new(kind, rejection.body_text())))
+                Err(ApiError(Error::invalid_input(rejection.body_text())).into_response())
             }
         }
     }
@@ -440,4 +462,24 @@ pub(crate) async fn machine(
         return Err(missing());
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ADVERSARIAL case 41: a backend's own failure reaches no client with its host
+    /// paths; what a client asked for keeps its message.
+    #[test]
+    fn backend_errors_are_answered_without_their_details() {
+        let failed = Error::new(
+            ErrorKind::Backend,
+            "writing /sys/fs/cgroup/sandcell/sb-1/cpu.max: Invalid argument",
+        );
+        let told = public_message(&failed);
+        assert!(!told.contains("/sys") && !told.contains("cgroup"), "{told}");
+        assert!(told.contains("reference"), "{told}");
+        let asked = Error::invalid_input("a cpu limit of 0 leaves the sandbox nothing");
+        assert_eq!(public_message(&asked), asked.to_string());
+    }
 }

@@ -111,13 +111,13 @@ impl E2bError {
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
-        // A quota is the `403` of a refused create, as the Fly face answers it.
+        // A quota is `429`, as E2B answers a team over its concurrent sandboxes.
         let status = match self.0.kind() {
-            ErrorKind::LimitExceeded => StatusCode::FORBIDDEN,
+            ErrorKind::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
             kind => StatusCode::from_u16(crate::protocol::status_for(kind))
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         };
-        E2bError::with_status(status, self.0.message())
+        E2bError::with_status(status, crate::server::public_message(&self.0))
     }
 }
 
