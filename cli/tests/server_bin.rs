@@ -380,7 +380,10 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
     assert_eq!(claimed.status(), 400);
     let body: serde_json::Value = claimed.json().await.unwrap();
     assert_eq!(body["kind"], "invalid_input");
-    assert!(body["error"].as_str().unwrap().contains("reserved"), "{body}");
+    assert!(
+        body["error"].as_str().unwrap().contains("reserved"),
+        "{body}"
+    );
     let plain = create_as_beta(serde_json::json!({})).await;
     assert_eq!(plain.status(), 403, "beta's memory quota (768 MiB) is full");
     let body: serde_json::Value = plain.json().await.unwrap();

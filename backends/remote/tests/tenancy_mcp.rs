@@ -99,7 +99,7 @@ impl Mcp {
             .lines()
             .filter_map(|l| l.strip_prefix("data:"))
             .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
-            .last()
+            .next_back()
             .or_else(|| serde_json::from_str(&text).ok())
             .unwrap_or(Value::Null);
         (status, answer, session)
