@@ -14,8 +14,8 @@ use sandcell::{Error, LabelSelector, Result, SandboxInfo};
 use super::SERVER_LABEL_PREFIX;
 
 /// Prefixes of label keys the server or a backend under it keeps for itself: the
-/// server's own, and the Docker backend's record of how to run a container (a client
-/// setting `sandcell.docker.workspace` must not choose the container's host directory).
+/// server's own, and the Docker backend's record of how to run a container (a client's
+/// `sandcell.docker.workspace`, say, would be read back as that record).
 const RESERVED_PREFIXES: &[&str] = &[
     SERVER_LABEL_PREFIX,
     "sandcell.docker.",

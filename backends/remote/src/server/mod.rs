@@ -161,7 +161,9 @@ impl ServerConfig {
     /// Serves MCP's tools over streamable HTTP at `/mcp`, acting on `manager`'s
     /// sessions (a manager over the backend this server serves). Callers authenticate
     /// with a tenant's token as `Authorization: Bearer`, and each tenant's tools see only
-    /// that tenant's sessions.
+    /// that tenant's sessions. A transport session (`Mcp-Session-Id`) answers only the
+    /// tenant that opened it; the manager's id is reserved (no Fly or E2B client may
+    /// label a sandbox as this manager's).
     #[cfg(feature = "mcp")]
     pub fn with_mcp(mut self, manager: Arc<sandcell_mcp::Manager>) -> Self {
         self.mcp = Some(manager);
