@@ -261,8 +261,8 @@ async fn the_local_backend_is_served_isolated_unless_the_operator_opts_out() {
 
 /// Two tenants from `--tenants FILE`, through real HTTP: each sees and touches only its
 /// own machines (another's id answers 404 on every route, the wire upgrade included),
-/// a client cannot claim another tenant by label, and quotas refuse with 403 naming
-/// the limit.
+/// a client cannot claim another tenant by label (refused `400`), and quotas refuse
+/// with 403 naming the limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
     use sandcell::{ErrorKind, LabelSelector, SandboxPath};
@@ -361,24 +361,32 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
         .unwrap();
     assert_eq!(out.stdout_str(), "alive\n");
 
-    // A client's own server labels are dropped: beta cannot claim alpha's tenancy.
-    let claim_alpha = || async {
-        http.post(format!("{url}/v1/apps/sandcell/machines"))
-            .bearer_auth("token-beta")
-            .json(&serde_json::json!({
-                "config": {"image": "default", "metadata": {"sandcell.server.tenant": "alpha"}}
-            }))
-            .send()
-            .await
-            .unwrap()
+    // A client's own server labels are refused (ADVERSARIAL case 39): beta cannot
+    // claim alpha's tenancy, quota or not.
+    let create_as_beta = |metadata: serde_json::Value| {
+        let http = http.clone();
+        let url = url.clone();
+        async move {
+            http.post(format!("{url}/v1/apps/sandcell/machines"))
+                .bearer_auth("token-beta")
+                .json(&serde_json::json!({"config": {"image": "default", "metadata": metadata}}))
+                .send()
+                .await
+                .unwrap()
+        }
     };
-    let claimed = claim_alpha().await;
-    assert_eq!(
-        claimed.status(),
-        403,
-        "beta's memory quota (768 MiB) is full"
-    );
+    let claim = serde_json::json!({"sandcell.server.tenant": "alpha"});
+    let claimed = create_as_beta(claim.clone()).await;
+    assert_eq!(claimed.status(), 400);
     let body: serde_json::Value = claimed.json().await.unwrap();
+    assert_eq!(body["kind"], "invalid_input");
+    assert!(
+        body["error"].as_str().unwrap().contains("reserved"),
+        "{body}"
+    );
+    let plain = create_as_beta(serde_json::json!({})).await;
+    assert_eq!(plain.status(), 403, "beta's memory quota (768 MiB) is full");
+    let body: serde_json::Value = plain.json().await.unwrap();
     assert_eq!(body["kind"], "limit_exceeded");
     assert!(
         body["error"].as_str().unwrap().contains("max_memory_mb"),
@@ -390,8 +398,8 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
         "nothing landed in alpha"
     );
     beta.destroy(&b.id).await.unwrap();
-    let claimed = claim_alpha().await;
-    assert_eq!(claimed.status(), 200);
+    assert_eq!(create_as_beta(claim).await.status(), 400);
+    assert_eq!(create_as_beta(serde_json::json!({})).await.status(), 200);
     assert_eq!(
         alpha.list(&all).await.unwrap().len(),
         1,

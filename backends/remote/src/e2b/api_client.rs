@@ -45,6 +45,17 @@ fn json<T: serde::Serialize>(value: &T, what: &str) -> Result<serde_json::Value>
         .map_err(|e| Error::with_source(ErrorKind::Backend, format!("encoding {what}"), e))
 }
 
+/// Whether a refused create is a quota, which waiting does not lift: E2B answers a team
+/// over its concurrent sandboxes `429` "... maximum number of concurrent E2B
+/// sandboxes", sandcell-server a tenant over its quota `429` naming the limit.
+fn is_quota(error: &Error) -> bool {
+    let message = error.message();
+    error.kind() == ErrorKind::Unavailable
+        && (message.contains("maximum number of concurrent")
+            || message.contains("has reached its limit")
+            || message.contains("would exceed its limit"))
+}
+
 /// Percent-encodes `text` for a query (RFC 3986 unreserved characters kept).
 pub(crate) fn encode(text: &str) -> String {
     use std::fmt::Write as _;
@@ -95,6 +106,9 @@ impl ApiClient {
             );
             let error = match self.http.json::<Sandbox>(sent).await {
                 Ok(sandbox) => return Ok(sandbox),
+                Err(e) if is_quota(&e) => {
+                    return Err(Error::new(ErrorKind::LimitExceeded, e.message()))
+                }
                 Err(e) if !e.is_temporary() => return Err(e),
                 Err(e) => e,
             };

@@ -80,7 +80,7 @@ pub(super) async fn create(
 ) -> ApiResult<Response> {
     let mut spec = spec_from(&request)?;
     check_host_mounts(&spec, &state.config.host_paths)?;
-    tenants::claim(&mut spec, &caller.0, state.backend.as_ref());
+    tenants::claim(&mut spec, &caller.0, &state)?;
     label_machine(&mut spec, &app, &request);
     // One create at a time: the name check, the quota count and the create must not
     // interleave.
@@ -132,7 +132,7 @@ pub(super) async fn clone(
 ) -> ApiResult<Response> {
     let source = machine(&state, &caller, &app, &id).await?;
     let mut labels = request.metadata;
-    tenants::claim_clone(&mut labels, &caller.0, &source);
+    tenants::claim_clone(&mut labels, &caller.0, &source, &state.reserved)?;
     let name = request
         .name
         .filter(|n| !n.is_empty())
@@ -240,12 +240,24 @@ fn version_of(info: &SandboxInfo) -> String {
     padded[padded.len() - 26..].to_owned()
 }
 
+/// `GET /apps/{app}/machines`, filtered by `metadata.{key}={value}` query pairs
+/// (sandcell-server's extension; Fly documents no such filter, and other parameters
+/// are ignored): the client's filter AND the caller's scope, a reserved key refused.
 pub(super) async fn list(
     State(state): State<AppState>,
     Extension(caller): Extension<Caller>,
     PathParams(app): PathParams<String>,
+    Query(query): Query<Vec<(String, String)>>,
 ) -> ApiResult<Json<Vec<Machine>>> {
-    let selector = tenants::selector(&caller.0).label(APP_LABEL, &app);
+    let filter: Vec<(String, String)> = query
+        .into_iter()
+        .filter_map(|(k, v)| Some((k.strip_prefix("metadata.")?.to_owned(), v)))
+        .collect();
+    state
+        .reserved
+        .check(filter.iter().map(|(k, v)| (k, v)), "metadata filter")?;
+    let scope = tenants::selector(&caller.0).label(APP_LABEL, &app);
+    let selector = super::labels::scoped(&filter, scope);
     let infos = state.backend.list(&selector).await?;
     Ok(Json(infos.iter().map(|i| machine_of(&state, i)).collect()))
 }

@@ -5,7 +5,7 @@
 //! | route (under `/v1`) | what |
 //! |---|---|
 //! | `POST /apps/{app}/machines` | create (`config.image` is the template; unique `name`) |
-//! | `GET /apps/{app}/machines` | list the app's machines |
+//! | `GET /apps/{app}/machines` | list the app's machines (`?metadata.{key}={value}` filters) |
 //! | `GET/DELETE /apps/{app}/machines/{id}` | inspect, destroy (`404` once gone) |
 //! | `GET .../wait?state=&timeout=` | wait for a state, `408` after `timeout` (≤ 60 s) |
 //! | `POST .../suspend`, `.../stop`, `.../start`, `.../restart` | pause, pause, resume, reset |
@@ -20,7 +20,10 @@
 
 mod e2b;
 mod exec;
+pub(crate) mod labels;
 pub(crate) mod machines;
+#[cfg(feature = "mcp")]
+mod mcp;
 mod tenants;
 mod tls;
 mod wire;
@@ -40,33 +43,13 @@ use axum::{Json, Router};
 use sandcell::{Error, ErrorKind, SandboxBackend, SandboxId, SandboxInfo};
 
 use crate::protocol::{status_for, ErrorBody};
+pub(crate) use labels::client_metadata;
 pub(crate) use tenants::Caller;
 
-/// The prefix of every label the server sets; a client's labels with it are dropped.
+/// The prefix of every label the server sets; a client's labels with it are refused
+/// ([`labels::Reserved`]).
 pub(crate) const SERVER_LABEL_PREFIX: &str = "sandcell.server.";
 
-/// A sandbox's metadata as a client sees it: its labels without the server's own, and
-/// the spec the client recorded at create ([`SPEC_METADATA`](crate::protocol::SPEC_METADATA))
-/// with the network in force now (`set_network` may have changed it since).
-pub(crate) fn client_metadata(info: &SandboxInfo) -> std::collections::BTreeMap<String, String> {
-    let mut metadata: std::collections::BTreeMap<String, String> = info
-        .labels
-        .iter()
-        .filter(|(k, _)| !k.starts_with(SERVER_LABEL_PREFIX))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    if let Some(json) = metadata.get_mut(crate::protocol::SPEC_METADATA) {
-        if let Ok(mut spec) = serde_json::from_str::<sandcell::SandboxSpec>(json) {
-            if spec.network != info.network {
-                spec.network = info.network.clone();
-                if let Ok(updated) = serde_json::to_string(&spec) {
-                    *json = updated;
-                }
-            }
-        }
-    }
-    metadata
-}
 /// Label naming the app a machine belongs to.
 pub(crate) const APP_LABEL: &str = "sandcell.server.app";
 /// Label holding a machine's unique name.
@@ -178,7 +161,9 @@ impl ServerConfig {
     /// Serves MCP's tools over streamable HTTP at `/mcp`, acting on `manager`'s
     /// sessions (a manager over the backend this server serves). Callers authenticate
     /// with a tenant's token as `Authorization: Bearer`, and each tenant's tools see only
-    /// that tenant's sessions.
+    /// that tenant's sessions. A transport session (`Mcp-Session-Id`) answers only the
+    /// tenant that opened it; the manager's id is reserved (no Fly or E2B client may
+    /// label a sandbox as this manager's).
     #[cfg(feature = "mcp")]
     pub fn with_mcp(mut self, manager: Arc<sandcell_mcp::Manager>) -> Self {
         self.mcp = Some(manager);
@@ -209,6 +194,8 @@ pub(crate) struct Shared {
     pub(crate) creating: tokio::sync::Mutex<()>,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
+    /// The labels no client may set or filter on.
+    pub(crate) reserved: labels::Reserved,
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -225,10 +212,20 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .cloned()
         .map(Arc::new)
         .collect();
+    let reserved = labels::Reserved {
+        #[cfg(feature = "mcp")]
+        manager_id: config
+            .mcp
+            .as_ref()
+            .map(|manager| manager.settings().manager_id.clone()),
+        #[cfg(not(feature = "mcp"))]
+        manager_id: None,
+    };
     let state = Arc::new(Shared {
         backend,
         config,
         tenants,
+        reserved,
         stopped: Mutex::new(HashSet::new()),
         creating: tokio::sync::Mutex::new(()),
         e2b: e2b::E2bState::default(),
@@ -265,7 +262,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     };
     #[cfg(feature = "mcp")]
     let routes = match &state.config.mcp {
-        Some(manager) if extensions => routes.merge(mcp_routes(&state, Arc::clone(manager))),
+        Some(manager) if extensions => routes.merge(mcp::routes(&state, Arc::clone(manager))),
         _ => routes,
     };
     routes
@@ -354,30 +351,6 @@ async fn authorize(State(state): State<AppState>, mut request: Request, next: Ne
     }
 }
 
-/// `/mcp`: MCP's tools over streamable HTTP, behind the tenants' tokens; each request
-/// carries its caller's tenant to the tools.
-#[cfg(feature = "mcp")]
-fn mcp_routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> Router<AppState> {
-    async fn tenant_of_caller(mut request: Request, next: Next) -> Response {
-        let tenant = request
-            .extensions()
-            .get::<tenants::Caller>()
-            .map(|caller| sandcell_mcp::Tenant(caller.0.name.clone()));
-        if let Some(tenant) = tenant {
-            request.extensions_mut().insert(tenant);
-        }
-        next.run(request).await
-    }
-    let service = sandcell_mcp::http_service(manager, sandcell_mcp::ToolSettings::default());
-    Router::new()
-        .nest_service("/mcp", service)
-        .layer(axum::middleware::from_fn(tenant_of_caller))
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(state),
-            authorize,
-        ))
-}
-
 /// The answer of a call that only acts.
 pub(crate) fn ok() -> Json<serde_json::Value> {
     Json(serde_json::json!({"ok": true}))
@@ -396,8 +369,27 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = StatusCode::from_u16(status_for(self.0.kind()))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (status, Json(ErrorBody::from_error(&self.0))).into_response()
+        let body = ErrorBody {
+            error: public_message(&self.0),
+            kind: Some(self.0.kind().name().to_owned()),
+        };
+        (status, Json(body)).into_response()
     }
+}
+
+/// What a client is told of `error`, at every face's boundary (ADVERSARIAL case 41):
+/// a `Backend` error is the server's own failure, whose message may name host paths
+/// (a cgroup directory, the backend's root), so it is logged in full under a reference
+/// and answered with that reference alone. The other kinds describe what the client
+/// asked for and pass as they are.
+pub(crate) fn public_message(error: &Error) -> String {
+    if error.kind() != ErrorKind::Backend {
+        return error.to_string();
+    }
+    let reference = uuid::Uuid::new_v4().simple().to_string();
+    let reference = &reference[..12];
+    tracing::warn!(reference, error = %format_args!("{error:#}"), "a backend error, answered without its details");
+    format!("the server's backend failed (reference {reference}; the server's log has the details)")
 }
 
 pub(crate) type ApiResult<T> = Result<T, ApiError>;
@@ -410,18 +402,21 @@ where
     T: serde::de::DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = Response;
 
+    /// A body over the limit answers `413` (kind `limit_exceeded`), a malformed one
+    /// `400`.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                let error = Error::new(ErrorKind::LimitExceeded, rejection.body_text());
+                let mut response = ApiError(error).into_response();
+                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+                Err(response)
+            }
             Err(rejection) => {
-                let kind = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ErrorKind::LimitExceeded
-                } else {
-                    ErrorKind::InvalidInput
-                };
-                Err(ApiError(Error::new(kind, rejection.body_text())))
+                Err(ApiError(Error::invalid_input(rejection.body_text())).into_response())
             }
         }
     }
@@ -469,4 +464,24 @@ pub(crate) async fn machine(
         return Err(missing());
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ADVERSARIAL case 41: a backend's own failure reaches no client with its host
+    /// paths; what a client asked for keeps its message.
+    #[test]
+    fn backend_errors_are_answered_without_their_details() {
+        let failed = Error::new(
+            ErrorKind::Backend,
+            "writing /sys/fs/cgroup/sandcell/sb-1/cpu.max: Invalid argument",
+        );
+        let told = public_message(&failed);
+        assert!(!told.contains("/sys") && !told.contains("cgroup"), "{told}");
+        assert!(told.contains("reference"), "{told}");
+        let asked = Error::invalid_input("a cpu limit of 0 leaves the sandbox nothing");
+        assert_eq!(public_message(&asked), asked.to_string());
+    }
 }

@@ -3,7 +3,7 @@
 //!
 //! A tenant sees and touches only sandboxes carrying its name in [`TENANT_LABEL`]; the
 //! label is set by the server on create (a client's own `sandcell.server.*` labels are
-//! dropped first), so no request can claim another tenant's sandbox.
+//! refused first, [`super::labels`]), so no request can claim another tenant's sandbox.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -195,15 +195,14 @@ fn constant_time_eq(given: &[u8], stored: &[u8]) -> bool {
     std::hint::black_box(diff) == 0
 }
 
-/// Marks `spec` as `tenant`'s: drops every server label a client set, labels the
-/// tenant, and records (and, where the backend enforces it, sets) what the sandbox
-/// counts against the tenant's quotas.
-pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, backend: &dyn SandboxBackend) {
-    spec.labels
-        .retain(|key, _| !key.starts_with(super::SERVER_LABEL_PREFIX));
+/// Marks `spec` as `tenant`'s: refuses a spec no client may ask for (a reserved label,
+/// a zero limit: see [`admissible`]), labels the tenant, and records (and, where the
+/// backend enforces it, sets) what the sandbox counts against the tenant's quotas.
+pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, state: &super::Shared) -> Result<()> {
+    admissible(spec, &state.reserved)?;
     spec.labels
         .insert(TENANT_LABEL.to_owned(), tenant.name.clone());
-    let caps = backend.capabilities();
+    let caps = state.backend.capabilities();
     if tenant.max_cpus.is_some() && caps.cpu_limit {
         spec.limits.cpu_millis.get_or_insert(UNSET_CPU_MILLIS);
     }
@@ -215,6 +214,31 @@ pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, backend: &dyn Sandb
     spec.labels.insert(CPU_LABEL.to_owned(), cpu.to_string());
     spec.labels
         .insert(MEMORY_LABEL.to_owned(), memory.to_string());
+    Ok(())
+}
+
+/// Refuses, as `InvalidInput` before any backend work, what a client may not ask
+/// for: a label the server keeps for itself (ADVERSARIAL case 39), and a limit of zero
+/// CPU, memory, processes or disk, which no sandbox can start under (a backend would
+/// otherwise fail slowly, naming its own host paths).
+pub(crate) fn admissible(spec: &SandboxSpec, reserved: &super::labels::Reserved) -> Result<()> {
+    reserved.check(&spec.labels, "label")?;
+    let limits = &spec.limits;
+    let zero = [
+        ("cpu", limits.cpu_millis.map(u64::from)),
+        ("memory", limits.memory_bytes),
+        ("pids", limits.pids.map(u64::from)),
+        ("disk", limits.disk_bytes),
+    ]
+    .into_iter()
+    .find(|(_, v)| *v == Some(0));
+    if let Some((name, _)) = zero {
+        return Err(Error::invalid_input(format!(
+            "a {name} limit of 0 leaves the sandbox nothing to run with: ask for more, \
+             or for none to get the server's default"
+        )));
+    }
+    Ok(())
 }
 
 /// A selector for `tenant`'s sandboxes.
@@ -222,25 +246,28 @@ pub(crate) fn selector(tenant: &Tenant) -> LabelSelector {
     LabelSelector::new().label(TENANT_LABEL, &tenant.name)
 }
 
-/// Marks `labels`, a clone of `source` asks for, as `tenant`'s: drops every server
-/// label a client set, labels the tenant, and counts the clone against the quotas as
-/// the source counts (a clone has the source's limits).
+/// Marks `labels`, a clone of `source` asks for, as `tenant`'s: refuses a reserved
+/// label, labels the tenant, and counts the clone against the quotas as the source
+/// counts (a clone has the source's limits).
 pub(crate) fn claim_clone(
     labels: &mut std::collections::BTreeMap<String, String>,
     tenant: &Tenant,
     source: &sandcell::SandboxInfo,
-) {
-    labels.retain(|key, _| !key.starts_with(super::SERVER_LABEL_PREFIX));
+    reserved: &super::labels::Reserved,
+) -> Result<()> {
+    reserved.check(labels.iter(), "label")?;
     labels.insert(TENANT_LABEL.to_owned(), tenant.name.clone());
     for label in [CPU_LABEL, MEMORY_LABEL] {
         if let Some(value) = source.labels.get(label) {
             labels.insert(label.to_owned(), value.clone());
         }
     }
+    Ok(())
 }
 
 /// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota:
-/// `LimitExceeded`, its message naming the limit (each API answers it as its `403`).
+/// `LimitExceeded`, its message naming the limit (the Fly face answers it `403`, the
+/// E2B face `429` as E2B does).
 /// Callers hold the server's create lock, so no other create slips between the count
 /// and the create.
 pub(crate) async fn check_quota(
@@ -296,8 +323,9 @@ fn cores(millis: u64) -> String {
     format!("{}", millis as f64 / 1000.0)
 }
 
-/// A quota refusal: `403` with the API's error body, kind `limit_exceeded`. Not `429`:
-/// clients retry that, and waiting does not lift a quota.
+/// A quota refusal, kind `limit_exceeded`: on the Fly face `403` (not `429`: Fly
+/// clients retry that, and waiting does not lift a quota); on the E2B face `429`, as
+/// E2B answers a team over its concurrent sandboxes.
 fn refuse(message: String) -> Error {
     Error::new(ErrorKind::LimitExceeded, message)
 }

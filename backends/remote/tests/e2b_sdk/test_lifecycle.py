@@ -4,7 +4,7 @@ import time
 
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
-from e2b.exceptions import AuthenticationException, NotFoundException
+from e2b.exceptions import AuthenticationException, NotFoundException, SandboxException
 
 
 def test_create_carries_metadata_and_envs(sandbox, run_id):
@@ -116,3 +116,20 @@ def test_wrong_key_is_an_authentication_error(api_key):
 def test_another_tenants_sandbox_is_not_found(sandbox):
     with pytest.raises((NotFoundException, AuthenticationException)):
         Sandbox.connect(sandbox.sandbox_id, api_key="e2b_" + "1" * 40)
+
+
+def test_a_filter_on_the_servers_labels_cannot_list_another_tenants(sandbox, run_id):
+    """ADVERSARIAL 39: a `metadata` filter naming the server's tenant label once
+    replaced the caller's scope; it is refused, and the caller's own filters stay
+    within its sandboxes, and a create cannot set the server's labels."""
+    other = "e2b_" + "1" * 40
+    steal = SandboxQuery(metadata={"sandcell.server.tenant": "first"})
+    with pytest.raises(SandboxException) as refused:
+        Sandbox.list(query=steal, api_key=other).next_items()
+    assert "reserved" in str(refused.value)
+    mine = SandboxQuery(metadata={"run": run_id})
+    assert Sandbox.list(query=mine, api_key=other).next_items() == []
+    listed = Sandbox.list(query=mine).next_items()
+    assert [s.sandbox_id for s in listed] == [sandbox.sandbox_id]
+    with pytest.raises(SandboxException):
+        Sandbox.create(timeout=30, metadata={"sandcell.server.tenant": "second"})

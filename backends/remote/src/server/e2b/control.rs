@@ -117,7 +117,7 @@ async fn end(state: &Shared, id: &SandboxId) -> sandcell::Result<()> {
     }
 }
 
-/// A JSON body, malformed ones answered `400` in E2B's shape.
+/// A JSON body, malformed ones answered `400` in E2B's shape (`413` when too large).
 pub(super) struct Body<T>(T);
 
 impl<T, S> FromRequest<S> for Body<T>
@@ -125,12 +125,18 @@ where
     T: serde::de::DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = E2bError;
+    type Rejection = Response;
 
+    /// A body over the limit answers `413`, a malformed one `400`.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => Ok(Body(value)),
-            Err(rejection) => Err(E2bError(Error::invalid_input(rejection.body_text()))),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(
+                super::E2bError::with_status(StatusCode::PAYLOAD_TOO_LARGE, rejection.body_text()),
+            ),
+            Err(rejection) => {
+                Err(E2bError(Error::invalid_input(rejection.body_text())).into_response())
+            }
         }
     }
 }
@@ -167,7 +173,7 @@ pub(super) async fn create(
     spec.labels = request.metadata.clone().unwrap_or_default();
     spec.network =
         crate::e2b::network::from_e2b(request.allow_internet_access, request.network.as_ref())?;
-    tenants::claim(&mut spec, &caller.0, state.backend.as_ref());
+    tenants::claim(&mut spec, &caller.0, &state)?;
     let end = Utc::now() + seconds(request.timeout.unwrap_or(DEFAULT_TIMEOUT));
     let labels = [
         (APP_LABEL, E2B_APP.to_owned()),
@@ -482,10 +488,14 @@ fn decode(text: &str, plus: bool) -> String {
 }
 
 async fn listed(state: &Shared, caller: &Caller, query: &ListQuery) -> E2bResult<Vec<SandboxInfo>> {
-    let mut selector = tenants::selector(&caller.0).label(APP_LABEL, E2B_APP);
-    for (key, value) in &query.metadata {
-        selector = selector.label(key, value);
-    }
+    // The client's filter AND the caller's scope (ADVERSARIAL case 39): a reserved key
+    // is refused, and the scope is applied last, so no pair can replace it.
+    state.reserved.check(
+        query.metadata.iter().map(|(k, v)| (k, v)),
+        "metadata filter",
+    )?;
+    let scope = tenants::selector(&caller.0).label(APP_LABEL, E2B_APP);
+    let selector = crate::server::labels::scoped(&query.metadata, scope);
     let mut infos = state.backend.list(&selector).await?;
     infos
         .retain(|info| query.states.is_empty() || query.states.iter().any(|s| s == state_of(info)));

@@ -111,13 +111,13 @@ impl E2bError {
 
 impl IntoResponse for E2bError {
     fn into_response(self) -> Response {
-        // A quota is the `403` of a refused create, as the Fly face answers it.
+        // A quota is `429`, as E2B answers a team over its concurrent sandboxes.
         let status = match self.0.kind() {
-            ErrorKind::LimitExceeded => StatusCode::FORBIDDEN,
+            ErrorKind::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
             kind => StatusCode::from_u16(crate::protocol::status_for(kind))
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         };
-        E2bError::with_status(status, self.0.message())
+        E2bError::with_status(status, crate::server::public_message(&self.0))
     }
 }
 
@@ -165,9 +165,12 @@ impl Envd {
 }
 
 /// Lets envd calls through for the sandbox `E2b-Sandbox-Id` names when
-/// `X-Access-Token` is its token. A sandbox that is gone (or was never an E2B one)
-/// answers `502` "... was not found", as E2B's proxy does, which the SDKs turn into
-/// their sandbox-not-running error; a paused one `502` too.
+/// `X-Access-Token` is its token. The token is checked before the sandbox is looked
+/// up (it is an HMAC of the id under a tenant's token, so it names its tenant): without
+/// a valid one every id answers the same `401`, whether it exists or not (ADVERSARIAL
+/// case 41). With one, a sandbox that is gone, was never an E2B one, or is another
+/// tenant's answers `502` "... was not found", as E2B's proxy does, which the SDKs turn
+/// into their sandbox-not-running error; a paused one `502` too.
 async fn authorize_envd(
     State(state): State<AppState>,
     mut request: Request,
@@ -188,31 +191,45 @@ async fn authorize_envd(
             "envd calls name their sandbox in the `E2b-Sandbox-Id` header".to_owned(),
         );
     };
+    let token = header_str(headers, "x-access-token").unwrap_or_default();
+    let tenant = SandboxId::new(id).ok().and_then(|sandbox| {
+        // Every tenant is tried, so the time taken does not tell which one matched.
+        let mut found = None;
+        for tenant in &state.tenants {
+            if access_token_matches(&tenant.token, &sandbox, token) {
+                found = Some((Arc::clone(tenant), sandbox.clone()));
+            }
+        }
+        found
+    });
+    let Some((tenant, sandbox)) = tenant else {
+        return answer(
+            StatusCode::UNAUTHORIZED,
+            "a valid `X-Access-Token` for the sandbox `E2b-Sandbox-Id` names is required"
+                .to_owned(),
+        );
+    };
     let gone = || {
         answer(
             StatusCode::BAD_GATEWAY,
             format!("The sandbox {id} was not found"),
         )
     };
-    let Ok(sandbox) = SandboxId::new(id) else {
-        return gone();
-    };
     let info = match state.backend.inspect(&sandbox).await {
-        Ok(info) if info.labels.get(APP_LABEL).map(String::as_str) == Some(E2B_APP) => info,
-        Ok(_) => return gone(),
+        Ok(info) => info,
         Err(e) if e.kind() == ErrorKind::NotFound => return gone(),
-        Err(e) => return answer(StatusCode::BAD_GATEWAY, e.message().to_owned()),
+        Err(e) => {
+            tracing::warn!(sandbox = %sandbox, error = %e, "inspecting an envd call's sandbox");
+            return answer(
+                StatusCode::BAD_GATEWAY,
+                format!("The sandbox {id} could not be reached"),
+            );
+        }
     };
-    let owner = info
-        .labels
-        .get(tenants::TENANT_LABEL)
-        .and_then(|name| state.tenants.iter().find(|t| &t.name == name));
-    let token = header_str(headers, "x-access-token").unwrap_or_default();
-    if !owner.is_some_and(|t| access_token_matches(&t.token, &sandbox, token)) {
-        return answer(
-            StatusCode::UNAUTHORIZED,
-            format!("a valid `X-Access-Token` for sandbox {id} is required"),
-        );
+    let owned = info.labels.get(APP_LABEL).map(String::as_str) == Some(E2B_APP)
+        && info.labels.get(tenants::TENANT_LABEL) == Some(&tenant.name);
+    if !owned {
+        return gone();
     }
     if info.status == SandboxStatus::Paused {
         return answer(

@@ -1,10 +1,10 @@
 //! envd's `process.Process` service over the backend: every command is a
 //! [`Background`] process, numbered with a pid of the E2B face's own, so a caller can
 //! list it, reconnect to it, write to it, resize its terminal and signal it while it
-//! runs; it is forgotten once it ends.
+//! runs; it is forgotten once it ends. Each sandbox counts its own pids, so no tenant
+//! learns from them how busy another is (ADVERSARIAL case 41).
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use axum::extract::{Extension, Path, Request, State};
 use axum::response::Response;
@@ -26,22 +26,15 @@ use crate::server::AppState;
 /// output for reconnects, so a client cannot make the server hold unbounded memory.
 const MAX_PROCESSES: usize = 256;
 
-/// The running processes of every sandbox, by pid.
+/// A sandbox's first pid: low pids look like a fresh machine's; any number would do.
+const FIRST_PID: u32 = 100;
+
+/// The running processes of every sandbox, by pid, and each sandbox's next pid.
+#[derive(Default)]
 pub(crate) struct Processes {
     background: Background,
     running: std::sync::Mutex<HashMap<SandboxId, BTreeMap<u32, Running>>>,
-    next_pid: AtomicU32,
-}
-
-impl Default for Processes {
-    fn default() -> Self {
-        Processes {
-            background: Background::new(),
-            running: std::sync::Mutex::new(HashMap::new()),
-            // Low pids look like a fresh machine's; any number would do.
-            next_pid: AtomicU32::new(100),
-        }
-    }
+    next_pids: std::sync::Mutex<HashMap<SandboxId, u32>>,
 }
 
 #[derive(Clone)]
@@ -76,9 +69,19 @@ impl Processes {
         })
     }
 
+    /// `sandbox`'s next pid, counted per sandbox.
+    fn next_pid(&self, sandbox: &SandboxId) -> u32 {
+        let mut next_pids = lock(&self.next_pids);
+        let next = next_pids.entry(sandbox.clone()).or_insert(FIRST_PID);
+        let pid = *next;
+        *next = next.checked_add(1).unwrap_or(FIRST_PID);
+        pid
+    }
+
     /// Forgets every process of `sandbox` (it is gone).
     pub(crate) fn forget_sandbox(&self, sandbox: &SandboxId) {
         lock(&self.running).remove(sandbox);
+        lock(&self.next_pids).remove(sandbox);
         self.background.forget_sandbox(sandbox);
     }
 }
@@ -154,7 +157,7 @@ async fn start(
         .background
         .start(state.backend.as_ref(), envd.id(), exec)
         .await?;
-    let pid = processes.next_pid.fetch_add(1, Ordering::Relaxed);
+    let pid = processes.next_pid(envd.id());
     let running = Running {
         id: id.clone(),
         info: ProcessInfo {

@@ -28,7 +28,8 @@ impl From<Error> for RpcError {
 
 impl IntoResponse for RpcError {
     fn into_response(self) -> Response {
-        let body = ConnectError::from_error(&self.0);
+        let mut body = ConnectError::from_error(&self.0);
+        body.message = crate::server::public_message(&self.0);
         let status = StatusCode::from_u16(envd::status_for_code(&body.code))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, axum::Json(body)).into_response()
@@ -187,7 +188,10 @@ pub(crate) fn stream_error(error: &Error) -> Response {
 
 fn end_frame(error: Option<&Error>) -> Bytes {
     let end = EndStream {
-        error: error.map(ConnectError::from_error),
+        error: error.map(|e| ConnectError {
+            message: crate::server::public_message(e),
+            ..ConnectError::from_error(e)
+        }),
     };
     envd::frame(END_STREAM, &serde_json::to_vec(&end).unwrap_or_default())
 }

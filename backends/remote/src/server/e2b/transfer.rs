@@ -42,7 +42,7 @@ impl IntoResponse for FilesFailure {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let body = FilesError {
-            message: self.0.message().to_owned(),
+            message: crate::server::public_message(&self.0),
             code: status.as_u16(),
         };
         (status, Json(body)).into_response()
@@ -109,18 +109,16 @@ pub(super) async fn upload(
         let mut multipart = Multipart::from_request(request, &state)
             .await
             .map_err(|e| Error::invalid_input(format!("a malformed multipart body: {e}")))?;
+        // Over the route's body limit is `413`, whichever part crosses it.
         let single = query.path.is_some();
         loop {
             let field = multipart
                 .next_field()
                 .await
-                .map_err(|e| too_large_or_bad(&e.body_text()))?;
+                .map_err(|e| too_large_or_bad(&e))?;
             let Some(field) = field else { break };
             let named = field.file_name().map(str::to_owned);
-            let data = field
-                .bytes()
-                .await
-                .map_err(|e| too_large_or_bad(&e.body_text()))?;
+            let data = field.bytes().await.map_err(|e| too_large_or_bad(&e))?;
             if data.len() > limit {
                 return Err(over(limit).into());
             }
@@ -161,8 +159,9 @@ fn over(limit: usize) -> Error {
     Error::limit_exceeded(format!("a file over this server's {limit}-byte limit"))
 }
 
-fn too_large_or_bad(text: &str) -> Error {
-    if text.contains("limit") {
+fn too_large_or_bad(e: &axum::extract::multipart::MultipartError) -> Error {
+    let text = e.body_text();
+    if e.status() == StatusCode::PAYLOAD_TOO_LARGE || text.contains("limit") {
         Error::limit_exceeded(format!("the upload is too large: {text}"))
     } else {
         Error::invalid_input(format!("a malformed multipart body: {text}"))

@@ -1,0 +1,219 @@
+//! Two tenants on one sandcell-server's `/mcp`, with plain HTTP speaking MCP's
+//! streamable HTTP transport: each tenant's `list_sessions` shows its own sessions,
+//! a transport session belongs to the tenant that opened it (ADVERSARIAL case 31),
+//! and no Fly or E2B client can plant a sandbox labelled as the server's MCP manager's
+//! (case 39).
+#![cfg(feature = "mcp")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+
+use sandcell::SandboxBackend;
+use sandcell_remote::server::{ServerConfig, Tenant};
+use serde_json::{json, Value};
+
+const ALICE: &str = "token-alice";
+const BOB: &str = "token-bob";
+
+/// A server whose `/mcp` acts on a manager over the served backend.
+async fn serve() -> (common::TestServer, tempfile::TempDir) {
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let local = sandcell_local::LocalBackend::builder()
+        .root(root.path())
+        .build()
+        .unwrap();
+    let backend: Box<dyn SandboxBackend> = Box::new(local.clone());
+    let manager = sandcell::SandboxManager::builder(backend)
+        .data_dir(data.path())
+        .build()
+        .await
+        .unwrap();
+    let config = ServerConfig::with_tenants([Tenant::new("alice", ALICE), Tenant::new("bob", BOB)])
+        .unwrap()
+        .with_mcp(Arc::new(manager));
+    (common::serve_built(local, root, config).await, data)
+}
+
+/// One MCP client over streamable HTTP.
+struct Mcp {
+    url: String,
+    token: &'static str,
+    session: Option<String>,
+    next_id: u64,
+}
+
+impl Mcp {
+    /// Opens a transport session as `token`'s tenant.
+    async fn open(url: &str, token: &'static str) -> Mcp {
+        let mut mcp = Mcp {
+            url: format!("{url}/mcp"),
+            token,
+            session: None,
+            next_id: 1,
+        };
+        let (status, _, session) = mcp
+            .post(json!({"method": "initialize", "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "tenancy-test", "version": "0"},
+            }}))
+            .await;
+        assert_eq!(status, 200);
+        mcp.session = Some(session.expect("initialize opened no transport session"));
+        let (status, _, _) = mcp
+            .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        assert!(status < 300, "initialized: {status}");
+        mcp
+    }
+
+    /// A request with the next id: the status, the JSON-RPC answer, the session header.
+    async fn post(&mut self, mut body: Value) -> (u16, Value, Option<String>) {
+        body["jsonrpc"] = json!("2.0");
+        body["id"] = json!(self.next_id);
+        self.next_id += 1;
+        self.send(body).await
+    }
+
+    async fn send(&self, body: Value) -> (u16, Value, Option<String>) {
+        let mut request = reqwest::Client::new()
+            .post(&self.url)
+            .bearer_auth(self.token)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(session) = &self.session {
+            request = request.header("Mcp-Session-Id", session);
+        }
+        let response = request.send().await.unwrap();
+        let status = response.status().as_u16();
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let text = response.text().await.unwrap();
+        // An event stream's answer is its last `data:` line that holds JSON.
+        let answer = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("data:"))
+            .filter_map(|d| serde_json::from_str::<Value>(d.trim()).ok())
+            .next_back()
+            .or_else(|| serde_json::from_str(&text).ok())
+            .unwrap_or(Value::Null);
+        (status, answer, session)
+    }
+
+    /// Calls tool `name`; its text.
+    async fn tool(&mut self, name: &str, arguments: Value) -> String {
+        let (status, answer, _) = self
+            .post(json!({"method": "tools/call", "params": {"name": name, "arguments": arguments}}))
+            .await;
+        assert_eq!(status, 200, "{name}: {answer}");
+        answer["result"]["content"][0]["text"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{name}: {answer}"))
+            .to_owned()
+    }
+
+    /// Sends `method` with `token` (not this client's) on this client's session.
+    async fn hijack(&self, token: &'static str, method: reqwest::Method) -> u16 {
+        let response = reqwest::Client::new()
+            .request(method, &self.url)
+            .bearer_auth(token)
+            .header("Accept", "application/json, text/event-stream")
+            .header("Mcp-Session-Id", self.session.as_deref().unwrap())
+            .json(&json!({"jsonrpc": "2.0", "id": 99, "method": "tools/list"}))
+            .send()
+            .await
+            .unwrap();
+        response.status().as_u16()
+    }
+}
+
+/// ADVERSARIAL case 31: bob cannot use or delete alice's transport session by its id;
+/// it answers him as an unknown session does, and stays alice's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_31_mcp_sessions_belong_to_the_tenant_that_opened_them() {
+    let (server, _data) = serve().await;
+    let mut alice = Mcp::open(&server.url, ALICE).await;
+    let unknown = Mcp {
+        url: alice.url.clone(),
+        token: BOB,
+        session: Some("not-a-session".to_owned()),
+        next_id: 1,
+    };
+    for method in [reqwest::Method::POST, reqwest::Method::DELETE] {
+        assert_eq!(alice.hijack(BOB, method.clone()).await, 404, "{method}");
+        assert_eq!(unknown.hijack(BOB, method.clone()).await, 404, "{method}");
+    }
+    let (status, answer, _) = alice.post(json!({"method": "tools/list"})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert!(answer["result"]["tools"].is_array(), "{answer}");
+    assert!(alice
+        .tool("list_sessions", json!({}))
+        .await
+        .contains("no sessions"));
+}
+
+/// ADVERSARIAL cases 31 and 39 on MCP: each tenant's `list_sessions` shows only its own
+/// sessions, and a Fly create labelled as the server's MCP manager's sandbox (which
+/// that manager would adopt or reap) is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_39_mcp_list_sessions_stays_within_the_tenant() {
+    let (server, _data) = serve().await;
+    let mut alice = Mcp::open(&server.url, ALICE).await;
+    let mut bob = Mcp::open(&server.url, BOB).await;
+    let wrote = alice
+        .tool(
+            "write_file",
+            json!({"session": "alice-work", "path": "a.txt", "content": "alice's"}),
+        )
+        .await;
+    assert!(!wrote.contains("error"), "{wrote}");
+    assert!(alice
+        .tool("list_sessions", json!({}))
+        .await
+        .contains("\"session\":\"alice-work\""));
+    let listed = bob.tool("list_sessions", json!({})).await;
+    assert!(!listed.contains("alice-work"), "{listed}");
+
+    let planted = reqwest::Client::new()
+        .post(format!("{}/v1/apps/sandcell/machines", server.url))
+        .bearer_auth(BOB)
+        .json(&json!({"config": {"image": "default", "metadata": {
+            "sandcell.manager": "sandcell",
+            "sandcell.tenant": "alice",
+            "sandcell.session": "alice-work",
+        }}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(planted.status().as_u16(), 400);
+    // A manager of the client's own, with an id of its own, may still label its
+    // sandboxes.
+    let own = reqwest::Client::new()
+        .post(format!("{}/v1/apps/sandcell/machines", server.url))
+        .bearer_auth(BOB)
+        .json(&json!({"config": {"image": "default", "metadata": {
+            "sandcell.manager": "bobs-manager",
+            "sandcell.tenant": "bob",
+        }}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(own.status().as_u16(), 200);
+    let listed = bob.tool("list_sessions", json!({})).await;
+    assert!(!listed.contains("alice-work"), "{listed}");
+
+    alice
+        .tool(
+            "release",
+            json!({"session": "alice-work", "mode": "destroy"}),
+        )
+        .await;
+    for sandbox in server.local.list(&Default::default()).await.unwrap() {
+        server.local.destroy(&sandbox.id).await.unwrap();
+    }
+}
