@@ -217,7 +217,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         manager_id: config
             .mcp
             .as_ref()
-            .map(|manager| manager.settings().manager_id.clone()),
+            .map(|manager| manager.manager_id().to_owned()),
         #[cfg(not(feature = "mcp"))]
         manager_id: None,
     };
