@@ -89,3 +89,61 @@ async fn case40_a_listing_deeper_than_the_cap_is_refused() {
     assert_eq!(deepest.status(), 200);
 }
 
+/// ADVERSARIAL 40: a huge sparse file (and a link to it) is refused by the wire
+/// protocol's read and the E2B face's `/files` before it is read, with a typed
+/// `LimitExceeded` / `413`; a small file still reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_huge_sparse_file_is_refused_not_buffered() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_file_bytes = 1 << 20;
+    let server = common::serve_local_with(config).await;
+    let client = common::client(&server.url).await;
+    let make_files = "truncate -s 256M big.bin && ln -s big.bin link && echo hi > small.txt";
+
+    // The wire protocol's read (RemoteBackend).
+    let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+    let made = client.run_shell(&sandbox.id, make_files).await.unwrap();
+    assert_eq!(made.status.code, Some(0), "{}", made.stderr_str());
+    for name in ["big.bin", "link"] {
+        let path = SandboxPath::new(name).unwrap();
+        let err = client.read(&sandbox.id, &path).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{name}: {err}");
+        assert!(err.to_string().contains("268435456 bytes"), "{err}");
+    }
+    let small = SandboxPath::new("small.txt").unwrap();
+    assert_eq!(
+        &client.read(&sandbox.id, &small).await.unwrap()[..],
+        b"hi\n"
+    );
+    client.destroy(&sandbox.id).await.unwrap();
+
+    // The E2B face's `/files`.
+    let http = reqwest::Client::new();
+    let (id, token) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
+    let sandbox_id = SandboxId::new(&id).unwrap();
+    let made = server
+        .local
+        .run_shell(&sandbox_id, make_files)
+        .await
+        .unwrap();
+    assert_eq!(made.status.code, Some(0), "{}", made.stderr_str());
+    for name in ["big.bin", "link", "small.txt"] {
+        let response = http
+            .get(format!("{}/files", server.url))
+            .query(&[("path", name)])
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap();
+        if name == "small.txt" {
+            assert_eq!((status, &body[..]), (200, &b"hi\n"[..]));
+        } else {
+            assert_eq!(status, 413, "{name}");
+            assert!(body.len() < 4096, "{name}: {} bytes answered", body.len());
+        }
+    }
+}
+
