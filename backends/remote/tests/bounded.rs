@@ -46,6 +46,15 @@ async fn serve_backend(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -
     }
 }
 
+/// The mock's capabilities with CPU, memory and process limits enforced.
+fn limits_enforced() -> Capabilities {
+    let mut caps = MockBackend::new().capabilities();
+    caps.cpu_limit = true;
+    caps.memory_limit = true;
+    caps.pids_limit = true;
+    caps
+}
+
 /// An E2B create as `token`'s tenant: the sandbox's id and envd access token.
 async fn e2b_sandbox(http: &reqwest::Client, url: &str, token: &str) -> (String, String) {
     let response = http
@@ -147,3 +156,300 @@ async fn case40_a_huge_sparse_file_is_refused_not_buffered() {
     }
 }
 
+/// A backend whose creates for tenant `a` wait until the test lets them go.
+struct Gated {
+    inner: MockBackend,
+    gate: Arc<tokio::sync::Semaphore>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl SandboxBackend for Gated {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn create(&self, spec: &SandboxSpec) -> sandcell::Result<SandboxInfo> {
+        if spec
+            .labels
+            .get("sandcell.server.tenant")
+            .map(String::as_str)
+            == Some("a")
+        {
+            self.entered.notify_one();
+            let _permit = self.gate.acquire().await;
+        }
+        self.inner.create(spec).await
+    }
+    async fn inspect(&self, id: &SandboxId) -> sandcell::Result<SandboxInfo> {
+        self.inner.inspect(id).await
+    }
+    async fn list(&self, selector: &LabelSelector) -> sandcell::Result<Vec<SandboxInfo>> {
+        self.inner.list(selector).await
+    }
+    async fn destroy(&self, id: &SandboxId) -> sandcell::Result<()> {
+        self.inner.destroy(id).await
+    }
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> sandcell::Result<Process> {
+        self.inner.exec(id, request).await
+    }
+    async fn read(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<bytes::Bytes> {
+        self.inner.read(id, path).await
+    }
+    async fn write(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        data: bytes::Bytes,
+    ) -> sandcell::Result<()> {
+        self.inner.write(id, path, data).await
+    }
+    async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<FileInfo> {
+        self.inner.stat(id, path).await
+    }
+    async fn list_dir(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+    ) -> sandcell::Result<Vec<DirEntry>> {
+        self.inner.list_dir(id, path).await
+    }
+    async fn remove(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        recursive: bool,
+    ) -> sandcell::Result<()> {
+        self.inner.remove(id, path, recursive).await
+    }
+    async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<()> {
+        self.inner.mkdir(id, path).await
+    }
+    async fn rename(
+        &self,
+        id: &SandboxId,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> sandcell::Result<()> {
+        self.inner.rename(id, from, to).await
+    }
+    async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<ByteStream> {
+        self.inner.export_tar(id, path).await
+    }
+    async fn import_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: sandcell::archive::ImportOptions,
+    ) -> sandcell::Result<()> {
+        self.inner.import_tar(id, path, tar, options).await
+    }
+}
+
+/// ADVERSARIAL 40: while tenant a's create hangs in the backend, tenant b's creates
+/// (Fly and E2B) complete: creates are serialised per tenant, never across tenants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_hung_create_holds_up_no_other_tenant() {
+    let gated = Arc::new(Gated {
+        inner: MockBackend::new(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        entered: Arc::new(tokio::sync::Notify::new()),
+    });
+    let config = ServerConfig::with_tenants([
+        Tenant::new("a", "token-a").max_sandboxes(5),
+        Tenant::new("b", "token-b").max_sandboxes(5),
+    ])
+    .unwrap();
+    let served = serve_backend(Arc::clone(&gated) as Arc<dyn SandboxBackend>, config).await;
+    let http = reqwest::Client::new();
+    let fly_create = |token: &'static str| {
+        http.post(format!("{}/v1/apps/app/machines", served.url))
+            .bearer_auth(token)
+            .json(&json!({"config": {"image": "default"}}))
+            .send()
+    };
+    let hung = tokio::spawn(fly_create("token-a"));
+    tokio::time::timeout(Duration::from_secs(10), gated.entered.notified())
+        .await
+        .expect("tenant a's create reached the backend");
+
+    let other = tokio::time::timeout(Duration::from_secs(10), fly_create("token-b"))
+        .await
+        .expect("tenant b's Fly create waited on tenant a's")
+        .unwrap();
+    assert_eq!(other.status(), 200);
+    let e2b = tokio::time::timeout(
+        Duration::from_secs(10),
+        e2b_sandbox(&http, &served.url, "token-b"),
+    )
+    .await
+    .expect("tenant b's E2B create waited on tenant a's");
+    assert!(!e2b.0.is_empty());
+    assert!(
+        !hung.is_finished(),
+        "tenant a's create should still be held"
+    );
+
+    gated.gate.add_permits(1);
+    let released = tokio::time::timeout(Duration::from_secs(10), hung)
+        .await
+        .expect("tenant a's create finished once let go")
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.status(), 200);
+}
+
+/// ADVERSARIAL 40: a Fly and an E2B create that ask for no limits get the server's
+/// default CPU, memory and process limits where the backend enforces them, and an
+/// operator's own defaults replace them.
+#[tokio::test]
+async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
+    let mock = MockBackend::new().set_capabilities(limits_enforced());
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.default_limits = sandcell::Limits::new()
+        .cpu_millis(500)
+        .memory_bytes(256 << 20)
+        .pids(64);
+    let served = serve_backend(Arc::new(mock.clone()), config).await;
+    let http = reqwest::Client::new();
+    let fly: Value = http
+        .post(format!("{}/v1/apps/app/machines", served.url))
+        .bearer_auth(common::TOKEN)
+        .json(&json!({"config": {"image": "default"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (e2b, _) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    for id in [fly["id"].as_str().unwrap(), e2b.as_str()] {
+        let spec = mock.spec_of(&SandboxId::new(id).unwrap()).unwrap();
+        assert_eq!(spec.limits.cpu_millis, Some(500), "{id}");
+        assert_eq!(spec.limits.memory_bytes, Some(256 << 20), "{id}");
+        assert_eq!(spec.limits.pids, Some(64), "{id}");
+    }
+
+    // Without the capabilities, nothing is asked for that the backend would refuse.
+    let plain = MockBackend::new();
+    let served = serve_backend(Arc::new(plain.clone()), ServerConfig::new(common::TOKEN)).await;
+    let (id, _) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    let spec = plain.spec_of(&SandboxId::new(&id).unwrap()).unwrap();
+    assert_eq!(spec.limits, sandcell::Limits::default());
+}
+
+#[cfg(feature = "mcp")]
+mod mcp {
+    use super::*;
+
+    /// One MCP JSON-RPC exchange over streamable HTTP: the session id the server
+    /// answers with, and the reply whose id is `body`'s (none for a notification).
+    async fn post(
+        http: &reqwest::Client,
+        url: &str,
+        session: Option<&str>,
+        body: Value,
+    ) -> (Option<String>, Value) {
+        let mut request = http
+            .post(format!("{url}/mcp"))
+            .bearer_auth(common::TOKEN)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(session) = session {
+            request = request
+                .header("Mcp-Session-Id", session)
+                .header("Mcp-Protocol-Version", "2025-06-18");
+        }
+        let response = request.send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let text = response.text().await.unwrap();
+        let reply = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .find(|message| message.get("id").is_some() && message["id"] == body["id"])
+            .unwrap_or(Value::Null);
+        (session, reply)
+    }
+
+    /// A tool call's text and whether it is a tool error.
+    async fn call_tool(
+        http: &reqwest::Client,
+        url: &str,
+        session: &str,
+        id: u64,
+        name: &str,
+        arguments: Value,
+    ) -> (String, bool) {
+        let body = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments},
+        });
+        let (_, reply) = post(http, url, Some(session), body).await;
+        let result = &reply["result"];
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        (text.to_owned(), result["isError"] == json!(true))
+    }
+
+    /// ADVERSARIAL 40 on MCP: a session's sandbox gets the server's default limits
+    /// (MCP sandboxes got none), and `read_file` of a file over the server's read
+    /// limit is a tool error naming the limit, not a read of the whole file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn case40_mcp_sandboxes_get_default_limits_and_reads_are_capped() {
+        let big = vec![b'x'; 2 << 20];
+        let mock = MockBackend::new()
+            .set_capabilities(limits_enforced())
+            .template(
+                "default",
+                [("big.txt", &big[..]), ("small.txt", &b"hi"[..])],
+            )
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let manager =
+            sandcell::SandboxManager::builder(Box::new(mock.clone()) as Box<dyn SandboxBackend>)
+                .data_dir(dir.path())
+                .build()
+                .await
+                .unwrap();
+        let mut config = ServerConfig::new(common::TOKEN).with_mcp(Arc::new(manager));
+        config.max_file_bytes = 1 << 20;
+        let served = serve_backend(Arc::new(mock.clone()), config).await;
+        let http = reqwest::Client::new();
+        let init = json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "bounded-test", "version": "0"},
+            },
+        });
+        let (session, reply) = post(&http, &served.url, None, init).await;
+        assert!(reply["result"].is_object(), "{reply}");
+        let session = session.expect("a session id");
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post(&http, &served.url, Some(&session), initialized).await;
+
+        let args = json!({"session": "s", "path": "small.txt"});
+        let (text, failed) = call_tool(&http, &served.url, &session, 1, "read_file", args).await;
+        assert_eq!((text.as_str(), failed), ("hi", false));
+        let args = json!({"session": "s", "path": "big.txt"});
+        let (text, failed) = call_tool(&http, &served.url, &session, 2, "read_file", args).await;
+        let head: String = text.chars().take(200).collect();
+        assert!(failed, "read_file answered: {head}");
+        assert!(text.contains("1048576-byte limit"), "{head}");
+
+        let live = mock.list(&LabelSelector::new()).await.unwrap();
+        assert_eq!(live.len(), 1);
+        let spec = mock.spec_of(&live[0].id).unwrap();
+        assert_eq!(spec.limits.cpu_millis, Some(1000));
+        assert_eq!(spec.limits.memory_bytes, Some(512 << 20));
+        assert_eq!(spec.limits.pids, Some(1024));
+    }
+}

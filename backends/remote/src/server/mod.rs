@@ -86,6 +86,12 @@ pub struct ServerConfig {
     pub max_file_bytes: usize,
     /// Most file content one archive import may carry (default 1 GiB).
     pub max_archive_bytes: u64,
+    /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
+    /// sets none of its own; each is applied only when the backend enforces it
+    /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
+    /// Default: one core, 512 MiB and 1024 processes; a sandbox without them got as
+    /// many processes and as much memory as the host had.
+    pub default_limits: sandcell::Limits,
     /// Whether sandcell's extensions (capabilities, the wire protocol) are served
     /// (default true). Off, the server answers only the Fly Machines subset, as a plain
     /// Fly endpoint does, and clients move files over `exec`.
@@ -139,6 +145,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("max_json_bytes", &self.max_json_bytes)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("default_limits", &self.default_limits)
             .field("extensions", &self.extensions)
             .field("host_paths", &self.host_paths)
             .field("e2b_base_template", &self.e2b_base_template)
@@ -167,6 +174,7 @@ impl ServerConfig {
             max_json_bytes: 1 << 20,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
+            default_limits: tenants::default_limits(),
             extensions: true,
             host_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
@@ -205,10 +213,25 @@ pub(crate) struct Shared {
     pub(crate) tenants: Vec<Arc<Tenant>>,
     /// Machines stopped (rather than suspended): both are paused sandboxes.
     pub(crate) stopped: Mutex<HashSet<SandboxId>>,
-    /// Serialises creates so a name is taken once.
-    pub(crate) creating: tokio::sync::Mutex<()>,
+    /// One lock per tenant, serialising that tenant's creates so its name checks and
+    /// quota counts do not interleave; tenants never wait on each other.
+    creating: std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
+}
+
+impl Shared {
+    /// Holds `caller`'s create lock: the name check, the quota count and the create
+    /// of one tenant do not interleave, and no other tenant waits on them.
+    pub(crate) async fn creating(&self, caller: &Caller) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .creating
+            .get(&caller.0.name)
+            .cloned()
+            // Only an authenticated tenant calls, and every one has its lock.
+            .unwrap_or_default();
+        lock.lock_owned().await
+    }
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -218,7 +241,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let json_limit = config.max_json_bytes;
     let extensions = config.extensions;
     // An empty token never authenticates anyone.
-    let tenants = config
+    let tenants: Vec<Arc<Tenant>> = config
         .tenants
         .iter()
         .filter(|t| !t.token.is_empty())
@@ -228,9 +251,12 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let state = Arc::new(Shared {
         backend,
         config,
+        creating: tenants
+            .iter()
+            .map(|t| (t.name.clone(), Arc::default()))
+            .collect(),
         tenants,
         stopped: Mutex::new(HashSet::new()),
-        creating: tokio::sync::Mutex::new(()),
         e2b: e2b::E2bState::default(),
     });
     let machine = "/v1/apps/{app}/machines/{id}";
@@ -368,7 +394,17 @@ fn mcp_routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> Router<A
         }
         next.run(request).await
     }
-    let service = sandcell_mcp::http_service(manager, sandcell_mcp::ToolSettings::default());
+    // MCP's sessions get the server's default limits and read cap, as every face's
+    // sandboxes do.
+    let mut settings = sandcell_mcp::ToolSettings::default();
+    let caps = manager.backend().capabilities();
+    tenants::apply_default_limits(
+        &mut settings.spec.limits,
+        &state.config.default_limits,
+        &caps,
+    );
+    settings.max_read_bytes = state.config.max_file_bytes as u64;
+    let service = sandcell_mcp::http_service(manager, settings);
     Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn(tenant_of_caller))

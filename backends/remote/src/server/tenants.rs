@@ -11,7 +11,9 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandcell::{Error, ErrorKind, LabelSelector, Result, SandboxBackend, SandboxSpec};
+use sandcell::{
+    Capabilities, Error, ErrorKind, LabelSelector, Limits, Result, SandboxBackend, SandboxSpec,
+};
 use serde::Deserialize;
 
 use crate::protocol::ErrorBody;
@@ -27,6 +29,36 @@ pub(crate) const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
 const UNSET_CPU_MILLIS: u32 = 1000;
 /// What a sandbox without a memory limit counts against a memory quota: 512 MiB.
 const UNSET_MEMORY_BYTES: u64 = 512 << 20;
+/// The processes a sandbox gets by default.
+const DEFAULT_PIDS: u32 = 1024;
+
+/// [`ServerConfig::default_limits`](super::ServerConfig::default_limits)'s default:
+/// what a sandbox counts against a quota when it sets nothing (one core, 512 MiB) is
+/// what it gets, and 1024 processes.
+pub(crate) fn default_limits() -> Limits {
+    Limits::new()
+        .cpu_millis(UNSET_CPU_MILLIS)
+        .memory_bytes(UNSET_MEMORY_BYTES)
+        .pids(DEFAULT_PIDS)
+}
+
+/// Gives `limits` each of `defaults` it does not set itself and the backend enforces;
+/// a limit the backend cannot enforce is left unset (a spec asking for it is refused).
+/// Every face's creates pass through here, MCP's included.
+pub(crate) fn apply_default_limits(limits: &mut Limits, defaults: &Limits, caps: &Capabilities) {
+    if caps.cpu_limit {
+        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
+    }
+    if caps.memory_limit {
+        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
+    }
+    if caps.pids_limit {
+        limits.pids = limits.pids.or(defaults.pids);
+    }
+    if caps.disk_limit {
+        limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
+    }
+}
 
 /// A client of the server: a name, the token that proves it, and optional quotas.
 ///
@@ -196,14 +228,21 @@ fn constant_time_eq(given: &[u8], stored: &[u8]) -> bool {
 }
 
 /// Marks `spec` as `tenant`'s: drops every server label a client set, labels the
-/// tenant, and records (and, where the backend enforces it, sets) what the sandbox
-/// counts against the tenant's quotas.
-pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, backend: &dyn SandboxBackend) {
+/// tenant, gives it the server's `defaults` limits the backend enforces, and records
+/// what the sandbox counts against the tenant's quotas (where the backend enforces
+/// a quota's limit, the sandbox gets what it counts).
+pub(crate) fn claim(
+    spec: &mut SandboxSpec,
+    tenant: &Tenant,
+    backend: &dyn SandboxBackend,
+    defaults: &Limits,
+) {
     spec.labels
         .retain(|key, _| !key.starts_with(super::SERVER_LABEL_PREFIX));
     spec.labels
         .insert(TENANT_LABEL.to_owned(), tenant.name.clone());
     let caps = backend.capabilities();
+    apply_default_limits(&mut spec.limits, defaults, &caps);
     if tenant.max_cpus.is_some() && caps.cpu_limit {
         spec.limits.cpu_millis.get_or_insert(UNSET_CPU_MILLIS);
     }
@@ -241,8 +280,8 @@ pub(crate) fn claim_clone(
 
 /// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota:
 /// `LimitExceeded`, its message naming the limit (each API answers it as its `403`).
-/// Callers hold the server's create lock, so no other create slips between the count
-/// and the create.
+/// Callers hold the tenant's create lock, so none of its other creates slips between
+/// the count and the create.
 pub(crate) async fn check_quota(
     backend: &dyn SandboxBackend,
     tenant: &Tenant,

@@ -167,7 +167,12 @@ pub(super) async fn create(
     spec.labels = request.metadata.clone().unwrap_or_default();
     spec.network =
         crate::e2b::network::from_e2b(request.allow_internet_access, request.network.as_ref())?;
-    tenants::claim(&mut spec, &caller.0, state.backend.as_ref());
+    tenants::claim(
+        &mut spec,
+        &caller.0,
+        state.backend.as_ref(),
+        &state.config.default_limits,
+    );
     let end = Utc::now() + seconds(request.timeout.unwrap_or(DEFAULT_TIMEOUT));
     let labels = [
         (APP_LABEL, E2B_APP.to_owned()),
@@ -186,7 +191,7 @@ pub(super) async fn create(
             .insert(AUTO_PAUSE_LABEL.to_owned(), "true".to_owned());
     }
     let info = {
-        let _creating = state.creating.lock().await;
+        let _creating = state.creating(&caller).await;
         machines::admit(&state, &caller, E2B_APP, &spec).await?;
         state.backend.create(&spec).await?
     };
