@@ -341,6 +341,115 @@ async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
     assert_eq!(spec.limits, sandcell::Limits::default());
 }
 
+/// ADVERSARIAL 34: a JSON body over the server's limit is `413` on the Fly and the
+/// E2B face (it was `422` and `400`).
+#[tokio::test]
+async fn case34_a_json_body_over_the_limit_is_413() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_json_bytes = 64 << 10;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let http = reqwest::Client::new();
+    let padding = "x".repeat(128 << 10);
+    let fly = http
+        .post(format!("{}/v1/apps/app/machines", served.url))
+        .bearer_auth(common::TOKEN)
+        .json(&json!({"config": {"image": "default", "env": {"PAD": padding}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fly.status(), 413);
+    let body: Value = fly.json().await.unwrap();
+    assert_eq!(body["kind"], "limit_exceeded", "{body}");
+    let e2b = http
+        .post(format!("{}/sandboxes", served.url))
+        .header("X-API-Key", common::TOKEN)
+        .json(&json!({"templateID": "base", "envVars": {"PAD": padding}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e2b.status(), 413);
+    let body: Value = e2b.json().await.unwrap();
+    assert_eq!(body["code"], 413, "{body}");
+}
+
+/// Reads from `stream` until the server closes it (or `within` passes: `None`).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<Vec<u8>> {
+    let mut answered = Vec::new();
+    tokio::time::timeout(within, async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answered.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(answered)
+}
+
+/// ADVERSARIAL 35: a connection that sends half a request head is closed by the
+/// server once the header timeout passes (they stayed open indefinitely).
+#[tokio::test]
+async fn case35_a_half_sent_request_head_is_closed_after_the_header_timeout() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.header_read_timeout = Duration::from_millis(300);
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let mut slow = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    slow.write_all(b"GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let answered = closed_within(&mut slow, Duration::from_secs(10)).await;
+    assert!(
+        answered.is_some(),
+        "the half-sent request was still open after 10 s"
+    );
+    // A whole request is still answered.
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/sandcell/capabilities", served.url))
+        .bearer_auth(common::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+/// ADVERSARIAL 35: past `max_connections` the server takes no more connections until
+/// one closes; then the waiting one is served.
+#[tokio::test]
+async fn case35_connections_past_the_cap_wait_for_a_free_slot() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_connections = 2;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let request = format!(
+        "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        common::TOKEN
+    );
+    let held = [
+        tokio::net::TcpStream::connect(served.addr).await.unwrap(),
+        tokio::net::TcpStream::connect(served.addr).await.unwrap(),
+    ];
+    let mut third = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    third.write_all(request.as_bytes()).await.unwrap();
+    assert!(
+        closed_within(&mut third, Duration::from_millis(500))
+            .await
+            .is_none(),
+        "a third connection was served past a cap of two"
+    );
+    drop(held);
+    let answered = closed_within(&mut third, Duration::from_secs(10))
+        .await
+        .expect("the third connection was served once a slot was free");
+    assert!(
+        answered.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+}
+
 #[cfg(feature = "mcp")]
 mod mcp {
     use super::*;

@@ -20,6 +20,7 @@
 
 mod e2b;
 mod exec;
+mod listen;
 pub(crate) mod machines;
 mod tenants;
 mod tls;
@@ -80,9 +81,17 @@ pub(crate) const REGION_LABEL: &str = "sandcell.server.region";
 pub struct ServerConfig {
     /// Who may call, each with its own token (checked non-empty and unique when set).
     tenants: Vec<Tenant>,
-    /// Largest JSON body accepted (default 1 MiB).
+    /// Largest JSON body accepted (default 1 MiB); a larger one is answered `413`.
     pub max_json_bytes: usize,
-    /// Largest file a client may write (default 64 MiB).
+    /// The longest a client may take to send a request's head (line and headers)
+    /// before its connection is closed (default 10 s; HTTP/1).
+    pub header_read_timeout: std::time::Duration,
+    /// The most connections served at once, TLS handshakes included (default 1024);
+    /// past it the server accepts no more until one closes.
+    pub max_connections: usize,
+    /// Largest file a client may write or read (default 64 MiB): a file passes
+    /// through the server's memory whole, so a larger one is refused (`413` on the E2B
+    /// face, `LimitExceeded` on the wire), a read's before the file is read.
     pub max_file_bytes: usize,
     /// Most file content one archive import may carry (default 1 GiB).
     pub max_archive_bytes: u64,
@@ -143,6 +152,8 @@ impl std::fmt::Debug for ServerConfig {
         f.debug_struct("ServerConfig")
             .field("tenants", &self.tenants)
             .field("max_json_bytes", &self.max_json_bytes)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("max_connections", &self.max_connections)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
             .field("default_limits", &self.default_limits)
@@ -172,6 +183,8 @@ impl ServerConfig {
         ServerConfig {
             tenants,
             max_json_bytes: 1 << 20,
+            header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
             default_limits: tenants::default_limits(),
@@ -307,22 +320,40 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .with_state(state)
 }
 
-/// Serves `backend` on `listener` until `shutdown` resolves. Small writes go out at
-/// once (`TCP_NODELAY`): a command's round trip is a few small messages, and Nagle's
-/// algorithm against delayed acknowledgements would add tens of milliseconds to each.
+/// Serves `backend` on `listener` until `shutdown` resolves, then waits for the
+/// connections it has to finish their requests. At most
+/// [`ServerConfig::max_connections`] are served at once, and one whose request head
+/// takes longer than [`ServerConfig::header_read_timeout`] is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     backend: Arc<dyn SandboxBackend>,
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(backend, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (bounds, slots) = bounds_of(&config)?;
+    listen::run(listener, slots, bounds, router(backend, config), shutdown).await;
+    Ok(())
+}
+
+/// The accept loop's bounds and its connection slots; `InvalidInput` for a zero cap.
+fn bounds_of(
+    config: &ServerConfig,
+) -> std::io::Result<(listen::Bounds, Arc<tokio::sync::Semaphore>)> {
+    if config.max_connections == 0 || config.header_read_timeout.is_zero() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "max_connections and header_read_timeout must be above zero",
+        ));
+    }
+    let bounds = listen::Bounds {
+        header_read_timeout: config.header_read_timeout,
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        config
+            .max_connections
+            .min(tokio::sync::Semaphore::MAX_PERMITS),
+    ));
+    Ok((bounds, slots))
 }
 
 /// As [`serve`], over TLS with `tls`'s certificate: what to expose beyond loopback.
@@ -346,10 +377,10 @@ pub async fn serve_tls(
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tls::TlsListener::new(listener, &tls)?;
-    axum::serve(listener, router(backend, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (bounds, slots) = bounds_of(&config)?;
+    let listener = tls::TlsListener::new(listener, &tls, Arc::clone(&slots));
+    listen::run(listener, slots, bounds, router(backend, config), shutdown).await;
+    Ok(())
 }
 
 /// Refuses requests without a tenant's token (before any body is read); lets the
@@ -446,18 +477,21 @@ where
     T: serde::de::DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = ApiError;
+    type Rejection = Response;
 
+    /// A body over [`ServerConfig::max_json_bytes`] is `413` (kind `limit_exceeded`),
+    /// any other malformed one `400`.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => Ok(JsonBody(value)),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                let error = Error::new(ErrorKind::LimitExceeded, rejection.body_text());
+                let mut response = ApiError(error).into_response();
+                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+                Err(response)
+            }
             Err(rejection) => {
-                let kind = if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                    ErrorKind::LimitExceeded
-                } else {
-                    ErrorKind::InvalidInput
-                };
-                Err(ApiError(Error::new(kind, rejection.body_text())))
+                Err(ApiError(Error::invalid_input(rejection.body_text())).into_response())
             }
         }
     }

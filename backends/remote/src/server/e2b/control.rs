@@ -117,7 +117,7 @@ async fn end(state: &Shared, id: &SandboxId) -> sandcell::Result<()> {
     }
 }
 
-/// A JSON body, malformed ones answered `400` in E2B's shape.
+/// A JSON body, malformed ones answered in E2B's shape.
 pub(super) struct Body<T>(T);
 
 impl<T, S> FromRequest<S> for Body<T>
@@ -125,12 +125,18 @@ where
     T: serde::de::DeserializeOwned,
     S: Send + Sync,
 {
-    type Rejection = E2bError;
+    type Rejection = Response;
 
+    /// A body over the server's JSON limit is `413`, any other malformed one `400`.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => Ok(Body(value)),
-            Err(rejection) => Err(E2bError(Error::invalid_input(rejection.body_text()))),
+            Err(rejection) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => Err(
+                E2bError::with_status(StatusCode::PAYLOAD_TOO_LARGE, rejection.body_text()),
+            ),
+            Err(rejection) => {
+                Err(E2bError(Error::invalid_input(rejection.body_text())).into_response())
+            }
         }
     }
 }
