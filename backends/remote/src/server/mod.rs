@@ -87,7 +87,9 @@ pub struct ServerConfig {
     /// before its connection is closed (default 10 s; HTTP/1).
     pub header_read_timeout: std::time::Duration,
     /// The most connections served at once, TLS handshakes included (default 1024);
-    /// past it the server accepts no more until one closes.
+    /// past it the server accepts no more until one closes. A connection upgraded to
+    /// the wire protocol leaves the count once upgraded (each is one tenant's
+    /// authenticated session with one sandbox).
     pub max_connections: usize,
     /// Largest file a client may write or read (default 64 MiB): a file passes
     /// through the server's memory whole, so a larger one is refused (`413` on the E2B
