@@ -67,9 +67,28 @@ struct Args {
     /// `{"templates": {"python": "/srv/templates/python"}}`; overrides --root.
     #[arg(long)]
     options: Option<String>,
-    /// Largest file a client may upload, in bytes.
+    /// Largest file a client may upload or download, in bytes (a file passes through
+    /// the server's memory whole).
     #[arg(long, default_value_t = 64 << 20)]
     max_file_bytes: usize,
+    /// Seconds a client may take to send a request's head before its connection is
+    /// closed.
+    #[arg(long, value_name = "SECS", default_value_t = 10)]
+    header_read_timeout: u64,
+    /// The most connections served at once (TLS handshakes included); past it the
+    /// server accepts no more until one closes.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    max_connections: usize,
+    /// CPU cores (thousandths: 1000 is one core) a sandbox gets when its create asks
+    /// for none, on every face; applied where the backend enforces CPU limits.
+    #[arg(long, value_name = "MILLIS", default_value_t = 1000)]
+    default_cpu_millis: u32,
+    /// Memory, in MiB, a sandbox gets when its create asks for none, on every face.
+    #[arg(long, value_name = "MIB", default_value_t = 512)]
+    default_memory_mb: u64,
+    /// Processes a sandbox may run when its create asks for no limit, on every face.
+    #[arg(long, value_name = "N", default_value_t = 1024)]
+    default_pids: u32,
     /// Serve only the Fly Machines API subset, without sandcell's extensions or the E2B
     /// API, as a plain Fly endpoint would (clients then move files over exec).
     #[arg(long)]
@@ -234,6 +253,12 @@ async fn run(args: Args) -> sandcell::Result<()> {
         Backend::Docker => Arc::from(sandcell_docker::DockerBackend::from_options(options)?),
     };
     config.max_file_bytes = args.max_file_bytes;
+    config.header_read_timeout = std::time::Duration::from_secs(args.header_read_timeout);
+    config.max_connections = args.max_connections;
+    config.default_limits = sandcell::Limits::new()
+        .cpu_millis(args.default_cpu_millis)
+        .memory_bytes(args.default_memory_mb.saturating_mul(1 << 20))
+        .pids(args.default_pids);
     config.extensions = !args.fly_only;
     config.e2b_base_template = args.e2b_base_template.clone();
     for arg in &args.allow_host_paths {

@@ -51,6 +51,10 @@ pub struct ToolSettings {
     pub output_limit: usize,
     /// The largest file `write_file` takes, decoded (default 10 MiB).
     pub max_write_bytes: usize,
+    /// The largest file `read_file` reads from, whatever range it answers (default
+    /// 64 MiB): the file is read whole, so a larger one is a tool error saying how
+    /// to read it in parts, before it is read.
+    pub max_read_bytes: u64,
 }
 
 impl Default for ToolSettings {
@@ -59,6 +63,7 @@ impl Default for ToolSettings {
             spec: SandboxSpec::new("default"),
             output_limit: 32 * 1024,
             max_write_bytes: 10 << 20,
+            max_read_bytes: 64 << 20,
         }
     }
 }
@@ -262,7 +267,13 @@ impl SandboxTools {
     ) -> sandcell::Result<String> {
         let file = path(&args.path)?;
         let sandbox = self.open(ctx, &args.session).await?;
-        let data = sandbox.call("read", |b, id| b.read(id, &file)).await?;
+        let max = self.settings.max_read_bytes;
+        let target = &file;
+        let data = sandbox
+            .call("read", |b, id| async move {
+                sandcell::raw::read_at_most(b.as_ref(), id, target, max).await
+            })
+            .await?;
         let size = data.len() as u64;
         let offset = args.offset.unwrap_or(0).min(size);
         let length = args.length.unwrap_or(READ_LIMIT).min(READ_LIMIT);
@@ -346,8 +357,9 @@ impl SandboxTools {
     /// Reads a file.
     #[tool(
         description = "Read a file of a session's workspace as UTF-8 text (or base64 with \
-        encoding base64). Answers at most 256 KiB; give offset and length (bytes) to read \
-        a large file in ranges."
+        encoding base64). Answers at most 256 KiB, saying so when it cuts; give offset and \
+        length (bytes) to read a large file in ranges. Files over the server's read limit \
+        (64 MiB unless set) are refused: read those with run_command."
     )]
     async fn read_file(
         &self,

@@ -12,10 +12,12 @@
 //! | [`private_dir`] | default host-state directories, created `0700` and checked to be this user's alone |
 //! | [`tree`] | directory trees walked through descriptors without following links: list, remove, copy, move (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
+//! | [`read_at_most`] | a read with a byte cap, the file sized before it is read (servers facing untrusted callers) |
 //!
 //! These are as stable as the rest of the crate; they live apart so the user API stays
 //! small.
 
+mod bounded;
 #[cfg(target_os = "linux")]
 pub mod overlay;
 pub mod private_dir;
@@ -32,6 +34,7 @@ use crate::path::SandboxPath;
 pub use crate::process::ProcessControl;
 use crate::process::{Process, ProcessStdin};
 pub use crate::store::session::decide_claim;
+pub use bounded::read_at_most;
 
 /// Archive checks and host-directory archives, for backends that read or write tars.
 pub mod archive {

@@ -13,6 +13,7 @@ use super::proto::{self, Call, Reply, WireError};
 use crate::archive::ArchiveLimits;
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
+use crate::raw::read_at_most;
 use crate::sandbox::SandboxId;
 
 /// What a serving side accepts from its client: the bounds a server facing untrusted
@@ -20,8 +21,9 @@ use crate::sandbox::SandboxId;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ServeOptions {
-    /// The largest file a `write` may carry; more is [`ErrorKind::LimitExceeded`]
-    /// (default 1 GiB: a written file is held in memory before it is stored).
+    /// The largest file a `read` or `write` may carry; more is
+    /// [`ErrorKind::LimitExceeded`], a read's before the file is read (default 1 GiB:
+    /// a file is held in memory on its way through).
     pub max_file_bytes: u64,
     /// Caps on every archive import: the client's own limits apply, each at most this
     /// (default [`ArchiveLimits::default`]).
@@ -38,7 +40,7 @@ impl Default for ServeOptions {
 }
 
 impl ServeOptions {
-    /// Sets the largest file a `write` may carry.
+    /// Sets the largest file a `read` or `write` may carry.
     pub fn max_file_bytes(mut self, bytes: u64) -> Self {
         self.max_file_bytes = bytes;
         self
@@ -128,15 +130,17 @@ async fn handle(
     }
     match call {
         Call::Exec { request } => exec(backend, sandbox, mux, id, request, rx).await,
-        Call::Read { path } => match backend.read(sandbox, &path).await {
-            Ok(data) => {
-                reply(Ok(serde_json::Value::Null));
-                if mux.send_data(id, MAIN, data).await.is_ok() {
-                    let _ = mux.send_end(id, MAIN);
+        Call::Read { path } => {
+            match read_at_most(backend, sandbox, &path, options.max_file_bytes).await {
+                Ok(data) => {
+                    reply(Ok(serde_json::Value::Null));
+                    if mux.send_data(id, MAIN, data).await.is_ok() {
+                        let _ = mux.send_end(id, MAIN);
+                    }
                 }
+                Err(e) => reply(Err(e)),
             }
-            Err(e) => reply(Err(e)),
-        },
+        }
         Call::Write { path } => {
             let mut data = BytesMut::new();
             let mut body = incoming(Arc::clone(mux), id, rx);

@@ -245,6 +245,12 @@ impl MockBackend {
         self.lock().most_creating
     }
 
+    /// The spec a live sandbox was created with, as the backend received it (to check
+    /// what a caller asked for: its limits, labels, env).
+    pub fn spec_of(&self, id: &SandboxId) -> Option<SandboxSpec> {
+        self.lock().sandboxes.get(id).map(|sb| sb.spec.clone())
+    }
+
     /// How many sandboxes are alive (for leak checks in tests).
     pub fn live_count(&self) -> usize {
         self.lock().sandboxes.len()

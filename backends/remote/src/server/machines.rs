@@ -82,9 +82,9 @@ pub(super) async fn create(
     check_host_mounts(&spec, &state.config.host_paths)?;
     tenants::claim(&mut spec, &caller.0, &state)?;
     label_machine(&mut spec, &app, &request);
-    // One create at a time: the name check, the quota count and the create must not
-    // interleave.
-    let _creating = state.creating.lock().await;
+    // One create at a time per tenant: its name check, quota count and create must
+    // not interleave (another tenant's slow create holds up none of them).
+    let _creating = state.creating(&caller).await;
     if let Err(refused) = admit(&state, &caller, &app, &spec).await {
         return fly_refusal(refused);
     }
@@ -94,7 +94,7 @@ pub(super) async fn create(
 
 /// Whether the caller may add `spec`'s machine (named by its [`NAME_LABEL`]) to `app`:
 /// a name the caller already uses there is `AlreadyExists`; a quota it would exceed is
-/// `LimitExceeded`. Callers hold the server's create lock.
+/// `LimitExceeded`. Callers hold the tenant's create lock.
 pub(super) async fn admit(
     state: &Shared,
     caller: &Caller,
@@ -144,7 +144,7 @@ pub(super) async fn clone(
     }
     let mut counted = SandboxSpec::new(source.template.clone());
     counted.labels = labels.clone();
-    let _creating = state.creating.lock().await;
+    let _creating = state.creating(&caller).await;
     if let Err(refused) = admit(&state, &caller, &app, &counted).await {
         return fly_refusal(refused);
     }

@@ -23,7 +23,17 @@ struct Owners(Mutex<HashMap<String, String>>);
 
 /// The routes serving `manager`'s sessions at `/mcp`.
 pub(super) fn routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> Router<AppState> {
-    let service = sandcell_mcp::http_service(manager, sandcell_mcp::ToolSettings::default());
+    // MCP's sessions get the server's default limits and read cap, as every face's
+    // sandboxes do.
+    let mut settings = sandcell_mcp::ToolSettings::default();
+    let caps = manager.backend().capabilities();
+    super::tenants::apply_default_limits(
+        &mut settings.spec.limits,
+        &state.config.default_limits,
+        &caps,
+    );
+    settings.max_read_bytes = state.config.max_file_bytes as u64;
+    let service = sandcell_mcp::http_service(manager, settings);
     Router::new()
         .nest_service("/mcp", service)
         .layer(axum::middleware::from_fn(tenant_of_caller))

@@ -21,6 +21,7 @@
 mod e2b;
 mod exec;
 pub(crate) mod labels;
+mod listen;
 pub(crate) mod machines;
 #[cfg(feature = "mcp")]
 mod mcp;
@@ -63,12 +64,28 @@ pub(crate) const REGION_LABEL: &str = "sandcell.server.region";
 pub struct ServerConfig {
     /// Who may call, each with its own token (checked non-empty and unique when set).
     tenants: Vec<Tenant>,
-    /// Largest JSON body accepted (default 1 MiB).
+    /// Largest JSON body accepted (default 1 MiB); a larger one is answered `413`.
     pub max_json_bytes: usize,
-    /// Largest file a client may write (default 64 MiB).
+    /// The longest a client may take to send a request's head (line and headers)
+    /// before its connection is closed (default 10 s; HTTP/1).
+    pub header_read_timeout: std::time::Duration,
+    /// The most connections served at once, TLS handshakes included (default 1024);
+    /// past it the server accepts no more until one closes. A connection upgraded to
+    /// the wire protocol leaves the count once upgraded (each is one tenant's
+    /// authenticated session with one sandbox).
+    pub max_connections: usize,
+    /// Largest file a client may write or read (default 64 MiB): a file passes
+    /// through the server's memory whole, so a larger one is refused (`413` on the E2B
+    /// face, `LimitExceeded` on the wire), a read's before the file is read.
     pub max_file_bytes: usize,
     /// Most file content one archive import may carry (default 1 GiB).
     pub max_archive_bytes: u64,
+    /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
+    /// sets none of its own; each is applied only when the backend enforces it
+    /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
+    /// Default: one core, 512 MiB and 1024 processes; a sandbox without them got as
+    /// many processes and as much memory as the host had.
+    pub default_limits: sandcell::Limits,
     /// Whether sandcell's extensions (capabilities, the wire protocol) are served
     /// (default true). Off, the server answers only the Fly Machines subset, as a plain
     /// Fly endpoint does, and clients move files over `exec`.
@@ -120,8 +137,11 @@ impl std::fmt::Debug for ServerConfig {
         f.debug_struct("ServerConfig")
             .field("tenants", &self.tenants)
             .field("max_json_bytes", &self.max_json_bytes)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("max_connections", &self.max_connections)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("default_limits", &self.default_limits)
             .field("extensions", &self.extensions)
             .field("host_paths", &self.host_paths)
             .field("e2b_base_template", &self.e2b_base_template)
@@ -148,8 +168,11 @@ impl ServerConfig {
         ServerConfig {
             tenants,
             max_json_bytes: 1 << 20,
+            header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
+            max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
+            default_limits: tenants::default_limits(),
             extensions: true,
             host_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
@@ -190,12 +213,27 @@ pub(crate) struct Shared {
     pub(crate) tenants: Vec<Arc<Tenant>>,
     /// Machines stopped (rather than suspended): both are paused sandboxes.
     pub(crate) stopped: Mutex<HashSet<SandboxId>>,
-    /// Serialises creates so a name is taken once.
-    pub(crate) creating: tokio::sync::Mutex<()>,
+    /// One lock per tenant, serialising that tenant's creates so its name checks and
+    /// quota counts do not interleave; tenants never wait on each other.
+    creating: std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
     /// The labels no client may set or filter on.
     pub(crate) reserved: labels::Reserved,
+}
+
+impl Shared {
+    /// Holds `caller`'s create lock: the name check, the quota count and the create
+    /// of one tenant do not interleave, and no other tenant waits on them.
+    pub(crate) async fn creating(&self, caller: &Caller) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self
+            .creating
+            .get(&caller.0.name)
+            .cloned()
+            // Only an authenticated tenant calls, and every one has its lock.
+            .unwrap_or_default();
+        lock.lock_owned().await
+    }
 }
 
 pub(crate) type AppState = Arc<Shared>;
@@ -205,7 +243,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let json_limit = config.max_json_bytes;
     let extensions = config.extensions;
     // An empty token never authenticates anyone.
-    let tenants = config
+    let tenants: Vec<Arc<Tenant>> = config
         .tenants
         .iter()
         .filter(|t| !t.token.is_empty())
@@ -224,10 +262,13 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let state = Arc::new(Shared {
         backend,
         config,
+        creating: tenants
+            .iter()
+            .map(|t| (t.name.clone(), Arc::default()))
+            .collect(),
         tenants,
         reserved,
         stopped: Mutex::new(HashSet::new()),
-        creating: tokio::sync::Mutex::new(()),
         e2b: e2b::E2bState::default(),
     });
     let machine = "/v1/apps/{app}/machines/{id}";
@@ -278,22 +319,40 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         .with_state(state)
 }
 
-/// Serves `backend` on `listener` until `shutdown` resolves. Small writes go out at
-/// once (`TCP_NODELAY`): a command's round trip is a few small messages, and Nagle's
-/// algorithm against delayed acknowledgements would add tens of milliseconds to each.
+/// Serves `backend` on `listener` until `shutdown` resolves, then waits for the
+/// connections it has to finish their requests. At most
+/// [`ServerConfig::max_connections`] are served at once, and one whose request head
+/// takes longer than [`ServerConfig::header_read_timeout`] is closed.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     backend: Arc<dyn SandboxBackend>,
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use axum::serve::ListenerExt;
-    let listener = listener.tap_io(|tcp| {
-        let _ = tcp.set_nodelay(true);
-    });
-    axum::serve(listener, router(backend, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (bounds, slots) = bounds_of(&config)?;
+    listen::run(listener, slots, bounds, router(backend, config), shutdown).await;
+    Ok(())
+}
+
+/// The accept loop's bounds and its connection slots; `InvalidInput` for a zero cap.
+fn bounds_of(
+    config: &ServerConfig,
+) -> std::io::Result<(listen::Bounds, Arc<tokio::sync::Semaphore>)> {
+    if config.max_connections == 0 || config.header_read_timeout.is_zero() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "max_connections and header_read_timeout must be above zero",
+        ));
+    }
+    let bounds = listen::Bounds {
+        header_read_timeout: config.header_read_timeout,
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(
+        config
+            .max_connections
+            .min(tokio::sync::Semaphore::MAX_PERMITS),
+    ));
+    Ok((bounds, slots))
 }
 
 /// As [`serve`], over TLS with `tls`'s certificate: what to expose beyond loopback.
@@ -317,10 +376,10 @@ pub async fn serve_tls(
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let listener = tls::TlsListener::new(listener, &tls)?;
-    axum::serve(listener, router(backend, config))
-        .with_graceful_shutdown(shutdown)
-        .await
+    let (bounds, slots) = bounds_of(&config)?;
+    let listener = tls::TlsListener::new(listener, &tls, Arc::clone(&slots));
+    listen::run(listener, slots, bounds, router(backend, config), shutdown).await;
+    Ok(())
 }
 
 /// Refuses requests without a tenant's token (before any body is read); lets the
@@ -404,8 +463,8 @@ where
 {
     type Rejection = Response;
 
-    /// A body over the limit answers `413` (kind `limit_exceeded`), a malformed one
-    /// `400`.
+    /// A body over [`ServerConfig::max_json_bytes`] is `413` (kind `limit_exceeded`),
+    /// any other malformed one `400`.
     async fn from_request(request: Request, state: &S) -> Result<Self, Self::Rejection> {
         match Json::<T>::from_request(request, state).await {
             Ok(Json(value)) => Ok(JsonBody(value)),

@@ -11,7 +11,9 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandcell::{Error, ErrorKind, LabelSelector, Result, SandboxBackend, SandboxSpec};
+use sandcell::{
+    Capabilities, Error, ErrorKind, LabelSelector, Limits, Result, SandboxBackend, SandboxSpec,
+};
 use serde::Deserialize;
 
 use crate::protocol::ErrorBody;
@@ -27,6 +29,36 @@ pub(crate) const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
 const UNSET_CPU_MILLIS: u32 = 1000;
 /// What a sandbox without a memory limit counts against a memory quota: 512 MiB.
 const UNSET_MEMORY_BYTES: u64 = 512 << 20;
+/// The processes a sandbox gets by default.
+const DEFAULT_PIDS: u32 = 1024;
+
+/// [`ServerConfig::default_limits`](super::ServerConfig::default_limits)'s default:
+/// what a sandbox counts against a quota when it sets nothing (one core, 512 MiB) is
+/// what it gets, and 1024 processes.
+pub(crate) fn default_limits() -> Limits {
+    Limits::new()
+        .cpu_millis(UNSET_CPU_MILLIS)
+        .memory_bytes(UNSET_MEMORY_BYTES)
+        .pids(DEFAULT_PIDS)
+}
+
+/// Gives `limits` each of `defaults` it does not set itself and the backend enforces;
+/// a limit the backend cannot enforce is left unset (a spec asking for it is refused).
+/// Every face's creates pass through here, MCP's included.
+pub(crate) fn apply_default_limits(limits: &mut Limits, defaults: &Limits, caps: &Capabilities) {
+    if caps.cpu_limit {
+        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
+    }
+    if caps.memory_limit {
+        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
+    }
+    if caps.pids_limit {
+        limits.pids = limits.pids.or(defaults.pids);
+    }
+    if caps.disk_limit {
+        limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
+    }
+}
 
 /// A client of the server: a name, the token that proves it, and optional quotas.
 ///
@@ -196,13 +228,15 @@ fn constant_time_eq(given: &[u8], stored: &[u8]) -> bool {
 }
 
 /// Marks `spec` as `tenant`'s: refuses a spec no client may ask for (a reserved label,
-/// a zero limit: see [`admissible`]), labels the tenant, and records (and, where the
-/// backend enforces it, sets) what the sandbox counts against the tenant's quotas.
+/// a zero limit: see [`admissible`]), labels the tenant, gives it the server's default
+/// limits the backend enforces, and records (and, where the backend enforces it, sets)
+/// what the sandbox counts against the tenant's quotas.
 pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, state: &super::Shared) -> Result<()> {
     admissible(spec, &state.reserved)?;
     spec.labels
         .insert(TENANT_LABEL.to_owned(), tenant.name.clone());
     let caps = state.backend.capabilities();
+    apply_default_limits(&mut spec.limits, &state.config.default_limits, &caps);
     if tenant.max_cpus.is_some() && caps.cpu_limit {
         spec.limits.cpu_millis.get_or_insert(UNSET_CPU_MILLIS);
     }
@@ -268,8 +302,8 @@ pub(crate) fn claim_clone(
 /// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota:
 /// `LimitExceeded`, its message naming the limit (the Fly face answers it `403`, the
 /// E2B face `429` as E2B does).
-/// Callers hold the server's create lock, so no other create slips between the count
-/// and the create.
+/// Callers hold the tenant's create lock, so none of its other creates slips between
+/// the count and the create.
 pub(crate) async fn check_quota(
     backend: &dyn SandboxBackend,
     tenant: &Tenant,

@@ -2,7 +2,8 @@
 //! the HTTP server connections whose handshake has finished.
 //!
 //! Handshakes run in tasks of their own, bounded by [`HANDSHAKE_TIMEOUT`], so a client
-//! that connects and says nothing holds up no one else's connection.
+//! that connects and says nothing holds up no one else's connection; each holds one of
+//! the server's connection slots from its accept on.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -13,7 +14,7 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sandcell::{Error, ErrorKind, Result};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -76,22 +77,20 @@ impl Tls {
 
 /// A listener yielding TLS connections once their handshake is done.
 pub(crate) struct TlsListener {
-    ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
-    local: SocketAddr,
+    ready: mpsc::Receiver<Ready>,
     acceptor: tokio::task::JoinHandle<()>,
 }
 
+/// A connection whose handshake is done, with its connection slot.
+type Ready = (TlsStream<TcpStream>, OwnedSemaphorePermit);
+
 impl TlsListener {
-    pub(crate) fn new(listener: TcpListener, tls: &Tls) -> std::io::Result<Self> {
-        let local = listener.local_addr()?;
+    /// Accepts on `listener` while `slots` has room.
+    pub(crate) fn new(listener: TcpListener, tls: &Tls, slots: Arc<Semaphore>) -> Self {
         let (sender, ready) = mpsc::channel(READY_BACKLOG);
         let acceptor = TlsAcceptor::from(Arc::clone(&tls.0));
-        let acceptor = tokio::spawn(accept_loop(listener, acceptor, sender));
-        Ok(TlsListener {
-            ready,
-            local,
-            acceptor,
-        })
+        let acceptor = tokio::spawn(accept_loop(listener, acceptor, slots, sender));
+        TlsListener { ready, acceptor }
     }
 }
 
@@ -105,10 +104,12 @@ impl Drop for TlsListener {
 async fn accept_loop(
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+    slots: Arc<Semaphore>,
+    ready: mpsc::Sender<Ready>,
 ) {
     loop {
-        let (tcp, peer) = match listener.accept().await {
+        let permit = super::listen::slot(&slots).await;
+        let (tcp, peer): (TcpStream, SocketAddr) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
                 // Out of file descriptors and the like: pause rather than spin.
@@ -124,7 +125,7 @@ async fn accept_loop(
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
-                    let _ = ready.send((stream, peer)).await;
+                    let _ = ready.send((stream, permit)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "a TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "a TLS handshake timed out"),
@@ -133,19 +134,14 @@ async fn accept_loop(
     }
 }
 
-impl axum::serve::Listener for TlsListener {
+impl super::listen::Accept for TlsListener {
     type Io = TlsStream<TcpStream>;
-    type Addr = SocketAddr;
 
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+    async fn accept(&mut self, _slots: &Arc<Semaphore>) -> (Self::Io, OwnedSemaphorePermit) {
         match self.ready.recv().await {
             Some(connection) => connection,
             // The accept loop ends only when aborted, which happens on drop.
             None => std::future::pending().await,
         }
-    }
-
-    fn local_addr(&self) -> std::io::Result<Self::Addr> {
-        Ok(self.local)
     }
 }

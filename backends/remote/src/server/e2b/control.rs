@@ -192,7 +192,7 @@ pub(super) async fn create(
             .insert(AUTO_PAUSE_LABEL.to_owned(), "true".to_owned());
     }
     let info = {
-        let _creating = state.creating.lock().await;
+        let _creating = state.creating(&caller).await;
         machines::admit(&state, &caller, E2B_APP, &spec).await?;
         state.backend.create(&spec).await?
     };

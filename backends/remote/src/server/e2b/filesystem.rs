@@ -23,8 +23,13 @@ use crate::e2b::envd::{
 use crate::lock;
 use crate::server::AppState;
 
-/// Most entries one `ListDir` answers, however deep it goes.
-const MAX_LISTED: usize = 100_000;
+/// Most entries one `ListDir` answers, however deep it goes; past it the call is
+/// refused (`LimitExceeded`), never cut short silently.
+pub(crate) const MAX_LISTED: usize = 100_000;
+/// Deepest `ListDir` answers. E2B's SDKs ask for 1 unless told otherwise; a deeper
+/// request is refused as invalid (`400`), not clamped, so a client never takes a
+/// partial tree for the whole one.
+pub(crate) const MAX_DEPTH: u32 = 64;
 /// Most polled watchers one sandbox has at once.
 const MAX_WATCHERS: usize = 64;
 /// Most events a polled watcher keeps between two polls; older ones are dropped.
@@ -141,6 +146,9 @@ async fn stat(
     Ok(rpc::reply(&EntryResponse { entry }))
 }
 
+/// `ListDir`: the directory's entries, `depth` levels deep, breadth first. The walk
+/// ends at the deepest level that has directories, gives the runtime back between
+/// directories, and stops at [`MAX_LISTED`] entries.
 async fn list_dir(
     backend: &dyn SandboxBackend,
     id: &SandboxId,
@@ -148,12 +156,25 @@ async fn list_dir(
 ) -> RpcResult<Response> {
     let request = request?;
     let root = paths::to_workspace(&request.path)?;
+    if request.depth > MAX_DEPTH {
+        return Err(Error::invalid_input(format!(
+            "depth {} is deeper than the {MAX_DEPTH} levels this server lists at once: \
+             list a subdirectory instead",
+            request.depth
+        ))
+        .into());
+    }
     let depth = request.depth.max(1);
     let mut entries = Vec::new();
     let mut level = vec![root];
     for _ in 0..depth {
+        if level.is_empty() {
+            break;
+        }
         let mut next = Vec::new();
         for dir in level {
+            // A backend answering from memory never yields on its own.
+            tokio::task::consume_budget().await;
             for item in backend.list_dir(id, &dir).await? {
                 if entries.len() >= MAX_LISTED {
                     return Err(Error::limit_exceeded(format!(

@@ -100,7 +100,7 @@ impl From<Error> for E2bError {
 }
 
 impl E2bError {
-    fn with_status(status: StatusCode, message: impl Into<String>) -> Response {
+    pub(super) fn with_status(status: StatusCode, message: impl Into<String>) -> Response {
         let body = api::ApiError {
             code: status.as_u16(),
             message: message.into(),

@@ -57,7 +57,8 @@ fn required_path(query: &FilesQuery) -> Result<SandboxPath, FilesFailure> {
     Ok(paths::to_workspace(path)?)
 }
 
-/// `GET /files?path=`: the file's bytes.
+/// `GET /files?path=`: the file's bytes; `413` for a file over the server's
+/// [`max_file_bytes`](crate::server::ServerConfig::max_file_bytes), before it is read.
 pub(super) async fn download(
     State(state): State<AppState>,
     Extension(envd): Extension<Envd>,
@@ -72,7 +73,8 @@ pub(super) async fn download(
         ))
         .into());
     }
-    let data = state.backend.read(envd.id(), &path).await?;
+    let limit = state.config.max_file_bytes as u64;
+    let data = sandcell::raw::read_at_most(state.backend.as_ref(), envd.id(), &path, limit).await?;
     let mut response = Response::new(Body::from(data));
     response.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -1,0 +1,135 @@
+//! The accept loop under [`serve`](super::serve) and [`serve_tls`](super::serve_tls):
+//! at most [`ServerConfig::max_connections`](super::ServerConfig::max_connections)
+//! connections at once, each closed when its request head is not in within
+//! [`ServerConfig::header_read_timeout`](super::ServerConfig::header_read_timeout),
+//! and a graceful shutdown that waits for the connections it has.
+//!
+//! axum's own `serve` sets no timer, so a client that sends half a request head holds
+//! its connection (and a task) for as long as it likes; this loop is that one with the
+//! two bounds added.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+/// How long a client may take to send a request head, by default: long enough for a
+/// slow link, short enough that held-open connections cannot pile up.
+pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many connections are served at once, by default (a TLS handshake counts as
+/// one); past it the server stops accepting until one closes.
+pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+
+/// The bounds the accept loop applies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    pub(crate) header_read_timeout: Duration,
+}
+
+/// Where connections come from: a TCP listener, or TLS streams whose handshake is
+/// done. Each comes with its place among the connections allowed at once.
+pub(crate) trait Accept: Send + 'static {
+    type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
+
+    /// The next connection, once `slots` has room for it.
+    fn accept(
+        &mut self,
+        slots: &Arc<Semaphore>,
+    ) -> impl Future<Output = (Self::Io, OwnedSemaphorePermit)> + Send;
+}
+
+impl Accept for tokio::net::TcpListener {
+    type Io = tokio::net::TcpStream;
+
+    async fn accept(&mut self, slots: &Arc<Semaphore>) -> (Self::Io, OwnedSemaphorePermit) {
+        let permit = slot(slots).await;
+        loop {
+            match tokio::net::TcpListener::accept(self).await {
+                Ok((tcp, _)) => {
+                    // A command's round trip is a few small messages; Nagle's algorithm
+                    // against delayed acknowledgements would add tens of ms to each.
+                    let _ = tcp.set_nodelay(true);
+                    return (tcp, permit);
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+            }
+        }
+    }
+}
+
+/// A place among the connections allowed at once (the semaphore is never closed).
+pub(crate) async fn slot(slots: &Arc<Semaphore>) -> OwnedSemaphorePermit {
+    match Arc::clone(slots).acquire_owned().await {
+        Ok(permit) => permit,
+        Err(_) => std::future::pending().await,
+    }
+}
+
+/// Serves `router` on what `incoming` accepts until `shutdown` resolves, then lets
+/// each connection finish its requests.
+pub(crate) async fn run<A: Accept>(
+    mut incoming: A,
+    slots: Arc<Semaphore>,
+    bounds: Bounds,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(bounds.header_read_timeout);
+    // CONNECT for HTTP/2 upgrades, as axum's `serve` enables it.
+    builder.http2().enable_connect_protocol();
+    let builder = Arc::new(builder);
+    // Dropped on shutdown: every connection task sees it and shuts down gracefully.
+    let (stop, stopping) = watch::channel(());
+    // Held by every connection task: closed once all have finished.
+    let (done, all_done) = watch::channel(());
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let (io, permit) = tokio::select! {
+            accepted = incoming.accept(&slots) => accepted,
+            () = &mut shutdown => break,
+        };
+        let service = TowerToHyperService::new(router.clone());
+        let (builder, mut stopping, all_done) =
+            (Arc::clone(&builder), stopping.clone(), all_done.clone());
+        tokio::spawn(async move {
+            let _permit = permit;
+            let _all_done = all_done;
+            let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
+            let mut connection = std::pin::pin!(connection);
+            let mut stopped = false;
+            loop {
+                tokio::select! {
+                    result = connection.as_mut() => {
+                        if let Err(e) = result {
+                            tracing::trace!(error = %e, "a connection ended with an error");
+                        }
+                        break;
+                    }
+                    changed = stopping.changed(), if !stopped => {
+                        // The sender is dropped: the server is shutting down.
+                        let _: Result<(), watch::error::RecvError> = changed;
+                        stopped = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+        });
+    }
+    drop(stop);
+    drop(all_done);
+    done.closed().await;
+}

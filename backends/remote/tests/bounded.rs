@@ -1,0 +1,564 @@
+//! Bounded work per request (issue 46, item 5), pinned to `../shared/ADVERSARIAL.md`:
+//! case 40 (unbounded work per request: a huge listing depth, a huge sparse file, a
+//! slow create of another tenant, sandboxes without limits), case 34 (an oversized
+//! JSON body) and case 35 (a slow client holding a connection open).
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use sandcell::testing::MockBackend;
+use sandcell::{
+    ByteStream, Capabilities, DirEntry, ErrorKind, ExecRequest, FileInfo, LabelSelector, Process,
+    SandboxBackend, SandboxBackendExt, SandboxId, SandboxInfo, SandboxPath, SandboxSpec,
+};
+use sandcell_remote::server::{serve, ServerConfig, Tenant};
+use serde_json::{json, Value};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+/// A served backend; dropping it stops the server.
+struct Served {
+    url: String,
+    addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+async fn serve_backend(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = serve(listener, backend, config, std::future::pending()).await;
+    });
+    Served {
+        url: format!("http://{addr}"),
+        addr,
+        task,
+    }
+}
+
+/// The mock's capabilities with CPU, memory and process limits enforced.
+fn limits_enforced() -> Capabilities {
+    let mut caps = MockBackend::new().capabilities();
+    caps.cpu_limit = true;
+    caps.memory_limit = true;
+    caps.pids_limit = true;
+    caps
+}
+
+/// An E2B create as `token`'s tenant: the sandbox's id and envd access token.
+async fn e2b_sandbox(http: &reqwest::Client, url: &str, token: &str) -> (String, String) {
+    let response = http
+        .post(format!("{url}/sandboxes"))
+        .header("X-API-Key", token)
+        .json(&json!({"templateID": "base"}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    let created: Value = response.json().await.unwrap();
+    let field = |name: &str| created[name].as_str().unwrap().to_owned();
+    (field("sandboxID"), field("envdAccessToken"))
+}
+
+/// ADVERSARIAL 40: a `ListDir` a billion levels deep is refused at once (it spun a
+/// runtime worker with no await point for 127 s in a debug build, then answered `200`).
+#[tokio::test]
+async fn case40_a_listing_deeper_than_the_cap_is_refused() {
+    let served = serve_backend(
+        Arc::new(MockBackend::new()),
+        ServerConfig::new(common::TOKEN),
+    )
+    .await;
+    let http = reqwest::Client::new();
+    let (id, token) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    let list = |depth: u64| {
+        http.post(format!("{}/filesystem.Filesystem/ListDir", served.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .json(&json!({"path": "/home/user", "depth": depth}))
+            .send()
+    };
+    let refused = list(1_200_000_000).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let body: Value = refused.json().await.unwrap();
+    assert_eq!(body["code"], "invalid_argument", "{body}");
+    assert!(body["message"].as_str().unwrap().contains("64"), "{body}");
+    // The deepest allowed listing of a shallow tree ends with the tree.
+    let deepest = list(64).await.unwrap();
+    assert_eq!(deepest.status(), 200);
+}
+
+/// ADVERSARIAL 40: a huge sparse file (and a link to it) is refused by the wire
+/// protocol's read and the E2B face's `/files` before it is read, with a typed
+/// `LimitExceeded` / `413`; a small file still reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_huge_sparse_file_is_refused_not_buffered() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_file_bytes = 1 << 20;
+    let server = common::serve_local_with(config).await;
+    let client = common::client(&server.url).await;
+    let make_files = "truncate -s 256M big.bin && ln -s big.bin link && echo hi > small.txt";
+
+    // The wire protocol's read (RemoteBackend).
+    let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+    let made = client.run_shell(&sandbox.id, make_files).await.unwrap();
+    assert_eq!(made.status.code, Some(0), "{}", made.stderr_str());
+    for name in ["big.bin", "link"] {
+        let path = SandboxPath::new(name).unwrap();
+        let err = client.read(&sandbox.id, &path).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::LimitExceeded, "{name}: {err}");
+        assert!(err.to_string().contains("268435456 bytes"), "{err}");
+    }
+    let small = SandboxPath::new("small.txt").unwrap();
+    assert_eq!(
+        &client.read(&sandbox.id, &small).await.unwrap()[..],
+        b"hi\n"
+    );
+    client.destroy(&sandbox.id).await.unwrap();
+
+    // The E2B face's `/files`.
+    let http = reqwest::Client::new();
+    let (id, token) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
+    let sandbox_id = SandboxId::new(&id).unwrap();
+    let made = server
+        .local
+        .run_shell(&sandbox_id, make_files)
+        .await
+        .unwrap();
+    assert_eq!(made.status.code, Some(0), "{}", made.stderr_str());
+    for name in ["big.bin", "link", "small.txt"] {
+        let response = http
+            .get(format!("{}/files", server.url))
+            .query(&[("path", name)])
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .send()
+            .await
+            .unwrap();
+        let status = response.status().as_u16();
+        let body = response.bytes().await.unwrap();
+        if name == "small.txt" {
+            assert_eq!((status, &body[..]), (200, &b"hi\n"[..]));
+        } else {
+            assert_eq!(status, 413, "{name}");
+            assert!(body.len() < 4096, "{name}: {} bytes answered", body.len());
+        }
+    }
+}
+
+/// A backend whose creates for tenant `a` wait until the test lets them go.
+struct Gated {
+    inner: MockBackend,
+    gate: Arc<tokio::sync::Semaphore>,
+    entered: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl SandboxBackend for Gated {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    async fn create(&self, spec: &SandboxSpec) -> sandcell::Result<SandboxInfo> {
+        if spec
+            .labels
+            .get("sandcell.server.tenant")
+            .map(String::as_str)
+            == Some("a")
+        {
+            self.entered.notify_one();
+            let _permit = self.gate.acquire().await;
+        }
+        self.inner.create(spec).await
+    }
+    async fn inspect(&self, id: &SandboxId) -> sandcell::Result<SandboxInfo> {
+        self.inner.inspect(id).await
+    }
+    async fn list(&self, selector: &LabelSelector) -> sandcell::Result<Vec<SandboxInfo>> {
+        self.inner.list(selector).await
+    }
+    async fn destroy(&self, id: &SandboxId) -> sandcell::Result<()> {
+        self.inner.destroy(id).await
+    }
+    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> sandcell::Result<Process> {
+        self.inner.exec(id, request).await
+    }
+    async fn read(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<bytes::Bytes> {
+        self.inner.read(id, path).await
+    }
+    async fn write(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        data: bytes::Bytes,
+    ) -> sandcell::Result<()> {
+        self.inner.write(id, path, data).await
+    }
+    async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<FileInfo> {
+        self.inner.stat(id, path).await
+    }
+    async fn list_dir(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+    ) -> sandcell::Result<Vec<DirEntry>> {
+        self.inner.list_dir(id, path).await
+    }
+    async fn remove(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        recursive: bool,
+    ) -> sandcell::Result<()> {
+        self.inner.remove(id, path, recursive).await
+    }
+    async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<()> {
+        self.inner.mkdir(id, path).await
+    }
+    async fn rename(
+        &self,
+        id: &SandboxId,
+        from: &SandboxPath,
+        to: &SandboxPath,
+    ) -> sandcell::Result<()> {
+        self.inner.rename(id, from, to).await
+    }
+    async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> sandcell::Result<ByteStream> {
+        self.inner.export_tar(id, path).await
+    }
+    async fn import_tar(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        tar: ByteStream,
+        options: sandcell::archive::ImportOptions,
+    ) -> sandcell::Result<()> {
+        self.inner.import_tar(id, path, tar, options).await
+    }
+}
+
+/// ADVERSARIAL 40: while tenant a's create hangs in the backend, tenant b's creates
+/// (Fly and E2B) complete: creates are serialised per tenant, never across tenants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_hung_create_holds_up_no_other_tenant() {
+    let gated = Arc::new(Gated {
+        inner: MockBackend::new(),
+        gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        entered: Arc::new(tokio::sync::Notify::new()),
+    });
+    let config = ServerConfig::with_tenants([
+        Tenant::new("a", "token-a").max_sandboxes(5),
+        Tenant::new("b", "token-b").max_sandboxes(5),
+    ])
+    .unwrap();
+    let served = serve_backend(Arc::clone(&gated) as Arc<dyn SandboxBackend>, config).await;
+    let http = reqwest::Client::new();
+    let fly_create = |token: &'static str| {
+        http.post(format!("{}/v1/apps/app/machines", served.url))
+            .bearer_auth(token)
+            .json(&json!({"config": {"image": "default"}}))
+            .send()
+    };
+    let hung = tokio::spawn(fly_create("token-a"));
+    tokio::time::timeout(Duration::from_secs(10), gated.entered.notified())
+        .await
+        .expect("tenant a's create reached the backend");
+
+    let other = tokio::time::timeout(Duration::from_secs(10), fly_create("token-b"))
+        .await
+        .expect("tenant b's Fly create waited on tenant a's")
+        .unwrap();
+    assert_eq!(other.status(), 200);
+    let e2b = tokio::time::timeout(
+        Duration::from_secs(10),
+        e2b_sandbox(&http, &served.url, "token-b"),
+    )
+    .await
+    .expect("tenant b's E2B create waited on tenant a's");
+    assert!(!e2b.0.is_empty());
+    assert!(
+        !hung.is_finished(),
+        "tenant a's create should still be held"
+    );
+
+    gated.gate.add_permits(1);
+    let released = tokio::time::timeout(Duration::from_secs(10), hung)
+        .await
+        .expect("tenant a's create finished once let go")
+        .unwrap()
+        .unwrap();
+    assert_eq!(released.status(), 200);
+}
+
+/// ADVERSARIAL 40: a Fly and an E2B create that ask for no limits get the server's
+/// default CPU, memory and process limits where the backend enforces them, and an
+/// operator's own defaults replace them.
+#[tokio::test]
+async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
+    let mock = MockBackend::new().set_capabilities(limits_enforced());
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.default_limits = sandcell::Limits::new()
+        .cpu_millis(500)
+        .memory_bytes(256 << 20)
+        .pids(64);
+    let served = serve_backend(Arc::new(mock.clone()), config).await;
+    let http = reqwest::Client::new();
+    let fly: Value = http
+        .post(format!("{}/v1/apps/app/machines", served.url))
+        .bearer_auth(common::TOKEN)
+        .json(&json!({"config": {"image": "default"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let (e2b, _) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    for id in [fly["id"].as_str().unwrap(), e2b.as_str()] {
+        let spec = mock.spec_of(&SandboxId::new(id).unwrap()).unwrap();
+        assert_eq!(spec.limits.cpu_millis, Some(500), "{id}");
+        assert_eq!(spec.limits.memory_bytes, Some(256 << 20), "{id}");
+        assert_eq!(spec.limits.pids, Some(64), "{id}");
+    }
+
+    // Without the capabilities, nothing is asked for that the backend would refuse.
+    let plain = MockBackend::new();
+    let served = serve_backend(Arc::new(plain.clone()), ServerConfig::new(common::TOKEN)).await;
+    let (id, _) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    let spec = plain.spec_of(&SandboxId::new(&id).unwrap()).unwrap();
+    assert_eq!(spec.limits, sandcell::Limits::default());
+}
+
+/// ADVERSARIAL 34: a JSON body over the server's limit is `413` on the Fly and the
+/// E2B face (it was `422` and `400`).
+#[tokio::test]
+async fn case34_a_json_body_over_the_limit_is_413() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_json_bytes = 64 << 10;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let http = reqwest::Client::new();
+    let padding = "x".repeat(128 << 10);
+    let fly = http
+        .post(format!("{}/v1/apps/app/machines", served.url))
+        .bearer_auth(common::TOKEN)
+        .json(&json!({"config": {"image": "default", "env": {"PAD": padding}}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(fly.status(), 413);
+    let body: Value = fly.json().await.unwrap();
+    assert_eq!(body["kind"], "limit_exceeded", "{body}");
+    let e2b = http
+        .post(format!("{}/sandboxes", served.url))
+        .header("X-API-Key", common::TOKEN)
+        .json(&json!({"templateID": "base", "envVars": {"PAD": padding}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(e2b.status(), 413);
+    let body: Value = e2b.json().await.unwrap();
+    assert_eq!(body["code"], 413, "{body}");
+}
+
+/// Reads from `stream` until the server closes it (or `within` passes: `None`).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<Vec<u8>> {
+    let mut answered = Vec::new();
+    tokio::time::timeout(within, async {
+        let mut buf = [0u8; 1024];
+        loop {
+            match stream.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(n) => answered.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .ok()?;
+    Some(answered)
+}
+
+/// ADVERSARIAL 35: a connection that sends half a request head is closed by the
+/// server once the header timeout passes (they stayed open indefinitely).
+#[tokio::test]
+async fn case35_a_half_sent_request_head_is_closed_after_the_header_timeout() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.header_read_timeout = Duration::from_millis(300);
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let mut slow = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    slow.write_all(b"GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    let answered = closed_within(&mut slow, Duration::from_secs(10)).await;
+    assert!(
+        answered.is_some(),
+        "the half-sent request was still open after 10 s"
+    );
+    // A whole request is still answered.
+    let response = reqwest::Client::new()
+        .get(format!("{}/v1/sandcell/capabilities", served.url))
+        .bearer_auth(common::TOKEN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+}
+
+/// ADVERSARIAL 35: past `max_connections` the server takes no more connections until
+/// one closes; then the waiting one is served.
+#[tokio::test]
+async fn case35_connections_past_the_cap_wait_for_a_free_slot() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_connections = 2;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let request = format!(
+        "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Connection: close\r\n\r\n",
+        common::TOKEN
+    );
+    let held = [
+        tokio::net::TcpStream::connect(served.addr).await.unwrap(),
+        tokio::net::TcpStream::connect(served.addr).await.unwrap(),
+    ];
+    let mut third = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    third.write_all(request.as_bytes()).await.unwrap();
+    assert!(
+        closed_within(&mut third, Duration::from_millis(500))
+            .await
+            .is_none(),
+        "a third connection was served past a cap of two"
+    );
+    drop(held);
+    let answered = closed_within(&mut third, Duration::from_secs(10))
+        .await
+        .expect("the third connection was served once a slot was free");
+    assert!(
+        answered.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+}
+
+#[cfg(feature = "mcp")]
+mod mcp {
+    use super::*;
+
+    /// One MCP JSON-RPC exchange over streamable HTTP: the session id the server
+    /// answers with, and the reply whose id is `body`'s (none for a notification).
+    async fn post(
+        http: &reqwest::Client,
+        url: &str,
+        session: Option<&str>,
+        body: Value,
+    ) -> (Option<String>, Value) {
+        let mut request = http
+            .post(format!("{url}/mcp"))
+            .bearer_auth(common::TOKEN)
+            .header("Accept", "application/json, text/event-stream")
+            .json(&body);
+        if let Some(session) = session {
+            request = request
+                .header("Mcp-Session-Id", session)
+                .header("Mcp-Protocol-Version", "2025-06-18");
+        }
+        let response = request.send().await.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        let session = response
+            .headers()
+            .get("mcp-session-id")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let text = response.text().await.unwrap();
+        let reply = text
+            .lines()
+            .filter_map(|line| line.strip_prefix("data:"))
+            .filter_map(|data| serde_json::from_str::<Value>(data.trim()).ok())
+            .find(|message| message.get("id").is_some() && message["id"] == body["id"])
+            .unwrap_or(Value::Null);
+        (session, reply)
+    }
+
+    /// A tool call's text and whether it is a tool error.
+    async fn call_tool(
+        http: &reqwest::Client,
+        url: &str,
+        session: &str,
+        id: u64,
+        name: &str,
+        arguments: Value,
+    ) -> (String, bool) {
+        let body = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {"name": name, "arguments": arguments},
+        });
+        let (_, reply) = post(http, url, Some(session), body).await;
+        let result = &reply["result"];
+        let text = result["content"][0]["text"].as_str().unwrap_or_default();
+        (text.to_owned(), result["isError"] == json!(true))
+    }
+
+    /// ADVERSARIAL 40 on MCP: a session's sandbox gets the server's default limits
+    /// (MCP sandboxes got none), and `read_file` of a file over the server's read
+    /// limit is a tool error naming the limit, not a read of the whole file.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn case40_mcp_sandboxes_get_default_limits_and_reads_are_capped() {
+        let big = vec![b'x'; 2 << 20];
+        let mock = MockBackend::new()
+            .set_capabilities(limits_enforced())
+            .template(
+                "default",
+                [("big.txt", &big[..]), ("small.txt", &b"hi"[..])],
+            )
+            .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let manager =
+            sandcell::SandboxManager::builder(Box::new(mock.clone()) as Box<dyn SandboxBackend>)
+                .data_dir(dir.path())
+                .build()
+                .await
+                .unwrap();
+        let mut config = ServerConfig::new(common::TOKEN).with_mcp(Arc::new(manager));
+        config.max_file_bytes = 1 << 20;
+        let served = serve_backend(Arc::new(mock.clone()), config).await;
+        let http = reqwest::Client::new();
+        let init = json!({
+            "jsonrpc": "2.0", "id": 0, "method": "initialize",
+            "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": {"name": "bounded-test", "version": "0"},
+            },
+        });
+        let (session, reply) = post(&http, &served.url, None, init).await;
+        assert!(reply["result"].is_object(), "{reply}");
+        let session = session.expect("a session id");
+        let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"});
+        post(&http, &served.url, Some(&session), initialized).await;
+
+        let args = json!({"session": "s", "path": "small.txt"});
+        let (text, failed) = call_tool(&http, &served.url, &session, 1, "read_file", args).await;
+        assert_eq!((text.as_str(), failed), ("hi", false));
+        let args = json!({"session": "s", "path": "big.txt"});
+        let (text, failed) = call_tool(&http, &served.url, &session, 2, "read_file", args).await;
+        let head: String = text.chars().take(200).collect();
+        assert!(failed, "read_file answered: {head}");
+        assert!(text.contains("1048576-byte limit"), "{head}");
+
+        let live = mock.list(&LabelSelector::new()).await.unwrap();
+        assert_eq!(live.len(), 1);
+        let spec = mock.spec_of(&live[0].id).unwrap();
+        assert_eq!(spec.limits.cpu_millis, Some(1000));
+        assert_eq!(spec.limits.memory_bytes, Some(512 << 20));
+        assert_eq!(spec.limits.pids, Some(1024));
+    }
+}

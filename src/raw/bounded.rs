@@ -1,0 +1,97 @@
+//! Reads with a byte cap, for a server facing untrusted callers: the backend contract's
+//! `read` answers a whole file, so a caller asking for a huge (or sparse) one would
+//! have the server hold all of it. [`read_at_most`] sizes the file first and refuses
+//! it before reading.
+
+use bytes::Bytes;
+
+use crate::backend::SandboxBackend;
+use crate::error::{Error, Result};
+use crate::fs::FileKind;
+use crate::path::SandboxPath;
+use crate::sandbox::SandboxId;
+
+/// Most symbolic links followed while sizing a file, as Linux's `MAXSYMLINKS`.
+const MAX_LINKS: usize = 40;
+
+/// Reads `path` unless it holds more than `max_bytes`: `LimitExceeded` naming the
+/// size and the limit, before a byte is read.
+///
+/// The file is sized with `stat`, following symbolic links whose targets stay in the
+/// workspace. A file whose size cannot be told first (a link leading out of the
+/// workspace, which most backends refuse to read anyway) is read and then checked,
+/// so the answer is bounded even where the read was not; so is a file that grows
+/// between the two calls.
+pub async fn read_at_most(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    path: &SandboxPath,
+    max_bytes: u64,
+) -> Result<Bytes> {
+    let mut current = path.clone();
+    for _ in 0..MAX_LINKS {
+        let info = backend.stat(id, &current).await?;
+        if info.kind != FileKind::Symlink {
+            if info.kind == FileKind::File && info.size > max_bytes {
+                return Err(too_large(path, info.size, max_bytes));
+            }
+            break;
+        }
+        match info
+            .symlink_target
+            .as_deref()
+            .and_then(|t| resolve(&current, t))
+        {
+            Some(next) => current = next,
+            None => break,
+        }
+    }
+    let data = backend.read(id, path).await?;
+    if data.len() as u64 > max_bytes {
+        return Err(too_large(path, data.len() as u64, max_bytes));
+    }
+    Ok(data)
+}
+
+/// Where a link at `link` with the relative `target` leads, lexically; `None` for an
+/// absolute target or one that climbs out of the workspace.
+fn resolve(link: &SandboxPath, target: &str) -> Option<SandboxPath> {
+    if target.starts_with('/') {
+        return None;
+    }
+    let parent = link.parent()?;
+    let mut parts: Vec<&str> = parent.components().collect();
+    for component in target.split('/') {
+        match component {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            name => parts.push(name),
+        }
+    }
+    SandboxPath::new(&parts.join("/")).ok()
+}
+
+fn too_large(path: &SandboxPath, size: u64, max_bytes: u64) -> Error {
+    Error::limit_exceeded(format!(
+        "{path} holds {size} bytes, over the {max_bytes}-byte limit of one read: read it \
+         in parts with a command (`head -c`, `tail -c`), or export its directory as an \
+         archive"
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn links_resolve_within_the_workspace_only() {
+        let link = SandboxPath::new("a/b/link").unwrap();
+        assert_eq!(resolve(&link, "c").unwrap().as_str(), "a/b/c");
+        assert_eq!(resolve(&link, "../c").unwrap().as_str(), "a/c");
+        assert_eq!(resolve(&link, "./../../c").unwrap().as_str(), "c");
+        assert!(resolve(&link, "../../../c").is_none());
+        assert!(resolve(&link, "/etc/passwd").is_none());
+    }
+}
