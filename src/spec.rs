@@ -180,6 +180,21 @@ impl SandboxSpec {
         if let Network::Allowlist(entries) = &self.network {
             crate::egress::Allowlist::parse(entries)?;
         }
+        // A zero limit would stop the sandbox from running anything at all; it is a
+        // mistake (or a probe), refused before any backend makes something of it.
+        for (name, zero) in [
+            ("limits.cpu_millis", self.limits.cpu_millis == Some(0)),
+            ("limits.memory_bytes", self.limits.memory_bytes == Some(0)),
+            ("limits.pids", self.limits.pids == Some(0)),
+            ("limits.disk_bytes", self.limits.disk_bytes == Some(0)),
+            ("limits.output_bytes", self.limits.output_bytes == Some(0)),
+        ] {
+            if zero {
+                return Err(Error::invalid_input(format!(
+                    "{name} must be greater than zero (leave it unset for no limit)"
+                )));
+            }
+        }
         for mount in &self.mounts {
             if !mount.host.is_absolute() {
                 return Err(Error::invalid_input(format!(
@@ -421,6 +436,19 @@ impl Mount {
 mod tests {
     use super::*;
     use crate::ErrorKind;
+
+    #[test]
+    fn zero_limits_are_refused_naming_the_limit() {
+        for (limits, name) in [
+            (Limits::new().cpu_millis(0), "limits.cpu_millis"),
+            (Limits::new().memory_bytes(0), "limits.memory_bytes"),
+            (Limits::new().pids(0), "limits.pids"),
+        ] {
+            let err = SandboxSpec::new("t").limits(limits).validate().unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidInput);
+            assert!(err.to_string().contains(name), "{err}");
+        }
+    }
 
     #[test]
     fn each_unsupported_field_is_named() {

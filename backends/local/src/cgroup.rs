@@ -120,18 +120,21 @@ impl CgroupRoots {
                 cg.pids = Some(self.limit_dir(&cg.unified, &self.pids_v1, "pids", id)?);
                 write_file(cg.pids.as_deref(), "pids.max", &max.to_string())?;
             }
+            // Each directory is recorded before anything is written to it, so a write
+            // that fails leaves nothing behind (`remove` takes what is recorded).
             if let Some(bytes) = limits.memory_bytes {
                 let dir = self.limit_dir(&cg.unified, &self.memory_v1, "memory", id)?;
+                cg.memory = Some(dir.clone());
                 let file = if dir == cg.unified {
                     "memory.max"
                 } else {
                     "memory.limit_in_bytes"
                 };
                 write_file(Some(&dir), file, &bytes.to_string())?;
-                cg.memory = Some(dir);
             }
             if let Some(millis) = limits.cpu_millis {
                 let dir = self.limit_dir(&cg.unified, &self.cpu_v1, "cpu", id)?;
+                cg.cpu = Some(dir.clone());
                 let quota = u64::from(millis) * 100; // microseconds per 100 ms period
                 if dir == cg.unified {
                     write_file(Some(&dir), "cpu.max", &format!("{quota} 100000"))?;
@@ -139,7 +142,6 @@ impl CgroupRoots {
                     write_file(Some(&dir), "cpu.cfs_period_us", "100000")?;
                     write_file(Some(&dir), "cpu.cfs_quota_us", &quota.to_string())?;
                 }
-                cg.cpu = Some(dir);
             }
             Ok(())
         })();
@@ -443,6 +445,11 @@ fn make_dir(dir: &Path) -> Result<()> {
 fn write_file(dir: Option<&Path>, file: &str, value: &str) -> Result<()> {
     let Some(dir) = dir else { return Ok(()) };
     let path = dir.join(file);
-    std::fs::write(&path, value)
-        .map_err(|e| Error::io(format_args!("writing {} to {}", value, path.display()), e))
+    // The error names the limit, not the host's cgroup path: it reaches clients.
+    std::fs::write(&path, value).map_err(|e| {
+        Error::io(
+            format_args!("setting the sandbox's limit {file} to {value}"),
+            e,
+        )
+    })
 }

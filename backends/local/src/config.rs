@@ -102,9 +102,9 @@ pub struct LocalConfig {
     /// (an internal package mirror, a test server). The addresses are checked like
     /// resolved ones: a private one needs an address rule.
     pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
-    /// When the backend runs as root and isolates (`Isolation::Landlock` or
-    /// `Namespaces`): the unprivileged host uid (and gid) that owns every sandbox's
-    /// files and runs its processes (at `Namespaces` they see it as their root).
+    /// At `Isolation::Namespaces` when the backend runs as root: the unprivileged host
+    /// uid (and gid) that owns every sandbox's files and runs its processes, which see
+    /// it as their root.
     /// Default 1000000000, past the subordinate id ranges a distribution hands out;
     /// must not be 0. Unused otherwise: an unprivileged backend's sandboxes are its
     /// own user.
@@ -252,10 +252,7 @@ impl LocalBackendBuilder {
         let root = std::fs::canonicalize(&config.root)
             .map_err(|e| Error::io(format_args!("resolving {}", config.root.display()), e))?;
         config.root = root;
-        if let (Some(owner), Isolation::Landlock) = (&probed.owner, config.isolation) {
-            // Its commands reach their workspace and tmp by these paths.
-            owner.reach(&config.root)?;
-        }
+
         if !config.templates.contains_key("default") {
             let empty = config.root.join("templates").join("default");
             std::fs::create_dir_all(&empty)

@@ -34,6 +34,9 @@ const WRITABLE_DEVICES: &[&str] = &[
 /// `LANDLOCK_SCOPE_ABSTRACT_UNIX_SOCKET` (ABI 6): no connecting to abstract Unix
 /// sockets made outside the sandbox process's own domain.
 const SCOPE_ABSTRACT_UNIX_SOCKET: u64 = 1 << 0;
+/// `LANDLOCK_SCOPE_SIGNAL` (ABI 6): no signals to processes outside the sandbox
+/// process's own domain, another sandbox's (the same uid) included.
+const SCOPE_SIGNAL: u64 = 1 << 1;
 
 /// Where a default sandbox may read and execute: the system's programs, libraries and
 /// configuration, and `/proc`. Not `/home`, `/root`, `/tmp`, `/var`, `/srv`, `/mnt`,
@@ -159,7 +162,7 @@ pub(crate) fn ruleset(
         handled |= TRUNCATE;
     }
     let scoped = if abi >= 6 {
-        SCOPE_ABSTRACT_UNIX_SOCKET
+        SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
     } else {
         0
     };

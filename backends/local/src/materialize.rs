@@ -31,7 +31,7 @@ pub(crate) fn materialize(
             Some(owner) => {
                 fs::create_dir(&workspace)
                     .map_err(|e| Error::io("creating the workspace directory", e))?;
-                owner.view(template, &workspace)?;
+                owner.view(template, &workspace, true)?;
             }
             // A link the workspace is opened through (once, by a trusted path);
             // removing the sandbox directory removes the link, never the template.
@@ -98,7 +98,7 @@ pub(crate) fn with_view<T>(
 ) -> Result<T> {
     let at = dir.path().join("view");
     fs::create_dir(&at).map_err(|e| Error::io("creating a directory for a view", e))?;
-    let result = owner.view(source, &at).and_then(|()| {
+    let result = owner.view(source, &at, false).and_then(|()| {
         let result = f(&at);
         let _ = rustix::mount::unmount(&at, UnmountFlags::DETACH);
         result
@@ -120,6 +120,9 @@ pub(crate) fn attach_mounts(
         return Ok(());
     }
     let ws = crate::contained::Workspace::open(&dir.workspace())?;
+    // The mount points are made as the owner: the workspace may be a view that shows
+    // nothing as root's.
+    let _owner = owner.map(SandboxOwner::assume);
     for m in mounts {
         let meta = fs::metadata(&m.host)
             .map_err(|e| Error::io(format_args!("mount source {}", m.host.display()), e))?;
@@ -132,7 +135,7 @@ pub(crate) fn attach_mounts(
         ws.mkdir(&m.target)?;
         let target = ws.resolve_dir(&m.target)?;
         match owner {
-            Some(owner) => owner.view(&m.host, &target)?,
+            Some(owner) => owner.view(&m.host, &target, !m.read_only)?,
             None => rustix::mount::mount_bind(&m.host, &target).map_err(|e| {
                 Error::io(
                     format_args!("bind-mounting {} at {}", m.host.display(), m.target),

@@ -28,19 +28,23 @@ pub(crate) const DEFAULT_ID: u32 = 1_000_000_000;
 pub(crate) struct SandboxOwner {
     pub(crate) uid: u32,
     pub(crate) gid: u32,
-    /// A user namespace whose uid and gid 0 are `uid` and `gid`: the idmapping of
-    /// the views.
-    userns: OwnedFd,
+    /// `sleep`, which the child that makes a user namespace runs.
+    sleep: std::path::PathBuf,
+    /// User namespaces mapping a directory's owner (uid, gid) to this owner: the
+    /// idmappings of the views, made as views need them.
+    mappings: std::sync::Mutex<std::collections::HashMap<(u32, u32), std::sync::Arc<OwnedFd>>>,
 }
 
 impl SandboxOwner {
-    /// The owner a backend at `isolation` needs: one when this process is root and the
-    /// level isolates (`uid` for both ids), none otherwise.
+    /// The owner a backend at `isolation` needs: one at `Isolation::Namespaces` when
+    /// this process is root (`uid` for both ids), none otherwise. (At `Landlock` a
+    /// command reaches its workspace by host path, through directories a private root
+    /// keeps to root: its commands stay root's uid, with no capability.)
     pub(crate) fn for_backend(
         isolation: crate::Isolation,
         uid: u32,
     ) -> Result<Option<std::sync::Arc<SandboxOwner>>> {
-        if isolation == crate::Isolation::None || !rustix::process::geteuid().is_root() {
+        if isolation != crate::Isolation::Namespaces || !rustix::process::geteuid().is_root() {
             return Ok(None);
         }
         let sleep = crate::namespace::find("sleep").ok_or_else(|| {
@@ -49,13 +53,32 @@ impl SandboxOwner {
         SandboxOwner::new(uid, uid, &sleep).map(|owner| Some(std::sync::Arc::new(owner)))
     }
 
-    /// The owner `uid`:`gid`, with its user namespace made by a short-lived child.
+    /// The owner `uid`:`gid`; fails where this host cannot make the user namespaces
+    /// its views need.
     pub(crate) fn new(uid: u32, gid: u32, sleep: &Path) -> Result<SandboxOwner> {
         if uid == 0 || gid == 0 {
             return Err(Error::invalid_input(
                 "a sandbox's owner cannot be uid or gid 0: that is the host's root",
             ));
         }
+        let owner = SandboxOwner {
+            uid,
+            gid,
+            sleep: sleep.to_path_buf(),
+            mappings: Default::default(),
+        };
+        owner.mapping(0, 0)?;
+        Ok(owner)
+    }
+
+    /// The user namespace that maps `from_uid`:`from_gid` to the owner, made by a
+    /// short-lived child the first time it is asked for.
+    fn mapping(&self, from_uid: u32, from_gid: u32) -> Result<std::sync::Arc<OwnedFd>> {
+        let mut mappings = self.mappings.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(userns) = mappings.get(&(from_uid, from_gid)) {
+            return Ok(userns.clone());
+        }
+        let (uid, gid, sleep) = (self.uid, self.gid, &self.sleep);
         let failed = |e: std::io::Error| {
             Error::unsupported(format!(
                 "making the user namespace that maps a sandbox's root to uid {uid} failed ({e}); \
@@ -79,45 +102,15 @@ impl SandboxOwner {
         let mut child = cmd.spawn().map_err(failed)?;
         let pid = child.id();
         let made = (|| {
-            std::fs::write(format!("/proc/{pid}/uid_map"), format!("0 {uid} 1"))?;
-            std::fs::write(format!("/proc/{pid}/gid_map"), format!("0 {gid} 1"))?;
+            std::fs::write(format!("/proc/{pid}/uid_map"), format!("{from_uid} {uid} 1"))?;
+            std::fs::write(format!("/proc/{pid}/gid_map"), format!("{from_gid} {gid} 1"))?;
             std::fs::File::open(format!("/proc/{pid}/ns/user")).map(OwnedFd::from)
         })();
         let _ = child.kill();
         let _ = child.wait();
-        Ok(SandboxOwner {
-            uid,
-            gid,
-            userns: made.map_err(failed)?,
-        })
-    }
-
-    /// Makes sure the owner can reach the sandboxes beneath `root` by path, as
-    /// commands at `Isolation::Landlock` do: `root` (this process's) becomes
-    /// searchable by other users, never listable; an ancestor the owner cannot search
-    /// is refused with what to do.
-    pub(crate) fn reach(&self, root: &Path) -> Result<()> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        let meta = std::fs::metadata(root).map_err(|e| Error::io("inspecting the root", e))?;
-        let mode = meta.mode() & 0o7777;
-        if mode & 0o001 == 0 {
-            std::fs::set_permissions(root, std::fs::Permissions::from_mode(mode | 0o001))
-                .map_err(|e| Error::io("making the root searchable", e))?;
-        }
-        for ancestor in root.ancestors().skip(1) {
-            let meta =
-                std::fs::metadata(ancestor).map_err(|e| Error::io("inspecting the root", e))?;
-            if meta.mode() & 0o001 == 0 && meta.uid() != self.uid {
-                return Err(Error::unsupported(format!(
-                    "as root, sandboxes run as uid {}, which cannot reach {}: {} is not searchable by other users; \
-                     make it so (chmod o+x) or choose another root",
-                    self.uid,
-                    root.display(),
-                    ancestor.display()
-                )));
-            }
-        }
-        Ok(())
+        let userns = std::sync::Arc::new(made.map_err(failed)?);
+        mappings.insert((from_uid, from_gid), userns.clone());
+        Ok(userns)
     }
 
     /// Gives `path` itself (not what it holds) to the owner.
@@ -167,9 +160,26 @@ impl SandboxOwner {
     }
 
     /// Mounts an idmapped view of the directory `source` at the empty directory `at`:
-    /// through it, what root owns in `source` is the owner's. Nothing else changes on
-    /// disk.
-    pub(crate) fn view(&self, source: &Path, at: &Path) -> Result<()> {
+    /// through it, what `source`'s owner owns is the sandbox owner's, and what the
+    /// sandbox makes there is `source`'s owner's on disk. The view is `nosuid` and
+    /// `nodev`; nothing changes on disk.
+    ///
+    /// A `writable` view of a directory root owns is refused: what the sandbox made
+    /// in it would be root's on the host, a setuid program among them.
+    pub(crate) fn view(&self, source: &Path, at: &Path, writable: bool) -> Result<()> {
+        use std::os::unix::fs::MetadataExt;
+        let meta = std::fs::metadata(source)
+            .map_err(|e| Error::io(format_args!("inspecting {}", source.display()), e))?;
+        if writable && meta.uid() == 0 {
+            return Err(Error::permission_denied(format!(
+                "refusing to let a sandbox write in {}, which root owns: what it made there \
+                 would be root's on this host; give the directory to another user (such as \
+                 uid {}) or mount it read-only",
+                source.display(),
+                self.uid
+            )));
+        }
+        let userns = self.mapping(meta.uid(), meta.gid())?;
         let failed = |step: &str, e: rustix::io::Errno| {
             Error::io(
                 format_args!("showing a directory to a sandbox as its own ({step})"),
@@ -182,7 +192,13 @@ impl SandboxOwner {
             OpenTreeFlags::OPEN_TREE_CLONE | OpenTreeFlags::OPEN_TREE_CLOEXEC,
         )
         .map_err(|e| failed("open_tree", e))?;
-        self.idmap(&tree).map_err(|e| failed("mount_setattr", e))?;
+        set_mount_attributes(
+            &tree,
+            MOUNT_ATTR_IDMAP | MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+            Some(&userns),
+            false,
+        )
+        .map_err(|e| failed("mount_setattr", e))?;
         rustix::mount::move_mount(
             tree.as_fd(),
             "",
@@ -193,10 +209,6 @@ impl SandboxOwner {
         .map_err(|e| failed("move_mount", e))
     }
 
-    /// Attaches the owner's idmapping to the detached mount `tree`.
-    fn idmap(&self, tree: &OwnedFd) -> rustix::io::Result<()> {
-        set_mount_attributes(tree, MOUNT_ATTR_IDMAP, Some(&self.userns), false)
-    }
 }
 
 const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
