@@ -15,7 +15,7 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::Command;
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use sandcell::testing::egress;
+use sandcell::testing::egress::{self, EgressWorld};
 use sandcell::{ErrorKind, Network, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
@@ -332,5 +332,61 @@ async fn adversarial_38_full_network_reaches_outside_through_nat_and_leaves_noth
             "no rules with no sandbox:\n{}",
             sh("nft list ruleset")
         );
+    }
+}
+
+/// ADVERSARIAL 38: an allowlist naming loopback, link-local or unspecified addresses
+/// is refused when the rule is accepted (create, `set_network`); one naming an address
+/// of the host's own (host B's, on its loopback interface) is accepted, and the proxy
+/// refuses to relay to it, at each level that enforces an allowlist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_38_allowlists_refuse_the_host() {
+    let world = EgressWorld::start().await;
+    for isolation in [Isolation::Namespaces, Isolation::Landlock] {
+        let root = tempfile::tempdir().unwrap();
+        let mut builder = LocalBackend::builder()
+            .root(root.path())
+            .isolation(isolation);
+        for (name, addrs) in EgressWorld::hosts() {
+            builder = builder.egress_host(name, addrs);
+        }
+        let Ok(b) = builder.build() else { continue };
+        if !b.capabilities().network_allowlist {
+            continue;
+        }
+        for rule in [
+            "127.0.0.1",
+            "0.0.0.0/0",
+            "169.254.169.254:80",
+            "[::1]:22",
+            "fe80::/10",
+        ] {
+            let spec = SandboxSpec::default().network(Network::Allowlist(vec![rule.into()]));
+            let err = b.create(&spec).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::InvalidInput,
+                "{isolation:?} {rule}: {err}"
+            );
+        }
+        let own = egress::HOST_B.to_string();
+        let info = b
+            .create(&SandboxSpec::default().network(Network::Allowlist(vec![own.clone()])))
+            .await
+            .unwrap();
+        let err = b
+            .set_network(&info.id, &Network::Allowlist(vec!["127.0.0.1".into()]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{isolation:?}: {err}");
+        let seen =
+            egress::fetch(&b, &info.id, "", &format!("http://{own}:{}/", world.b_http)).await;
+        assert_eq!(
+            seen.status, 403,
+            "{isolation:?}: the host's own address: {seen:?}"
+        );
+        assert!(seen.body.contains("reaches this host"), "{seen:?}");
+        assert!(!seen.body.contains(egress::BODY_B), "{seen:?}");
+        b.destroy(&info.id).await.unwrap();
     }
 }
