@@ -20,7 +20,9 @@ use crate::{Error, Result};
 ///
 /// A name rule never allows a connection to a raw address, and an address a name
 /// resolves to must itself be public unless an address rule allows it (see
-/// [`is_private`]): a name cannot be pointed at this host or its network.
+/// [`is_private`]; the proxy honours such a rule only where the operator allows
+/// private ranges): a name cannot be pointed at this host or its network. No rule may
+/// name or cover loopback, link-local or unspecified addresses ([`reaches_host`]).
 ///
 /// ```
 /// use sandcell::egress::Allowlist;
@@ -102,6 +104,25 @@ impl Allowlist {
                     }
                     Target::Range { .. } => false,
                 }
+        })
+    }
+
+    /// The first address rule that names or covers a private address ([`is_private`]:
+    /// this host's networks, shared, multicast and reserved ranges), which only an
+    /// operator may allow (ADVERSARIAL 38).
+    ///
+    /// ```
+    /// use sandcell::egress::Allowlist;
+    /// assert!(Allowlist::parse(["10.1.0.0/16"]).unwrap().private_rule().is_some());
+    /// assert!(Allowlist::parse(["172.0.0.0/8"]).unwrap().private_rule().is_some());
+    /// assert!(Allowlist::parse(["192.0.2.0/24", "a.test"]).unwrap().private_rule().is_none());
+    /// ```
+    pub fn private_rule(&self) -> Option<&Rule> {
+        self.rules.iter().find(|rule| match rule.target {
+            Target::Range { network, prefix } => PRIVATE_BLOCKS.iter().any(|&(block, size)| {
+                network.is_ipv4() == block.is_ipv4() && in_range(network, block, prefix.min(size))
+            }),
+            _ => false,
         })
     }
 
@@ -282,6 +303,46 @@ const HOST_BLOCKS: [(IpAddr, u8); 10] = [
     (
         IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xa9fe, 0)),
         112,
+    ),
+];
+
+/// The ranges [`is_private`] holds beyond [`HOST_BLOCKS`], as blocks (IPv4-compatible
+/// and NAT64 forms of IPv4 ones included).
+const PRIVATE_BLOCKS: [(IpAddr, u8); 16] = [
+    (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)), 8),
+    (IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), 12),
+    (IpAddr::V4(Ipv4Addr::new(192, 168, 0, 0)), 16),
+    (IpAddr::V4(Ipv4Addr::new(100, 64, 0, 0)), 10),
+    (IpAddr::V4(Ipv4Addr::new(224, 0, 0, 0)), 4),
+    (IpAddr::V4(Ipv4Addr::new(240, 0, 0, 0)), 4),
+    (IpAddr::V6(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0)), 7),
+    (IpAddr::V6(Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0)), 10),
+    (IpAddr::V6(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0)), 8),
+    // IPv4-compatible `::a.b.c.d` of every IPv4 address: is_private judges the IPv4.
+    (IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0)), 96),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0x0a00, 0)),
+        104,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xac10, 0)),
+        108,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xc0a8, 0)),
+        112,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0x6440, 0)),
+        106,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xe000, 0)),
+        100,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xf000, 0)),
+        100,
     ),
 ];
 
@@ -481,7 +542,7 @@ mod tests {
         ] {
             assert!(reaches_host(ip(reaching)), "{reaching}");
         }
-        for fine in ["10.0.0.0/8", "128.0.0.0/1", "2001:db8::/32", "192.0.2.1"] {
+        for fine in ["10.0.0.0/8", "172.0.0.0/8", "2001:db8::/32", "192.0.2.1"] {
             assert!(Allowlist::parse([fine]).is_ok(), "{fine}");
         }
         assert!(!reaches_host(ip("10.0.0.1")));

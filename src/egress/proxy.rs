@@ -67,8 +67,12 @@ impl EgressCount {
 /// - `GET http://host/...` (any method, absolute form) is forwarded when a rule allows
 ///   the host.
 /// - Names are resolved here, never by the sandbox: an allowed name that resolves only
-///   to [private](super::is_private) addresses no address rule allows is refused, and
-///   the connection goes to an address that was checked.
+///   to this host's addresses, or to [private](super::is_private) ones no address rule
+///   allows (which it can only where the operator allows private ranges,
+///   [`allow_private_ranges`](Self::allow_private_ranges)), is refused, and the
+///   connection goes to an address that was checked. An address that reaches this
+///   host ([`reaches_host`](super::reaches_host), or one of its own) is never a target
+///   (ADVERSARIAL 38).
 /// - A refusal is `403 Forbidden` with the reason in the body and in the
 ///   [`DENIED_HEADER`] header; an upstream that cannot be resolved or reached is
 ///   `502 Bad Gateway`.
@@ -103,6 +107,8 @@ struct Inner {
     allowlist: RwLock<Arc<Allowlist>>,
     hosts: BTreeMap<String, Vec<IpAddr>>,
     counts: Mutex<BTreeMap<String, EgressCount>>,
+    /// Whether an address rule may allow a private address (the operator's choice).
+    private_ranges: std::sync::atomic::AtomicBool,
     /// Unit tests' upstreams listen on `127.0.0.1`: there it counts as public.
     #[cfg(test)]
     loopback_is_public: bool,
@@ -152,6 +158,7 @@ impl EgressProxy {
                 allowlist: RwLock::new(Arc::new(allowlist)),
                 hosts,
                 counts: Mutex::new(BTreeMap::new()),
+                private_ranges: std::sync::atomic::AtomicBool::new(false),
                 #[cfg(test)]
                 loopback_is_public: false,
             }),
@@ -167,6 +174,23 @@ impl EgressProxy {
                 .read()
                 .unwrap_or_else(|p| p.into_inner()),
         )
+    }
+
+    /// Lets an address rule allow a private address ([`is_private`]: the host's
+    /// networks and reserved ranges), which an operator chooses, never a sandbox's
+    /// allowlist alone (ADVERSARIAL 38). Off by default: a private address is refused
+    /// whatever the rules. Loopback, link-local and the host's own addresses stay
+    /// refused either way.
+    pub fn allow_private_ranges(&self, allowed: bool) {
+        self.inner
+            .private_ranges
+            .store(allowed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn private_allowed(&self) -> bool {
+        self.inner
+            .private_ranges
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Replaces the allowlist. New connections see it at once; open ones stay open.
@@ -379,6 +403,13 @@ impl EgressProxy {
                      own addresses): no rule can allow it"
                 )));
             }
+            if is_private(addr) && !self.private_allowed() && !self.test_upstream(addr) {
+                self.count(&target.host, false);
+                return Err(Refusal::Denied(format!(
+                    "address {addr} is private, and the operator has not allowed private \
+                     ranges"
+                )));
+            }
             if allowlist.allows_addr(addr, port).is_none() {
                 self.count(&target.host, false);
                 return Err(Refusal::Denied(format!(
@@ -406,7 +437,8 @@ impl EgressProxy {
                     self.test_upstream(addr.ip())
                         || (!self.reaches_this_host(addr.ip(), pinned)
                             && (!is_private(addr.ip())
-                                || allowlist.allows_addr(addr.ip(), port).is_some()))
+                                || (self.private_allowed()
+                                    && allowlist.allows_addr(addr.ip(), port).is_some())))
                 });
             if passed.is_empty() {
                 self.count(&name, false);

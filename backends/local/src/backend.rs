@@ -325,7 +325,7 @@ impl LocalBackend {
             &meta.id,
             &meta.spec.network,
             &cgroups.unified,
-            &self.inner.config.egress_hosts,
+            &self.inner.config,
         )?;
         meta.egress_port = Some(port);
         dir.write_meta(meta)
@@ -358,7 +358,7 @@ impl LocalBackend {
             &meta.id,
             &meta.spec.network,
             listener,
-            &self.inner.config.egress_hosts,
+            &self.inner.config,
         )
     }
 
@@ -458,6 +458,9 @@ impl SandboxBackend for LocalBackend {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
         // Unset limits take the backend's defaults; the stored spec shows what applies.
         let mut spec = spec.prepare(&self.inner.capabilities)?;
+        if let sandcell::Network::Allowlist(entries) = &spec.network {
+            crate::egress::accepted(entries, &self.inner.config)?;
+        }
         let template = self
             .inner
             .config
@@ -776,7 +779,7 @@ impl SandboxBackend for LocalBackend {
                 network.mode()
             )));
         };
-        let allowlist = sandcell::egress::Allowlist::parse(entries)?;
+        let allowlist = crate::egress::accepted(entries, &self.inner.config)?;
         let (dir, mut meta) = self.meta(id)?;
         if !matches!(meta.spec.network, sandcell::Network::Allowlist(_)) {
             return Err(Error::unsupported(format!(

@@ -336,7 +336,8 @@ async fn adversarial_38_full_network_reaches_outside_through_nat_and_leaves_noth
 }
 
 /// ADVERSARIAL 38: an allowlist naming loopback, link-local or unspecified addresses
-/// is refused when the rule is accepted (create, `set_network`); one naming an address
+/// is refused when the rule is accepted (create, `set_network`), and one naming a
+/// private range unless the operator allows them; one naming an address
 /// of the host's own (host B's, on its loopback interface) is accepted, and the proxy
 /// refuses to relay to it, at each level that enforces an allowlist.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -369,6 +370,28 @@ async fn adversarial_38_allowlists_refuse_the_host() {
                 "{isolation:?} {rule}: {err}"
             );
         }
+        // Private ranges only where the operator allows them.
+        for rule in ["10.1.0.0/16", "192.168.1.1:80", "172.0.0.0/8", "fd00::/8"] {
+            let spec = SandboxSpec::default().network(Network::Allowlist(vec![rule.into()]));
+            let err = b.create(&spec).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::InvalidInput,
+                "{isolation:?} {rule}: {err}"
+            );
+            assert!(err.to_string().contains("private range"), "{err}");
+        }
+        let operator_root = tempfile::tempdir().unwrap();
+        let operator = LocalBackend::builder()
+            .root(operator_root.path())
+            .isolation(isolation)
+            .egress_private_ranges(true)
+            .build()
+            .unwrap();
+        let private =
+            SandboxSpec::default().network(Network::Allowlist(vec!["10.1.0.0/16".into()]));
+        let info = operator.create(&private).await.unwrap();
+        operator.destroy(&info.id).await.unwrap();
         let own = egress::HOST_B.to_string();
         let info = b
             .create(&SandboxSpec::default().network(Network::Allowlist(vec![own.clone()])))
