@@ -1119,5 +1119,13 @@ async fn start_namespaces(
     }
     meta.ns_init = Some(init);
     meta.ns_user = crate::namespace::has_own_user_ns(init);
-    dir.write_meta(meta)
+    let written = dir.write_meta(meta);
+    if written.is_err() {
+        // Unrecorded, the veth would be left to the kernel and the host's rules to the
+        // next sandbox's destroy.
+        if let Some(link) = meta.net_link.take() {
+            crate::network::detach(&link);
+        }
+    }
+    written
 }
