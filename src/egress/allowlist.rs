@@ -20,7 +20,9 @@ use crate::{Error, Result};
 ///
 /// A name rule never allows a connection to a raw address, and an address a name
 /// resolves to must itself be public unless an address rule allows it (see
-/// [`is_private`]): a name cannot be pointed at this host or its network.
+/// [`is_private`]; the proxy honours such a rule only where the operator allows
+/// private ranges): a name cannot be pointed at this host or its network. No rule may
+/// name or cover loopback, link-local or unspecified addresses ([`reaches_host`]).
 ///
 /// ```
 /// use sandcell::egress::Allowlist;
@@ -105,6 +107,25 @@ impl Allowlist {
         })
     }
 
+    /// The first address rule that names or covers a private address ([`is_private`]:
+    /// this host's networks, shared, multicast and reserved ranges), which only an
+    /// operator may allow (ADVERSARIAL 38).
+    ///
+    /// ```
+    /// use sandcell::egress::Allowlist;
+    /// assert!(Allowlist::parse(["10.1.0.0/16"]).unwrap().private_rule().is_some());
+    /// assert!(Allowlist::parse(["172.0.0.0/8"]).unwrap().private_rule().is_some());
+    /// assert!(Allowlist::parse(["192.0.2.0/24", "a.test"]).unwrap().private_rule().is_none());
+    /// ```
+    pub fn private_rule(&self) -> Option<&Rule> {
+        self.rules.iter().find(|rule| match rule.target {
+            Target::Range { network, prefix } => PRIVATE_BLOCKS.iter().any(|&(block, size)| {
+                network.is_ipv4() == block.is_ipv4() && in_range(network, block, prefix.min(size))
+            }),
+            _ => false,
+        })
+    }
+
     /// The first address rule that allows connecting to `addr` on `port`.
     pub fn allows_addr(&self, addr: IpAddr, port: u16) -> Option<&Rule> {
         let addr = canonical(addr);
@@ -134,17 +155,26 @@ impl Rule {
             let network: IpAddr = addr
                 .parse()
                 .map_err(|_| bad("a range must be ADDRESS/PREFIX"))?;
-            let network = canonical(network);
             let max = if network.is_ipv4() { 32 } else { 128 };
             let prefix: u8 = prefix
                 .parse()
                 .ok()
                 .filter(|p| *p <= max)
                 .ok_or_else(|| bad(&format!("the prefix must be 0 to {max}")))?;
+            // An IPv4-mapped range (`::ffff:0:0/96`) is the IPv4 range it maps.
+            let (network, prefix) = match network {
+                IpAddr::V6(v6) if prefix >= 96 => match v6.to_ipv4_mapped() {
+                    Some(v4) => (IpAddr::V4(v4), prefix - 96),
+                    None => (network, prefix),
+                },
+                _ => (network, prefix),
+            };
+            refuse_host_blocks(network, prefix).map_err(|why| bad(&why))?;
             Target::Range { network, prefix }
         } else if let Ok(addr) = host.parse::<IpAddr>() {
             let addr = canonical(addr);
             let prefix = if addr.is_ipv4() { 32 } else { 128 };
+            refuse_host_blocks(addr, prefix).map_err(|why| bad(&why))?;
             Target::Range {
                 network: addr,
                 prefix,
@@ -247,6 +277,107 @@ fn in_range(addr: IpAddr, network: IpAddr, prefix: u8) -> bool {
         }
         _ => false,
     }
+}
+
+/// The blocks no rule may name or cover, whatever the operator allows: loopback, the
+/// unspecified address and "this network" reach this host itself; link-local reaches
+/// what sits beside it (a cloud's metadata service). With their IPv4-compatible and
+/// NAT64 forms (IPv4-mapped ones are IPv4 here). ADVERSARIAL 38.
+const HOST_BLOCKS: [(IpAddr, u8); 10] = [
+    (IpAddr::V4(Ipv4Addr::new(0, 0, 0, 0)), 8),
+    (IpAddr::V4(Ipv4Addr::new(127, 0, 0, 0)), 8),
+    (IpAddr::V4(Ipv4Addr::new(169, 254, 0, 0)), 16),
+    // `::`, `::1` and every IPv4-compatible `::a.b.c.d` whose first octet is 0.
+    (IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0)), 104),
+    (IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0x7f00, 0)), 104),
+    (IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0xa9fe, 0)), 112),
+    (IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 0)), 10),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0)),
+        104,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0x7f00, 0)),
+        104,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xa9fe, 0)),
+        112,
+    ),
+];
+
+/// The ranges [`is_private`] holds beyond [`HOST_BLOCKS`], as blocks (IPv4-compatible
+/// and NAT64 forms of IPv4 ones included).
+const PRIVATE_BLOCKS: [(IpAddr, u8); 16] = [
+    (IpAddr::V4(Ipv4Addr::new(10, 0, 0, 0)), 8),
+    (IpAddr::V4(Ipv4Addr::new(172, 16, 0, 0)), 12),
+    (IpAddr::V4(Ipv4Addr::new(192, 168, 0, 0)), 16),
+    (IpAddr::V4(Ipv4Addr::new(100, 64, 0, 0)), 10),
+    (IpAddr::V4(Ipv4Addr::new(224, 0, 0, 0)), 4),
+    (IpAddr::V4(Ipv4Addr::new(240, 0, 0, 0)), 4),
+    (IpAddr::V6(Ipv6Addr::new(0xfc00, 0, 0, 0, 0, 0, 0, 0)), 7),
+    (IpAddr::V6(Ipv6Addr::new(0xfec0, 0, 0, 0, 0, 0, 0, 0)), 10),
+    (IpAddr::V6(Ipv6Addr::new(0xff00, 0, 0, 0, 0, 0, 0, 0)), 8),
+    // IPv4-compatible `::a.b.c.d` of every IPv4 address: is_private judges the IPv4.
+    (IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0)), 96),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0x0a00, 0)),
+        104,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xac10, 0)),
+        108,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xc0a8, 0)),
+        112,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0x6440, 0)),
+        106,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xe000, 0)),
+        100,
+    ),
+    (
+        IpAddr::V6(Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0xf000, 0)),
+        100,
+    ),
+];
+
+/// Refuses a range that holds any address of [`HOST_BLOCKS`].
+fn refuse_host_blocks(network: IpAddr, prefix: u8) -> std::result::Result<(), String> {
+    for (block, size) in HOST_BLOCKS {
+        if network.is_ipv4() == block.is_ipv4() && in_range(network, block, prefix.min(size)) {
+            return Err(format!(
+                "it covers {block}/{size} (loopback, link-local or unspecified addresses), \
+                 which reach the host itself; no rule may allow them"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Whether `addr` is one no rule can allow ([`Allowlist::parse`] refuses a rule that
+/// names or covers one): loopback, unspecified, "this network" or link-local, which
+/// reach the host itself or what sits beside it. The egress proxy refuses them
+/// whatever its allowlist says.
+///
+/// ```
+/// use sandcell::egress::{reaches_host, Allowlist};
+/// assert!(reaches_host("127.0.0.1".parse().unwrap()));
+/// assert!(reaches_host("::ffff:169.254.169.254".parse().unwrap()));
+/// assert!(!reaches_host("10.0.0.1".parse().unwrap()));
+/// assert!(Allowlist::parse(["127.0.0.1"]).is_err());
+/// assert!(Allowlist::parse(["0.0.0.0/0"]).is_err());
+/// assert!(Allowlist::parse(["[::1]:22"]).is_err());
+/// ```
+pub fn reaches_host(addr: IpAddr) -> bool {
+    let addr = canonical(addr);
+    HOST_BLOCKS
+        .iter()
+        .any(|&(block, size)| in_range(addr, block, size))
 }
 
 /// Whether `addr` reaches this host, its local networks, or no single host: loopback,
@@ -372,6 +503,49 @@ mod tests {
             assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{bad:?}");
             assert!(err.to_string().contains("allowlist entry"), "{err}");
         }
+    }
+
+    /// ADVERSARIAL 38: a rule naming or covering loopback, link-local or unspecified
+    /// addresses is refused when it is accepted, in every spelling.
+    #[test]
+    fn adversarial_38_rules_reaching_the_host_are_refused() {
+        for bad in [
+            "127.0.0.1",
+            "127.0.0.1:8080",
+            "127.1.2.3/32",
+            "126.0.0.0/7",
+            "0.0.0.0/0",
+            "0.0.0.0",
+            "169.254.169.254",
+            "169.0.0.0/8",
+            "::1",
+            "[::1]:22",
+            "::",
+            "::/0",
+            "::ffff:127.0.0.1",
+            "::ffff:0:0/96",
+            "::127.0.0.1",
+            "fe80::1",
+            "[fe80::/10]:443",
+            "64:ff9b::7f00:1",
+        ] {
+            let err = Allowlist::parse([bad]).unwrap_err();
+            assert_eq!(err.kind(), crate::ErrorKind::InvalidInput, "{bad:?}");
+            assert!(err.to_string().contains("reach the host"), "{bad:?}: {err}");
+        }
+        for reaching in [
+            "127.0.0.1",
+            "::1",
+            "::ffff:127.0.0.2",
+            "169.254.1.1",
+            "fe80::2",
+        ] {
+            assert!(reaches_host(ip(reaching)), "{reaching}");
+        }
+        for fine in ["10.0.0.0/8", "172.0.0.0/8", "2001:db8::/32", "192.0.2.1"] {
+            assert!(Allowlist::parse([fine]).is_ok(), "{fine}");
+        }
+        assert!(!reaches_host(ip("10.0.0.1")));
     }
 
     #[test]

@@ -13,7 +13,7 @@ mod relay;
 mod served;
 mod sni;
 
-pub use allowlist::{is_private, Allowlist, Rule};
+pub use allowlist::{is_private, reaches_host, Allowlist, Rule};
 pub use proxy::{EgressCount, EgressProxy, DENIED_HEADER, OTHER_HOSTS};
 pub use relay::{relay, Socket};
 pub use served::ServedProxies;

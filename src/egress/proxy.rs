@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::allowlist::{is_private, normalize_name, Allowlist};
+use super::allowlist::{is_private, normalize_name, reaches_host, Allowlist};
 use super::relay::{self, Socket};
 use super::sni::{self, Hello};
 
@@ -67,8 +67,12 @@ impl EgressCount {
 /// - `GET http://host/...` (any method, absolute form) is forwarded when a rule allows
 ///   the host.
 /// - Names are resolved here, never by the sandbox: an allowed name that resolves only
-///   to [private](super::is_private) addresses no address rule allows is refused, and
-///   the connection goes to an address that was checked.
+///   to this host's addresses, or to [private](super::is_private) ones no address rule
+///   allows (which it can only where the operator allows private ranges,
+///   [`allow_private_ranges`](Self::allow_private_ranges)), is refused, and the
+///   connection goes to an address that was checked. An address that reaches this
+///   host ([`reaches_host`](super::reaches_host), or one of its own) is never a target
+///   (ADVERSARIAL 38).
 /// - A refusal is `403 Forbidden` with the reason in the body and in the
 ///   [`DENIED_HEADER`] header; an upstream that cannot be resolved or reached is
 ///   `502 Bad Gateway`.
@@ -103,6 +107,11 @@ struct Inner {
     allowlist: RwLock<Arc<Allowlist>>,
     hosts: BTreeMap<String, Vec<IpAddr>>,
     counts: Mutex<BTreeMap<String, EgressCount>>,
+    /// Whether an address rule may allow a private address (the operator's choice).
+    private_ranges: std::sync::atomic::AtomicBool,
+    /// Unit tests' upstreams listen on `127.0.0.1`: there it counts as public.
+    #[cfg(test)]
+    loopback_is_public: bool,
 }
 
 impl std::fmt::Debug for EgressProxy {
@@ -149,6 +158,9 @@ impl EgressProxy {
                 allowlist: RwLock::new(Arc::new(allowlist)),
                 hosts,
                 counts: Mutex::new(BTreeMap::new()),
+                private_ranges: std::sync::atomic::AtomicBool::new(false),
+                #[cfg(test)]
+                loopback_is_public: false,
             }),
         }
     }
@@ -162,6 +174,23 @@ impl EgressProxy {
                 .read()
                 .unwrap_or_else(|p| p.into_inner()),
         )
+    }
+
+    /// Lets an address rule allow a private address ([`is_private`]: the host's
+    /// networks and reserved ranges), which an operator chooses, never a sandbox's
+    /// allowlist alone (ADVERSARIAL 38). Off by default: a private address is refused
+    /// whatever the rules. Loopback, link-local and the host's own addresses stay
+    /// refused either way.
+    pub fn allow_private_ranges(&self, allowed: bool) {
+        self.inner
+            .private_ranges
+            .store(allowed, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    fn private_allowed(&self) -> bool {
+        self.inner
+            .private_ranges
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Replaces the allowlist. New connections see it at once; open ones stay open.
@@ -367,6 +396,20 @@ impl EgressProxy {
         let allowlist = self.allowlist();
         let port = target.port;
         let candidates: Vec<SocketAddr> = if let Ok(addr) = target.host.parse::<IpAddr>() {
+            if self.reaches_this_host(addr, false) {
+                self.count(&target.host, false);
+                return Err(Refusal::Denied(format!(
+                    "address {addr} reaches this host (loopback, link-local or one of its \
+                     own addresses): no rule can allow it"
+                )));
+            }
+            if is_private(addr) && !self.private_allowed() && !self.test_upstream(addr) {
+                self.count(&target.host, false);
+                return Err(Refusal::Denied(format!(
+                    "address {addr} is private, and the operator has not allowed private \
+                     ranges"
+                )));
+            }
             if allowlist.allows_addr(addr, port).is_none() {
                 self.count(&target.host, false);
                 return Err(Refusal::Denied(format!(
@@ -388,25 +431,42 @@ impl EgressProxy {
                 )));
             };
             let resolved = self.resolve(&name, port).await?;
+            let pinned = self.inner.hosts.contains_key(&name);
             let (passed, refused): (Vec<SocketAddr>, Vec<SocketAddr>) =
                 resolved.into_iter().partition(|addr| {
-                    !is_private(addr.ip()) || allowlist.allows_addr(addr.ip(), port).is_some()
+                    self.test_upstream(addr.ip())
+                        || (!self.reaches_this_host(addr.ip(), pinned)
+                            && (!is_private(addr.ip())
+                                || (self.private_allowed()
+                                    && allowlist.allows_addr(addr.ip(), port).is_some())))
                 });
             if passed.is_empty() {
                 self.count(&name, false);
                 let addrs: Vec<String> = refused.iter().map(|a| a.ip().to_string()).collect();
                 return Err(Refusal::Denied(format!(
-                    "rule {rule:?} allows {name}, but it resolves to {}: a private address no \
-                     address rule allows",
+                    "rule {rule:?} allows {name}, but it resolves to {}: an address of this \
+                     host's, or a private address no address rule allows",
                     addrs.join(", ")
                 )));
             }
             passed
         };
+        let pinned =
+            normalize_name(&target.host).is_some_and(|name| self.inner.hosts.contains_key(&name));
         self.count(&target.host, true);
         let mut last = String::from("no address");
         for addr in candidates {
             match tokio::time::timeout(UPSTREAM_PATIENCE, TcpStream::connect(addr)).await {
+                // The kernel answers a connection to one of this host's own addresses
+                // from that address: one the check before missed (an address added
+                // meanwhile) is closed before a byte is relayed.
+                Ok(Ok(stream)) if !pinned && self.looped_back(&stream) => {
+                    self.count(&target.host, false);
+                    return Err(Refusal::Denied(format!(
+                        "{} reaches this host: no rule can allow it",
+                        target.host
+                    )));
+                }
                 Ok(Ok(stream)) => {
                     let _ = stream.set_nodelay(true);
                     return Ok(stream);
@@ -419,6 +479,38 @@ impl EgressProxy {
             "cannot connect to {}:{port} ({last})",
             target.host
         )))
+    }
+
+    /// Whether `addr` is loopback, link-local or unspecified ([`reaches_host`]), or an
+    /// address of this host's own, which it can bind (ADVERSARIAL 38). An address the
+    /// operator pinned the name asked for to ([`with_hosts`](Self::with_hosts),
+    /// `pinned`) is the operator's choice: only the first test applies to it. The same
+    /// address asked for as an address gets both.
+    fn reaches_this_host(&self, addr: IpAddr, pinned: bool) -> bool {
+        if self.test_upstream(addr) {
+            return false;
+        }
+        reaches_host(addr)
+            || (!pinned && std::net::UdpSocket::bind(SocketAddr::new(addr, 0)).is_ok())
+    }
+
+    /// Whether `stream` connected to this host itself: the kernel picks the
+    /// destination as the source of a connection to one of the host's addresses.
+    fn looped_back(&self, stream: &TcpStream) -> bool {
+        match (stream.local_addr(), stream.peer_addr()) {
+            (Ok(local), Ok(peer)) => local.ip() == peer.ip() && !self.test_upstream(peer.ip()),
+            _ => true,
+        }
+    }
+
+    /// A unit test's upstream on loopback (never outside tests).
+    fn test_upstream(&self, addr: IpAddr) -> bool {
+        #[cfg(test)]
+        if self.inner.loopback_is_public {
+            return addr.is_loopback();
+        }
+        let _ = addr;
+        false
     }
 
     async fn resolve(&self, name: &str, port: u16) -> Result<Vec<SocketAddr>, Refusal> {
@@ -706,6 +798,13 @@ mod tests {
         )
     }
 
+    /// A proxy whose upstreams may be on `127.0.0.1`, where the tests' listen.
+    fn proxy_to_loopback(rules: &[&str], hosts: &[(&str, &str)]) -> EgressProxy {
+        let mut proxy = proxy(rules, hosts);
+        Arc::get_mut(&mut proxy.inner).unwrap().loopback_is_public = true;
+        proxy
+    }
+
     #[tokio::test]
     async fn a_denied_name_or_address_gets_403_with_the_reason() {
         let proxy = proxy(&["a.test:443"], &[]);
@@ -734,16 +833,25 @@ mod tests {
         let answer = ask(&proxy, request.as_bytes()).await;
         assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
         assert!(
-            answer.contains("resolves to 127.0.0.1: a private address"),
+            answer.contains("resolves to 127.0.0.1: an address of this host's"),
             "{answer}"
         );
-        // An address rule for it lets it through.
-        let proxy = self::proxy(
-            &["*.pkg.test", &format!("127.0.0.1:{port}")],
-            &[("evil.pkg.test", "127.0.0.1")],
-        );
-        let answer = ask(&proxy, request.as_bytes()).await;
-        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        // No address rule can let it through: one naming it is refused.
+        assert!(Allowlist::parse([format!("127.0.0.1:{port}")]).is_err());
+    }
+
+    /// ADVERSARIAL 38: an address that reaches this host is refused as a target,
+    /// whatever the rules; a private one needs an address rule.
+    #[tokio::test]
+    async fn adversarial_38_this_hosts_addresses_are_refused() {
+        let (_listener, port) = upstream().await;
+        let proxy = proxy(&["a.test", "10.0.0.0/8"], &[]);
+        for target in ["127.0.0.1", "[::1]", "169.254.169.254", "0.0.0.0"] {
+            let request = format!("CONNECT {target}:{port} HTTP/1.1\r\n\r\n");
+            let answer = ask(&proxy, request.as_bytes()).await;
+            assert!(answer.starts_with("HTTP/1.1 403"), "{target}: {answer}");
+            assert!(answer.contains("reaches this host"), "{target}: {answer}");
+        }
     }
 
     #[tokio::test]
@@ -781,9 +889,9 @@ mod tests {
             s.shutdown().await.unwrap();
             String::from_utf8(head).unwrap()
         });
-        let proxy = proxy(&[&format!("127.0.0.1:{port}")], &[]);
+        let proxy = proxy_to_loopback(&[&format!("up.test:{port}")], &[("up.test", "127.0.0.1")]);
         let request = format!(
-            "GET http://127.0.0.1:{port}/p?q=1 HTTP/1.1\r\nhost: 127.0.0.1\r\nproxy-connection: keep-alive\r\n\r\n"
+            "GET http://up.test:{port}/p?q=1 HTTP/1.1\r\nhost: up.test\r\nproxy-connection: keep-alive\r\n\r\n"
         );
         let answer = ask(&proxy, request.as_bytes()).await;
         assert!(answer.ends_with("hi"), "{answer}");
@@ -802,10 +910,7 @@ mod tests {
             let _ = s.read_to_end(&mut got).await;
             got
         });
-        let proxy = proxy(
-            &[&format!("a.test:{port}"), &format!("127.0.0.1:{port}")],
-            &[("a.test", "127.0.0.1")],
-        );
+        let proxy = proxy_to_loopback(&[&format!("a.test:{port}")], &[("a.test", "127.0.0.1")]);
         let mut request = format!("CONNECT a.test:{port} HTTP/1.1\r\n\r\n").into_bytes();
         request.extend(sni::tests::hello_for(Some("b.test")));
         let answer = ask(&proxy, &request).await;
@@ -841,8 +946,8 @@ mod tests {
             let _ = s.read_to_end(&mut got).await;
             got
         });
-        let rules = [format!("a.test:{port}"), format!("127.0.0.1:{port}")];
-        let proxy = proxy(&[&rules[0], &rules[1]], &[("a.test", "127.0.0.1")]);
+        let rule = format!("a.test:{port}");
+        let proxy = proxy_to_loopback(&[&rule], &[("a.test", "127.0.0.1")]);
         let (mut sandbox, serving) = serve_unix(&proxy);
         let mut request = format!("CONNECT a.test:{port} HTTP/1.1\r\n\r\n").into_bytes();
         request.extend(sni::tests::hello_for(Some("b.test")));
@@ -871,8 +976,8 @@ mod tests {
             s.read_to_end(&mut got).await.unwrap();
             s.write_all(&got).await.unwrap();
         });
-        let rules = [format!("a.test:{port}"), format!("127.0.0.1:{port}")];
-        let proxy = proxy(&[&rules[0], &rules[1]], &[("a.test", "127.0.0.1")]);
+        let rule = format!("a.test:{port}");
+        let proxy = proxy_to_loopback(&[&rule], &[("a.test", "127.0.0.1")]);
         let (mut sandbox, serving) = serve_unix(&proxy);
         sandbox
             .write_all(format!("CONNECT a.test:{port} HTTP/1.1\r\n\r\n").as_bytes())

@@ -131,7 +131,11 @@ impl LocalBackend {
         // Namespaces give a sandbox a network of its own; Landlock's seccomp filter
         // keeps it from opening network sockets. Without isolation it has the host's.
         capabilities.network_isolation = config.isolation != Isolation::None;
-        capabilities.network_full = true;
+        // At Namespaces a full network is a veth and host rules only root can make
+        // (see `crate::network`); sharing the host's would reach its loopback and
+        // every other sandbox (ADVERSARIAL 38).
+        capabilities.network_full =
+            config.isolation != Isolation::Namespaces || crate::network::full_available();
         // An allowlist needs a network of the sandbox's own whose only way out is the
         // egress proxy's listener, or at Landlock the kernel narrowing the host's to it:
         // Landlock's TCP rules (ABI 4) and a connect filter on the sandbox's cgroup.
@@ -274,6 +278,7 @@ impl LocalBackend {
                     ns_init: None,
                     ns_user: false,
                     egress_port: None,
+                    net_link: None,
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
@@ -320,7 +325,7 @@ impl LocalBackend {
             &meta.id,
             &meta.spec.network,
             &cgroups.unified,
-            &self.inner.config.egress_hosts,
+            &self.inner.config,
         )?;
         meta.egress_port = Some(port);
         dir.write_meta(meta)
@@ -353,7 +358,7 @@ impl LocalBackend {
             &meta.id,
             &meta.spec.network,
             listener,
-            &self.inner.config.egress_hosts,
+            &self.inner.config,
         )
     }
 
@@ -453,6 +458,9 @@ impl SandboxBackend for LocalBackend {
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
         // Unset limits take the backend's defaults; the stored spec shows what applies.
         let mut spec = spec.prepare(&self.inner.capabilities)?;
+        if let sandcell::Network::Allowlist(entries) = &spec.network {
+            crate::egress::accepted(entries, &self.inner.config)?;
+        }
         let template = self
             .inner
             .config
@@ -559,6 +567,9 @@ impl SandboxBackend for LocalBackend {
                 let _ = cg.freeze(false);
             }
             kill_all(&dir, meta.as_ref())?;
+            if let Some(link) = meta.as_ref().and_then(|m| m.net_link.as_deref()) {
+                crate::network::detach(link);
+            }
             if let Some(cg) = meta.as_ref().and_then(|m| m.cgroups.as_ref()) {
                 cg.remove();
             }
@@ -618,12 +629,17 @@ impl SandboxBackend for LocalBackend {
             if let Some(cg) = &meta.cgroups {
                 let _ = cg.freeze(false);
             }
-            kill_all(&dir, Some(&meta))
+            kill_all(&dir, Some(&meta))?;
+            if let Some(link) = &meta.net_link {
+                crate::network::detach(link);
+            }
+            Ok(())
         })
         .await?;
         if self.inner.config.isolation == Isolation::Namespaces {
             // Killing everything took the namespaces' pid 1 too; make fresh ones.
             let (dir, mut meta) = self.meta(id)?;
+            meta.net_link = None;
             self.inner.egress.forget(id);
             start_namespaces(self.namespace_tools()?, &dir, &mut meta).await?;
             self.serve_egress(&meta)?;
@@ -763,7 +779,7 @@ impl SandboxBackend for LocalBackend {
                 network.mode()
             )));
         };
-        let allowlist = sandcell::egress::Allowlist::parse(entries)?;
+        let allowlist = crate::egress::accepted(entries, &self.inner.config)?;
         let (dir, mut meta) = self.meta(id)?;
         if !matches!(meta.spec.network, sandcell::Network::Allowlist(_)) {
             return Err(Error::unsupported(format!(
@@ -1098,7 +1114,18 @@ async fn start_namespaces(
     if tools.owner.is_some() {
         crate::namespace::attach_workspace(tools, init, dir)?;
     }
+    if meta.spec.network == sandcell::Network::Full {
+        meta.net_link = Some(blocking(move || crate::network::attach(init)).await?);
+    }
     meta.ns_init = Some(init);
     meta.ns_user = crate::namespace::has_own_user_ns(init);
-    dir.write_meta(meta)
+    let written = dir.write_meta(meta);
+    if written.is_err() {
+        // Unrecorded, the veth would be left to the kernel and the host's rules to the
+        // next sandbox's destroy.
+        if let Some(link) = meta.net_link.take() {
+            crate::network::detach(&link);
+        }
+    }
+    written
 }

@@ -102,6 +102,12 @@ pub struct LocalConfig {
     /// (an internal package mirror, a test server). The addresses are checked like
     /// resolved ones: a private one needs an address rule.
     pub egress_hosts: BTreeMap<String, Vec<std::net::IpAddr>>,
+    /// Whether an allowlist may name private ranges (the host's networks: RFC 1918,
+    /// unique-local, shared, multicast and reserved addresses). Off by default: such a
+    /// rule is refused when a sandbox is created or its network set, and the egress
+    /// proxy refuses private addresses whatever the rules (ADVERSARIAL 38). Loopback,
+    /// link-local and the host's own addresses are refused either way.
+    pub egress_private_ranges: bool,
     /// At `Isolation::Namespaces` when the backend runs as root: the unprivileged host
     /// uid (and gid) that owns every sandbox's files and runs its processes, which see
     /// it as their root.
@@ -123,6 +129,7 @@ impl Default for LocalConfig {
             hidden: crate::SYSTEM_HIDDEN.iter().map(PathBuf::from).collect(),
             default_limits: sandcell::Limits::default(),
             egress_hosts: BTreeMap::new(),
+            egress_private_ranges: false,
             sandbox_uid: crate::owner::DEFAULT_ID,
         }
     }
@@ -194,6 +201,12 @@ impl LocalBackendBuilder {
     /// ([`LocalConfig::egress_hosts`]).
     pub fn egress_host(mut self, name: impl Into<String>, addrs: Vec<std::net::IpAddr>) -> Self {
         self.config.egress_hosts.insert(name.into(), addrs);
+        self
+    }
+
+    /// Lets allowlists name private ranges ([`LocalConfig::egress_private_ranges`]).
+    pub fn egress_private_ranges(mut self, allowed: bool) -> Self {
+        self.config.egress_private_ranges = allowed;
         self
     }
 

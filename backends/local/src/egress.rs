@@ -11,8 +11,7 @@
 //!   TCP connections to that port only, and a BPF filter on the sandbox's cgroup allows
 //!   `connect` to `127.0.0.1:port` only (Landlock's rules know ports, not addresses).
 
-use std::collections::BTreeMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::{AsFd, OwnedFd};
 use std::path::Path;
 
@@ -79,7 +78,7 @@ pub(crate) fn ensure(
     id: &SandboxId,
     network: &Network,
     listener: Listener<'_>,
-    hosts: &BTreeMap<String, Vec<IpAddr>>,
+    config: &crate::LocalConfig,
 ) -> Result<()> {
     let Network::Allowlist(entries) = network else {
         return Ok(());
@@ -100,7 +99,7 @@ pub(crate) fn ensure(
             ))
         }
     };
-    serve(proxies, id, entries, listener, hosts)
+    serve(proxies, id, entries, listener, config)
 }
 
 /// At `Isolation::Landlock`: opens a listener on a free port of the host's loopback,
@@ -111,7 +110,7 @@ pub(crate) fn start_on_host(
     id: &SandboxId,
     network: &Network,
     cgroup: &Path,
-    hosts: &BTreeMap<String, Vec<IpAddr>>,
+    config: &crate::LocalConfig,
 ) -> Result<u16> {
     let Network::Allowlist(entries) = network else {
         return Err(Error::invalid_input(
@@ -135,7 +134,7 @@ pub(crate) fn start_on_host(
             e.into(),
         )
     })?;
-    serve(proxies, id, entries, listener, hosts)?;
+    serve(proxies, id, entries, listener, config)?;
     Ok(port)
 }
 
@@ -144,15 +143,34 @@ fn serve(
     id: &SandboxId,
     entries: &[String],
     listener: TcpListener,
-    hosts: &BTreeMap<String, Vec<IpAddr>>,
+    config: &crate::LocalConfig,
 ) -> Result<()> {
     listener
         .set_nonblocking(true)
         .map_err(|e| Error::io("preparing the egress listener", e))?;
     let listener = tokio::net::TcpListener::from_std(listener)
         .map_err(|e| Error::io("preparing the egress listener", e))?;
-    let proxy = EgressProxy::with_hosts(Allowlist::parse(entries)?, hosts.clone());
+    let proxy = EgressProxy::with_hosts(accepted(entries, config)?, config.egress_hosts.clone());
+    proxy.allow_private_ranges(config.egress_private_ranges);
     let task = proxy.spawn_listener(listener);
     proxies.insert(id.clone(), proxy, task);
     Ok(())
+}
+
+/// `entries` parsed, with a rule naming a private range refused unless the operator
+/// allows them ([`LocalConfig::egress_private_ranges`](crate::LocalConfig)): checked
+/// when a sandbox is created or its network set, and again when its proxy starts
+/// (ADVERSARIAL 38).
+pub(crate) fn accepted(entries: &[String], config: &crate::LocalConfig) -> Result<Allowlist> {
+    let allowlist = Allowlist::parse(entries)?;
+    if !config.egress_private_ranges {
+        if let Some(rule) = allowlist.private_rule() {
+            return Err(Error::invalid_input(format!(
+                "network allowlist entry {:?} names a private range (the host's networks), \
+                 which this backend's operator has not allowed (egress_private_ranges)",
+                rule.to_string()
+            )));
+        }
+    }
+    Ok(allowlist)
 }

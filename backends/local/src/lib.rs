@@ -21,6 +21,7 @@
 //! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
 //! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
 //! | network isolation | at `Landlock` (no IPv4, IPv6 or packet sockets) and `Namespaces` (a network namespace of its own) |
+//! | full network | below `Namespaces` the host's; at `Namespaces` as root only, a veth of the sandbox's own with NAT and no route to the host's addresses, its loopback or other sandboxes (ADVERSARIAL 38) |
 //! | network allowlists | at `Namespaces`, and at `Landlock` as root with cgroup v2 and Landlock ABI 4 (TCP only, to the egress proxy's port, by Landlock and a connect filter on the cgroup) |
 //!
 //! Isolation levels:
@@ -74,6 +75,7 @@ mod layers;
 mod layout;
 mod materialize;
 mod namespace;
+mod network;
 mod owner;
 mod process;
 mod seccomp;

@@ -160,9 +160,10 @@ pub(crate) fn init_command(
         args.extend(["--unshare-user", "--uid", "0", "--gid", "0"].map(String::from));
     }
     match network {
-        // An allowlist's only way out is the egress listener made in the namespace.
-        Network::None | Network::Allowlist(_) => {}
-        Network::Full => args.push("--share-net".into()),
+        // An allowlist's only way out is the egress listener made in the namespace;
+        // a full network's is the veth `crate::network` adds, never the host's own
+        // network, which would reach its loopback and other sandboxes (ADVERSARIAL 38).
+        Network::None | Network::Allowlist(_) | Network::Full => {}
         // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
         other => {
             return Err(Error::unsupported(format!(

@@ -1,0 +1,415 @@
+//! `Network::Full` at `Isolation::Namespaces` is a network of the sandbox's own
+//! (ADVERSARIAL 38): it reaches neither the host (its loopback, its other addresses)
+//! nor another sandbox, and still reaches the world outside through NAT. The "world"
+//! is a network namespace this test makes, joined to the host by a veth and reachable
+//! only by the host's routing; it has no route back to the sandboxes' addresses, so
+//! reaching it proves their traffic is translated to the host's.
+//!
+//! Needs root (the veth, the host's rules), `ip`, `nft`, `curl` and `python3`.
+
+// Test helpers outside #[test] fns report failures by panicking too.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::process::Command;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sandcell::testing::egress::{self, EgressWorld};
+use sandcell::{ErrorKind, Network, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
+use sandcell_local::{Isolation, LocalBackend};
+
+/// The tests add and remove interfaces the leak checks count: one at a time.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn backend(root: &std::path::Path) -> Option<LocalBackend> {
+    match LocalBackend::builder()
+        .root(root)
+        .isolation(Isolation::Namespaces)
+        .build()
+    {
+        Ok(b) if b.capabilities().network_full => Some(b),
+        Ok(_) => {
+            sandcell::testing::require_or_skip(
+                "NAMESPACES",
+                "Network::Full at Isolation::Namespaces",
+                Err("it needs root".to_owned()),
+            );
+            None
+        }
+        Err(e) => {
+            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
+            sandcell::testing::require_or_skip(
+                "NAMESPACES",
+                "Isolation::Namespaces",
+                Err(e.to_string()),
+            );
+            None
+        }
+    }
+}
+
+fn sh(script: &str) -> String {
+    let out = Command::new("sh").arg("-c").arg(script).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A server on this host answering every connection with `body`, on `addr`.
+fn serve_on_host(addr: Ipv4Addr, body: &'static str) -> u16 {
+    let listener = TcpListener::bind(SocketAddr::from((addr, 0))).unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut buf = [0; 1024];
+            let _ = stream.read(&mut buf);
+            let _ = write!(
+                stream,
+                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    });
+    port
+}
+
+/// What the test adds to the host, removed when dropped: an interface (a veth; kernels
+/// without the dummy driver exist) holding an address of the host's that is not loopback, and the "outside" namespace with its
+/// veth and a server.
+struct Host {
+    tag: u32,
+    server: std::process::Child,
+}
+
+const OUTSIDE_PORT: u16 = 8080;
+const OUTSIDE_BODY: &str = "hello from outside";
+
+impl Host {
+    fn new() -> Host {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let tag = (std::process::id() % 200) + NEXT.fetch_add(1, Ordering::Relaxed);
+        let tag = tag % 250 + 1;
+        sh(&format!(
+            "ip link del sctd{tag} 2>/dev/null; ip link del sctv{tag} 2>/dev/null; \
+             ip netns del sct{tag} 2>/dev/null; \
+             ip link add sctd{tag} type veth peer name sctp{tag} && ip link set sctp{tag} up && ip addr add {own}/32 dev sctd{tag} && \
+             ip link set sctd{tag} up && \
+             ip netns add sct{tag} && \
+             ip link add sctv{tag} type veth peer name eth0 netns sct{tag} && \
+             ip addr add {gw}/30 dev sctv{tag} && ip link set sctv{tag} up && \
+             ip -n sct{tag} addr add {outside}/30 dev eth0 && \
+             ip -n sct{tag} link set eth0 up && ip -n sct{tag} link set lo up",
+            own = Self::own_addr_of(tag),
+            gw = Self::gateway_of(tag),
+            outside = Self::outside_of(tag),
+        ));
+        // No default route in the outside namespace: it can answer the host's own
+        // address on the veth, never a sandbox's.
+        let script = format!(
+            "import http.server\n\
+             class H(http.server.BaseHTTPRequestHandler):\n\
+             \x20   def do_GET(self):\n\
+             \x20       self.send_response(200); self.end_headers(); self.wfile.write(b'{OUTSIDE_BODY}')\n\
+             http.server.HTTPServer(('{}', {OUTSIDE_PORT}), H).serve_forever()\n",
+            Self::outside_of(tag)
+        );
+        let server = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                &format!("sct{tag}"),
+                "python3",
+                "-c",
+                &script,
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        // Dropped (the server waited for, the interfaces removed) should it not answer.
+        let host = Host { tag, server };
+        let url = host.outside_url();
+        for _ in 0..100 {
+            let out = Command::new("curl")
+                .args(["-s", "-m", "1", &url])
+                .output()
+                .unwrap();
+            if out.stdout == OUTSIDE_BODY.as_bytes() {
+                return host;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        panic!("the outside server did not come up");
+    }
+
+    fn own_addr_of(tag: u32) -> Ipv4Addr {
+        Ipv4Addr::new(198, 19, tag as u8, 1)
+    }
+    fn gateway_of(tag: u32) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, tag as u8, 1)
+    }
+    fn outside_of(tag: u32) -> Ipv4Addr {
+        Ipv4Addr::new(198, 18, tag as u8, 2)
+    }
+    fn own_addr(&self) -> Ipv4Addr {
+        Self::own_addr_of(self.tag)
+    }
+    fn outside_url(&self) -> String {
+        format!("http://{}:{OUTSIDE_PORT}/", Self::outside_of(self.tag))
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let tag = self.tag;
+        let _ = Command::new("sh")
+            .arg("-c")
+            .arg(format!(
+                "ip link del sctd{tag}; ip link del sctv{tag}; ip netns del sct{tag}"
+            ))
+            .output();
+    }
+}
+
+/// The host's sandbox veths (`scn…`).
+fn sandbox_links() -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|name| name.starts_with("scn"))
+        .collect()
+}
+
+/// Whether the host's ruleset has the sandboxes' table or a rule for their veths.
+fn rules_present() -> bool {
+    let nft = sh("nft list ruleset");
+    let iptables = Command::new("iptables")
+        .args(["-S"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+        .unwrap_or_default();
+    nft.contains("sandcell_net") || nft.contains("scn") || iptables.contains("scn")
+}
+
+async fn full(b: &LocalBackend) -> SandboxId {
+    b.create(&SandboxSpec::default().network(Network::Full))
+        .await
+        .unwrap()
+        .id
+}
+
+async fn fetch(b: &LocalBackend, id: &SandboxId, url: &str) -> egress::Fetched {
+    egress::fetch(b, id, "--noproxy '*' -m 3", url).await
+}
+
+/// ADVERSARIAL 38: neither a server on the host's `127.0.0.1` nor one on an address of
+/// the host's that is not loopback answers a sandbox with the full network.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_38_full_network_does_not_reach_the_host() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path()) else {
+        return;
+    };
+    let host = Host::new();
+    let loopback = serve_on_host(Ipv4Addr::LOCALHOST, "host loopback secret");
+    let own = serve_on_host(host.own_addr(), "host address secret");
+    let id = full(&b).await;
+    for url in [
+        format!("http://127.0.0.1:{loopback}/"),
+        format!("http://{}:{own}/", host.own_addr()),
+    ] {
+        let seen = fetch(&b, &id, &url).await;
+        assert!(
+            seen.exit != 0 && !seen.body.contains("secret"),
+            "{url} reached from the sandbox: {seen:?}"
+        );
+    }
+    b.destroy(&id).await.unwrap();
+}
+
+/// ADVERSARIAL 38: a server one sandbox runs on its `127.0.0.1` or its own address does
+/// not answer another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_38_full_sandboxes_do_not_reach_each_other() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path()) else {
+        return;
+    };
+    let _host = Host::new();
+    let a = full(&b).await;
+    let other = full(&b).await;
+    let out = b
+        .run_shell(
+            &a,
+            "echo 'sandbox a secret' > index.html; \
+             setsid python3 -m http.server 8000 --bind 0.0.0.0 >/dev/null 2>&1 < /dev/null & \
+             python3 -c \"import socket; s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); \
+             s.connect(('198.18.0.1', 9)); print(s.getsockname()[0])\"",
+        )
+        .await
+        .unwrap();
+    let own = out.stdout_str().trim().to_owned();
+    let own: Ipv4Addr = own.parse().unwrap_or_else(|_| panic!("{out:?}"));
+    assert!(!own.is_loopback(), "{own}");
+    let mut up = false;
+    for _ in 0..100 {
+        if fetch(&b, &a, "http://127.0.0.1:8000/index.html")
+            .await
+            .body
+            .contains("secret")
+        {
+            up = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(up, "the server in sandbox a did not come up");
+    for url in [
+        "http://127.0.0.1:8000/index.html".to_owned(),
+        format!("http://{own}:8000/index.html"),
+    ] {
+        let seen = fetch(&b, &other, &url).await;
+        assert!(
+            seen.exit != 0 && !seen.body.contains("secret"),
+            "{url} in sandbox a reached from another: {seen:?}"
+        );
+    }
+    b.destroy(&a).await.unwrap();
+    b.destroy(&other).await.unwrap();
+}
+
+/// ADVERSARIAL 38: the way out still works, through NAT (the outside namespace has no
+/// route to a sandbox's address), and the sandbox's interfaces are its own (loopback
+/// and its veth, none of the host's); after a reset too. Destroy leaves no veth and,
+/// with the last sandbox, no rules.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_38_full_network_reaches_outside_through_nat_and_leaves_nothing() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path()) else {
+        return;
+    };
+    let host = Host::new();
+    let before = sandbox_links();
+    let id = full(&b).await;
+    for round in ["created", "reset"] {
+        let seen = fetch(&b, &id, &host.outside_url()).await;
+        assert_eq!(seen.body, OUTSIDE_BODY, "{round}: {seen:?}");
+        let out = b
+            .run_shell(
+                &id,
+                "python3 -c \"import socket; print(sorted(n for _, n in socket.if_nameindex()))\"",
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            out.stdout_str().trim(),
+            "['eth0', 'lo']",
+            "{round}: {out:?}"
+        );
+        assert_eq!(sandbox_links().len(), before.len() + 1, "{round}: one veth");
+        b.reset(&id).await.unwrap();
+    }
+    b.destroy(&id).await.unwrap();
+    assert_eq!(
+        sandbox_links(),
+        before,
+        "destroy removes the sandbox's veth"
+    );
+    if before.is_empty() {
+        assert!(
+            !rules_present(),
+            "no rules with no sandbox:\n{}",
+            sh("nft list ruleset")
+        );
+    }
+}
+
+/// ADVERSARIAL 38: an allowlist naming loopback, link-local or unspecified addresses
+/// is refused when the rule is accepted (create, `set_network`), and one naming a
+/// private range unless the operator allows them; one naming an address
+/// of the host's own (host B's, on its loopback interface) is accepted, and the proxy
+/// refuses to relay to it, at each level that enforces an allowlist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_38_allowlists_refuse_the_host() {
+    let world = EgressWorld::start().await;
+    for isolation in [Isolation::Namespaces, Isolation::Landlock] {
+        let root = tempfile::tempdir().unwrap();
+        let mut builder = LocalBackend::builder()
+            .root(root.path())
+            .isolation(isolation);
+        for (name, addrs) in EgressWorld::hosts() {
+            builder = builder.egress_host(name, addrs);
+        }
+        let Ok(b) = builder.build() else { continue };
+        if !b.capabilities().network_allowlist {
+            continue;
+        }
+        for rule in [
+            "127.0.0.1",
+            "0.0.0.0/0",
+            "169.254.169.254:80",
+            "[::1]:22",
+            "fe80::/10",
+        ] {
+            let spec = SandboxSpec::default().network(Network::Allowlist(vec![rule.into()]));
+            let err = b.create(&spec).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::InvalidInput,
+                "{isolation:?} {rule}: {err}"
+            );
+        }
+        // Private ranges only where the operator allows them.
+        for rule in ["10.1.0.0/16", "192.168.1.1:80", "172.0.0.0/8", "fd00::/8"] {
+            let spec = SandboxSpec::default().network(Network::Allowlist(vec![rule.into()]));
+            let err = b.create(&spec).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                ErrorKind::InvalidInput,
+                "{isolation:?} {rule}: {err}"
+            );
+            assert!(err.to_string().contains("private range"), "{err}");
+        }
+        let operator_root = tempfile::tempdir().unwrap();
+        let operator = LocalBackend::builder()
+            .root(operator_root.path())
+            .isolation(isolation)
+            .egress_private_ranges(true)
+            .build()
+            .unwrap();
+        let private =
+            SandboxSpec::default().network(Network::Allowlist(vec!["10.1.0.0/16".into()]));
+        let info = operator.create(&private).await.unwrap();
+        operator.destroy(&info.id).await.unwrap();
+        let own = egress::HOST_B.to_string();
+        let info = b
+            .create(&SandboxSpec::default().network(Network::Allowlist(vec![own.clone()])))
+            .await
+            .unwrap();
+        let err = b
+            .set_network(&info.id, &Network::Allowlist(vec!["127.0.0.1".into()]))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{isolation:?}: {err}");
+        let seen =
+            egress::fetch(&b, &info.id, "", &format!("http://{own}:{}/", world.b_http)).await;
+        assert_eq!(
+            seen.status, 403,
+            "{isolation:?}: the host's own address: {seen:?}"
+        );
+        assert!(seen.body.contains("reaches this host"), "{seen:?}");
+        assert!(!seen.body.contains(egress::BODY_B), "{seen:?}");
+        b.destroy(&info.id).await.unwrap();
+    }
+}
