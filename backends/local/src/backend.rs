@@ -2,6 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -263,9 +264,20 @@ impl LocalBackend {
                 cgroups = roots.create(&id, &spec.limits)?;
                 std::fs::create_dir_all(dir.tmp())
                     .map_err(|e| Error::io("creating the sandbox directory", e))?;
-                if let Some(owner) = &owner {
-                    owner.chown(&dir.tmp())?;
-                }
+                // No other local user reads a sandbox's files through its directory; the
+                // owner's group may pass through it (the host's writes for the sandbox
+                // are made with the owner's ids).
+                let private = match &owner {
+                    Some(owner) => {
+                        std::os::unix::fs::chown(dir.path(), None, Some(owner.gid))
+                            .map_err(|e| Error::io("making the sandbox directory private", e))?;
+                        owner.chown(&dir.tmp())?;
+                        0o710
+                    }
+                    None => 0o700,
+                };
+                std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(private))
+                    .map_err(|e| Error::io("making the sandbox directory private", e))?;
                 let used = fill(&dir)?;
                 materialize::attach_mounts(&dir, &spec.mounts, owner.as_deref())?;
                 let meta = SandboxMeta {
@@ -276,6 +288,7 @@ impl LocalBackend {
                     workspace: used.to_owned(),
                     cgroups: cgroups.clone(),
                     ns_init: None,
+                    ns_init_start: None,
                     ns_user: false,
                     egress_port: None,
                     net_link: None,
@@ -338,7 +351,10 @@ impl LocalBackend {
         }
         Ok(match (meta.ns_init, meta.egress_port) {
             (Some(init), _) => Some(Listener::Namespace {
-                init,
+                init: {
+                    crate::namespace::check_init(&meta.id, init, meta.ns_init_start)?;
+                    init
+                },
                 join_user_ns: meta.ns_user,
                 noop: &self.namespace_tools()?.noop,
             }),
@@ -881,12 +897,7 @@ impl SandboxBackend for LocalBackend {
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
         if let Some(init) = meta.ns_init {
-            if !crate::namespace::alive(init) {
-                return Err(Error::new(
-                    ErrorKind::InvalidState,
-                    format!("the namespaces of sandbox {id} are gone (was the host restarted?); reset it"),
-                ));
-            }
+            crate::namespace::check_init(id, init, meta.ns_init_start)?;
             let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
             let rel = SandboxPath::new(&rel.to_string_lossy())?;
             crate::namespace::program_exists(init, &argv[0], &rel)?;
@@ -1095,6 +1106,8 @@ async fn start_namespaces(
             landlock: None,
             max_file_bytes: None,
             run_as: tools.owner.as_ref().map(|owner| (owner.uid, owner.gid)),
+            // Its pid 1 and idle process are the sandbox's too (it can trace them).
+            confined: true,
             ..Default::default()
         },
     );
@@ -1118,6 +1131,7 @@ async fn start_namespaces(
         meta.net_link = Some(blocking(move || crate::network::attach(init)).await?);
     }
     meta.ns_init = Some(init);
+    meta.ns_init_start = crate::namespace::start_time(init);
     meta.ns_user = crate::namespace::has_own_user_ns(init);
     let written = dir.write_meta(meta);
     if written.is_err() {

@@ -40,6 +40,10 @@ pub(crate) struct SandboxMeta {
     /// At `Isolation::Namespaces`: host pid of the namespaces' pid 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) ns_init: Option<i32>,
+    /// When that pid 1 started (clock ticks after boot, `/proc/<pid>/stat`), so a
+    /// process that later got its pid, in another sandbox, is never taken for it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) ns_init_start: Option<u64>,
     /// Whether those namespaces include a user namespace of their own to join.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub(crate) ns_user: bool,

@@ -120,9 +120,6 @@ pub(crate) fn attach_mounts(
         return Ok(());
     }
     let ws = crate::contained::Workspace::open(&dir.workspace())?;
-    // The mount points are made as the owner: the workspace may be a view that shows
-    // nothing as root's.
-    let _owner = owner.map(SandboxOwner::assume);
     for m in mounts {
         let meta = fs::metadata(&m.host)
             .map_err(|e| Error::io(format_args!("mount source {}", m.host.display()), e))?;
@@ -132,8 +129,13 @@ pub(crate) fn attach_mounts(
                 m.host.display()
             )));
         }
-        ws.mkdir(&m.target)?;
-        let target = ws.resolve_dir(&m.target)?;
+        let target = {
+            // The mount point is made as the owner: the workspace may be a view that
+            // shows nothing as root's. (The view itself is made as root.)
+            let _owner = owner.map(SandboxOwner::assume);
+            ws.mkdir(&m.target)?;
+            ws.resolve_dir(&m.target)?
+        };
         match owner {
             Some(owner) => owner.view(&m.host, &target, !m.read_only)?,
             None => rustix::mount::mount_bind(&m.host, &target).map_err(|e| {

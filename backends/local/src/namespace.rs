@@ -238,9 +238,31 @@ pub(crate) async fn find_init(bwrap_pid: u32) -> Result<i32> {
     ))
 }
 
-/// Whether the namespaces' idle process is still there.
-pub(crate) fn alive(init: i32) -> bool {
-    std::path::Path::new(&format!("/proc/{init}/ns/pid")).exists()
+/// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field
+/// 22): with the pid, a process's identity, since a pid is reused only after its
+/// process is gone.
+pub(crate) fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name, in parentheses, may hold spaces and parentheses itself.
+    let after_name = &stat[stat.rfind(')')? + 1..];
+    after_name.split_whitespace().nth(19)?.parse().ok()
+}
+
+/// Checks that `init` is still the namespaces' idle process recorded at `start`: a
+/// sandbox can end its own, and a process of another sandbox may then get its pid
+/// (ADVERSARIAL 47). A sandbox without a recorded start was made by an older version.
+pub(crate) fn check_init(id: &sandcell::SandboxId, init: i32, start: Option<u64>) -> Result<()> {
+    match start {
+        Some(start) if start_time(init) == Some(start) => Ok(()),
+        Some(_) => Err(Error::new(
+            ErrorKind::InvalidState,
+            format!("the namespaces of sandbox {id} are gone (ended from inside, or the host restarted); reset it"),
+        )),
+        None => Err(Error::new(
+            ErrorKind::InvalidState,
+            format!("the namespaces of sandbox {id} were made by an older version of sandcell; reset it"),
+        )),
+    }
 }
 
 /// Whether `init` has a user namespace of its own to join. Bubblewrap running as root

@@ -102,8 +102,14 @@ impl SandboxOwner {
         let mut child = cmd.spawn().map_err(failed)?;
         let pid = child.id();
         let made = (|| {
-            std::fs::write(format!("/proc/{pid}/uid_map"), format!("{from_uid} {uid} 1"))?;
-            std::fs::write(format!("/proc/{pid}/gid_map"), format!("{from_gid} {gid} 1"))?;
+            std::fs::write(
+                format!("/proc/{pid}/uid_map"),
+                format!("{from_uid} {uid} 1"),
+            )?;
+            std::fs::write(
+                format!("/proc/{pid}/gid_map"),
+                format!("{from_gid} {gid} 1"),
+            )?;
             std::fs::File::open(format!("/proc/{pid}/ns/user")).map(OwnedFd::from)
         })();
         let _ = child.kill();
@@ -208,7 +214,6 @@ impl SandboxOwner {
         )
         .map_err(|e| failed("move_mount", e))
     }
-
 }
 
 const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;
