@@ -157,6 +157,14 @@ async fn host_mounts_need_allow_host_path() {
     let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
         .await
         .unwrap();
+    if rustix::process::geteuid().is_root() {
+        // A root server's sandboxes may not write in a directory root owns (what they
+        // made there would be root's on the host): an operator's shared directory
+        // belongs to another user.
+        let err = backend.create(&spec(false)).await.unwrap_err();
+        assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+        std::os::unix::fs::chown(host.path(), Some(4242), Some(4242)).unwrap();
+    }
     let sandbox = backend.create(&spec(false)).await.unwrap();
     backend.destroy(&sandbox.id).await.unwrap();
     drop(server);

@@ -151,3 +151,61 @@ pub(crate) unsafe fn install(filter: &'static [libc::sock_filter]) -> std::io::R
     }
     Ok(())
 }
+
+/// The kernel's key management calls, native, x32 and compat.
+#[cfg(target_arch = "x86_64")]
+const KEYRING_CALLS: [u32; 9] = [
+    libc::SYS_add_key as u32,
+    libc::SYS_request_key as u32,
+    libc::SYS_keyctl as u32,
+    X32_SYSCALL_BIT | libc::SYS_add_key as u32,
+    X32_SYSCALL_BIT | libc::SYS_request_key as u32,
+    X32_SYSCALL_BIT | libc::SYS_keyctl as u32,
+    // i386
+    286,
+    287,
+    288,
+];
+#[cfg(target_arch = "aarch64")]
+const KEYRING_CALLS: [u32; 9] = [
+    libc::SYS_add_key as u32,
+    libc::SYS_request_key as u32,
+    libc::SYS_keyctl as u32,
+    u32::MAX,
+    u32::MAX,
+    u32::MAX,
+    // arm
+    309,
+    310,
+    311,
+];
+
+/// Refuses (`EPERM`) `add_key(2)`, `request_key(2)` and `keyctl(2)` in every ABI: a
+/// user's keyrings are shared by every process of that uid in a user namespace, so
+/// without this a command could read and fill the keys of the host's processes and of
+/// other sandboxes of the same uid (as Docker's default profile refuses them).
+pub(crate) static NO_KEYRING: [libc::sock_filter; 16] = {
+    const LD_ABS: u32 = libc::BPF_LD | libc::BPF_W | libc::BPF_ABS;
+    const JEQ: u32 = libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K;
+    const RET: u32 = libc::BPF_RET | libc::BPF_K;
+    const REFUSE: u32 = SECCOMP_RET_ERRNO | libc::EPERM as u32;
+    let k = KEYRING_CALLS;
+    [
+        /* 0 */ stmt(LD_ABS, 4),
+        /* 1 */ jump(JEQ, AUDIT_ARCH_NATIVE, 0, 8),
+        /* 2 */ stmt(LD_ABS, 0),
+        /* 3 */ jump(JEQ, k[0], 11, 0),
+        /* 4 */ jump(JEQ, k[1], 10, 0),
+        /* 5 */ jump(JEQ, k[2], 9, 0),
+        /* 6 */ jump(JEQ, k[3], 8, 0),
+        /* 7 */ jump(JEQ, k[4], 7, 0),
+        /* 8 */ jump(JEQ, k[5], 6, 0),
+        /* 9 */ stmt(RET, SECCOMP_RET_ALLOW),
+        /* 10 */ stmt(LD_ABS, 0),
+        /* 11 */ jump(JEQ, k[6], 3, 0),
+        /* 12 */ jump(JEQ, k[7], 2, 0),
+        /* 13 */ jump(JEQ, k[8], 1, 0),
+        /* 14 */ stmt(RET, SECCOMP_RET_ALLOW),
+        /* 15 */ stmt(RET, REFUSE),
+    ]
+};

@@ -173,8 +173,8 @@ pub(crate) struct ChildSetup {
     pub(crate) new_session: bool,
     /// Make stdin (a terminal) the controlling terminal of that session.
     pub(crate) controlling_terminal: bool,
-    /// The command is a sandbox's (any isolation but `None`): no new privileges, and
-    /// no `TIOCSTI` or `TIOCLINUX` on any terminal it holds.
+    /// The command is a sandbox's (any isolation but `None`): no new privileges, no
+    /// `TIOCSTI` or `TIOCLINUX` on any terminal it holds, no kernel keyrings.
     pub(crate) confined: bool,
     /// Drop every capability (bounding, ambient, inheritable, permitted, effective)
     /// before the exec, so even a command a root host process starts holds none in the
@@ -277,6 +277,8 @@ impl ChildSetup {
         if self.confined {
             // SAFETY: as above.
             unsafe { crate::seccomp::install(&crate::seccomp::NO_TERMINAL_INJECTION)? };
+            // SAFETY: as above.
+            unsafe { crate::seccomp::install(&crate::seccomp::NO_KEYRING)? };
         }
         if self.drop_capabilities {
             clear_capabilities()?;

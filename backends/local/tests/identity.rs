@@ -72,6 +72,16 @@ fn host_uids_of(cmdline: &[u8]) -> Vec<u32> {
         .collect()
 }
 
+/// Adds a key to the caller's user keyring (`add_key(2)` through ctypes), printing
+/// whether the kernel refused.
+const KEYRING_PROBE: &str = r#"
+import ctypes, platform
+nr = {"x86_64": 248, "aarch64": 217}[platform.machine()]
+libc = ctypes.CDLL(None, use_errno=True)
+r = libc.syscall(nr, b"user", b"sandcell-adversarial-37", b"secret", 6, -4)
+print("refused" if r < 0 else "added")
+"#;
+
 /// The owners of every file called `name` beneath `dir`.
 fn owners_of(dir: &Path, name: &str) -> Vec<u32> {
     use std::os::unix::fs::MetadataExt;
@@ -135,6 +145,20 @@ async fn sandbox_processes_are_never_host_root() {
                         "ADVERSARIAL 37 at {isolation:?}: a capability inside: {line}"
                     );
                 }
+                // The kernel's keyrings are per uid: a sandbox gets none of them.
+                let keys = backend
+                    .run(
+                        &id,
+                        sandcell::ExecRequest::new(["python3", "-c", KEYRING_PROBE]),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    keys.stdout_str().trim(),
+                    "refused",
+                    "ADVERSARIAL 37 at {isolation:?}: a sandbox used a kernel keyring: {}",
+                    keys.stderr_str()
+                );
                 let host_pid = std::process::id();
                 let signal = backend
                     .run_shell(&id, &format!("kill -0 {host_pid}"))

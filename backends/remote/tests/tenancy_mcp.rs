@@ -26,7 +26,9 @@ async fn serve() -> (common::TestServer, tempfile::TempDir) {
         .build()
         .unwrap();
     let backend: Box<dyn SandboxBackend> = Box::new(local.clone());
+    // An id a client could guess: the server must refuse it in clients' labels.
     let manager = sandcell::SandboxManager::builder(backend)
+        .manager_id("sandcell")
         .data_dir(data.path())
         .build()
         .await

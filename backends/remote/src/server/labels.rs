@@ -32,6 +32,9 @@ const MANAGER_LABEL: &str = sandcell::manager::LABEL_MANAGER;
 pub(crate) struct Reserved {
     /// The id of the server's own session manager (MCP's), if it runs one.
     pub(crate) manager_id: Option<String>,
+    /// The instance id of that manager's state store, which its reconcile also
+    /// matches (`sandcell.store`).
+    pub(crate) store_id: Option<String>,
 }
 
 impl Reserved {
@@ -49,7 +52,10 @@ impl Reserved {
                      {SERVER_LABEL_PREFIX:?} or \"sandcell.docker.\" are its own)"
                 )));
             }
-            if key == MANAGER_LABEL && self.manager_id.as_deref() == Some(value.as_str()) {
+            let ours = (key == MANAGER_LABEL && self.manager_id.as_deref() == Some(value.as_str()))
+                || (key == sandcell::manager::LABEL_STORE
+                    && self.store_id.as_deref() == Some(value.as_str()));
+            if ours {
                 return Err(Error::invalid_input(format!(
                     "{what} {key:?} = {value:?} names this server's own session manager; \
                      give your manager another id"
@@ -113,6 +119,7 @@ mod tests {
     fn reserved_keys_and_the_servers_manager_are_refused() {
         let reserved = Reserved {
             manager_id: Some("mcp".to_owned()),
+            store_id: None,
         };
         for (k, v) in [
             pair("sandcell.server.tenant", "alice"),

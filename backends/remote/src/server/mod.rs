@@ -258,6 +258,13 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
             .map(|manager| manager.manager_id().to_owned()),
         #[cfg(not(feature = "mcp"))]
         manager_id: None,
+        #[cfg(feature = "mcp")]
+        store_id: config
+            .mcp
+            .as_ref()
+            .map(|manager| manager.store_id().to_owned()),
+        #[cfg(not(feature = "mcp"))]
+        store_id: None,
     };
     let state = Arc::new(Shared {
         backend,
