@@ -106,7 +106,7 @@ async fn measure(name: &str, state: Arc<dyn StateStore>, sessions: usize) {
         let now = Utc::now();
         let claim = Claim::new(
             SessionRecord::provisioning(live.clone(), "mock", SandboxSpec::new("default"), now),
-            &m.settings().manager_id,
+            m.manager_id(),
             now + chrono::Duration::seconds(30),
             None,
             now - chrono::Duration::seconds(600),
@@ -124,7 +124,7 @@ async fn measure(name: &str, state: Arc<dyn StateStore>, sessions: usize) {
         state
             .take_lease(
                 &live,
-                &m.settings().manager_id,
+                m.manager_id(),
                 now,
                 now + chrono::Duration::seconds(30),
             )

@@ -147,7 +147,7 @@ impl<B: SandboxBackend> SandboxManager<B> {
     }
 
     /// Destroys resources labelled with this manager's id and its state store's
-    /// instance id ([`LABEL_STORE`](crate::manager::LABEL_STORE)) that the state store
+    /// instance id ([`LABEL_STORE`]) that the state store
     /// does not know (orphans of a crash), marks records whose sandbox is gone (unless
     /// another manager holds their lease), and deletes snapshot blobs no manifest
     /// references that are older than `orphan_grace`. Resources without both labels —

@@ -951,7 +951,7 @@ impl SandboxBackend for LocalBackend {
                 .map(|init| PathBuf::from(format!("/proc/{init}/root/dev/pts/ptmx"))),
             timeout: request.timeout.or(meta.spec.command_timeout),
             grace: self.inner.grace,
-            setup: crate::sys::ChildSetup {
+            setup: crate::child::ChildSetup {
                 cgroup_procs,
                 landlock,
                 max_file_bytes: meta.spec.limits.disk_bytes,
@@ -1099,9 +1099,9 @@ async fn start_namespaces(
         Some(cg) => cg.join_fds()?,
         None => Vec::new(),
     };
-    crate::sys::before_exec(
+    crate::child::before_exec(
         &mut cmd,
-        crate::sys::ChildSetup {
+        crate::child::ChildSetup {
             cgroup_procs,
             landlock: None,
             max_file_bytes: None,

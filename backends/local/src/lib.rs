@@ -65,6 +65,7 @@
 
 mod backend;
 mod cgroup;
+mod child;
 mod clone;
 mod config;
 mod contained;

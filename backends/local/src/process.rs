@@ -43,7 +43,7 @@ pub(crate) struct Launch {
     pub(crate) timeout: Option<Duration>,
     pub(crate) grace: Duration,
     /// What the child does before it execs (cgroups, Landlock).
-    pub(crate) setup: crate::sys::ChildSetup,
+    pub(crate) setup: crate::child::ChildSetup,
     /// The command's own cgroup, which `setup` joins: a timeout or kill ends all of
     /// it, whatever left the process group.
     pub(crate) cgroup: Option<crate::cgroup::CommandCgroup>,

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use sandcell::ExitStatus;
 use tokio::io::unix::AsyncFd;
 
-use crate::sys::ChildSetup;
+use crate::child::ChildSetup;
 
 /// The child's stack. It runs the setup and the exec calls, nothing deep; a guard page
 /// below it turns an overflow into a fault of the child instead of a write elsewhere.
