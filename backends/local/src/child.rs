@@ -25,7 +25,8 @@ pub(crate) struct ChildSetup {
     /// timeout or kill finds it. For sandboxes without cgroups.
     pub(crate) subreaper: bool,
     /// Start a session of its own (and so a process group whose id is its pid) rather
-    /// than only a process group: what a command on a terminal needs.
+    /// than only a process group: every command does, so none shares the caller's
+    /// terminal, and one on a terminal takes it as its controlling one.
     pub(crate) new_session: bool,
     /// Make stdin (a terminal) the controlling terminal of that session.
     pub(crate) controlling_terminal: bool,
