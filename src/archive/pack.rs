@@ -3,14 +3,20 @@
 //! Normalized means: only files, directories, symlinks and hard links; modes masked to
 //! `0o777`; no owners; paths relative and checked. Symlinks are stored, never followed.
 
+use std::ffi::{CStr, OsStr};
 use std::fs;
 use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
+
+use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags};
+use rustix::io::Errno;
 
 use super::check::EntryChecker;
 use super::ArchiveLimits;
 use crate::error::{Error, Result};
+use crate::raw::tree::list_names;
 
 /// What a pack wrote.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -163,73 +169,112 @@ fn pack_selected_into<S: ContentSink>(
     out: S,
     keep: &dyn Fn(&Path) -> bool,
 ) -> Result<PackStats> {
+    // The root is a trusted host path (a `/proc/self/fd/N` of a held directory too),
+    // followed once here; nothing beneath it is ever reached by a host path again.
+    let root = rustix::fs::open(
+        dir,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format_args!("opening {}", dir.display()), e.into()))?;
+    pack_beneath(root.as_fd(), out, keep)
+}
+
+/// The walk of [`pack_selected_into`] beneath an open directory. A sandbox may change
+/// the tree while it is read, so every entry is reached through a descriptor: a
+/// directory is opened from `root` with `RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS` (a
+/// directory swapped for a symlink fails the pack rather than leading out of the
+/// tree), an entry is inspected and opened relative to its directory with
+/// `O_NOFOLLOW`, and a file's header is written from the descriptor actually read.
+/// At most three descriptors are open at a time, however deep or wide the tree.
+fn pack_beneath<S: ContentSink>(
+    root: BorrowedFd<'_>,
+    out: S,
+    keep: &dyn Fn(&Path) -> bool,
+) -> Result<PackStats> {
     let mut builder = tar::Builder::new(out);
     builder.mode(tar::HeaderMode::Deterministic);
     let mut stats = PackStats::default();
     let mut stack: Vec<PathBuf> = vec![PathBuf::new()];
     while let Some(rel_dir) = stack.pop() {
-        let full_dir = dir.join(&rel_dir);
-        let mut names: Vec<_> = fs::read_dir(&full_dir)
-            .map_err(|e| Error::io(format_args!("listing {}", full_dir.display()), e))?
-            .map(|r| r.map(|e| e.file_name()))
-            .collect::<std::io::Result<_>>()
-            .map_err(|e| Error::io(format_args!("listing {}", full_dir.display()), e))?;
-        names.sort();
+        let listing = |e: Errno| Error::io(format_args!("listing {}", rel_dir.display()), e.into());
+        let dir = open_beneath(root, &rel_dir).map_err(listing)?;
+        let names = list_names(dir.as_fd()).map_err(listing)?;
         // Subdirectories are pushed in reverse so they pop in sorted order.
         let mut subdirs = Vec::new();
         for name in names {
-            let rel = rel_dir.join(&name);
+            let rel = rel_dir.join(OsStr::from_bytes(name.to_bytes()));
             if !keep(&rel) {
                 continue;
             }
-            let full = dir.join(&rel);
             if rel.to_str().is_none() {
                 return Err(Error::invalid_input(format!(
                     "cannot archive {}: the name is not UTF-8",
                     rel.display()
                 )));
             }
-            let meta = fs::symlink_metadata(&full)
-                .map_err(|e| Error::io(format_args!("inspecting {}", rel.display()), e))?;
-            let mtime = meta.mtime().max(0) as u64;
-            let mode = meta.permissions().mode();
-            let ft = meta.file_type();
-            if ft.is_dir() {
-                let mut h = entry_header(tar::EntryType::Directory, mode, 0, mtime);
-                builder
-                    .append_data(&mut h, &rel, std::io::empty())
-                    .map_err(|e| Error::io(format_args!("archiving {}", rel.display()), e))?;
-                subdirs.push(rel);
-            } else if ft.is_file() {
-                let mut file = fs::File::open(&full)
-                    .map_err(|e| Error::io(format_args!("opening {}", rel.display()), e))?;
-                let mut h = entry_header(tar::EntryType::Regular, mode, meta.len(), mtime);
-                // The builder writes the header (and a long name's records); the content
-                // goes straight from the file to the sink, then the padding, as
-                // `append_data` would have written them.
-                let archiving = |e| Error::io(format_args!("archiving {}", rel.display()), e);
-                builder
-                    .append_data(&mut h, &rel, std::io::empty())
-                    .map_err(archiving)?;
-                let sink = builder.get_mut();
-                // A file that changes size while being read must not corrupt the stream:
-                // the entry carries exactly its declared size, cut or zero-padded.
-                sink.copy_file(&mut file, meta.len()).map_err(archiving)?;
-                let padding = (512 - meta.len() % 512) % 512;
-                sink.write_all(&[0; 512][..padding as usize])
-                    .map_err(archiving)?;
-                stats.content_bytes += meta.len();
-            } else if ft.is_symlink() {
-                let target = fs::read_link(&full)
-                    .map_err(|e| Error::io(format_args!("reading symlink {}", rel.display()), e))?;
-                let mut h = entry_header(tar::EntryType::Symlink, 0o777, 0, mtime);
-                builder.append_link(&mut h, &rel, &target).map_err(|e| {
-                    Error::io(format_args!("archiving symlink {}", rel.display()), e)
-                })?;
-            } else {
-                tracing::warn!(path = %rel.display(), "skipping special file (socket, FIFO or device) while archiving");
-                stats.skipped += 1;
-                continue;
+            let inspecting =
+                |e: Errno| Error::io(format_args!("inspecting {}", rel.display()), e.into());
+            let archiving = |e| Error::io(format_args!("archiving {}", rel.display()), e);
+            let st = match rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                // Removed since the listing: the tree is read as it is, not as it was.
+                Err(Errno::NOENT) => continue,
+                Err(e) => return Err(inspecting(e)),
+            };
+            match FileType::from_raw_mode(st.st_mode) {
+                FileType::Directory => {
+                    let mut h = entry_header(tar::EntryType::Directory, st.st_mode, 0, mtime(&st));
+                    builder
+                        .append_data(&mut h, &rel, std::io::empty())
+                        .map_err(archiving)?;
+                    subdirs.push(rel);
+                }
+                FileType::RegularFile => {
+                    let Some((mut file, st)) =
+                        open_regular(dir.as_fd(), &name).map_err(inspecting)?
+                    else {
+                        // Swapped for something else since it was inspected.
+                        stats.skipped += 1;
+                        continue;
+                    };
+                    let len = st.st_size.max(0) as u64;
+                    let mut h = entry_header(tar::EntryType::Regular, st.st_mode, len, mtime(&st));
+                    // The builder writes the header (and a long name's records); the
+                    // content goes straight from the file to the sink, then the padding,
+                    // as `append_data` would have written them.
+                    builder
+                        .append_data(&mut h, &rel, std::io::empty())
+                        .map_err(archiving)?;
+                    let sink = builder.get_mut();
+                    // A file that changes size while being read must not corrupt the
+                    // stream: the entry carries exactly its declared size.
+                    sink.copy_file(&mut file, len).map_err(archiving)?;
+                    let padding = (512 - len % 512) % 512;
+                    sink.write_all(&[0; 512][..padding as usize])
+                        .map_err(archiving)?;
+                    stats.content_bytes += len;
+                }
+                FileType::Symlink => {
+                    let target = match rustix::fs::readlinkat(&dir, &name, Vec::new()) {
+                        Ok(target) => target,
+                        Err(Errno::NOENT | Errno::INVAL) => {
+                            stats.skipped += 1;
+                            continue;
+                        }
+                        Err(e) => return Err(inspecting(e)),
+                    };
+                    let target = Path::new(OsStr::from_bytes(target.to_bytes()));
+                    let mut h = entry_header(tar::EntryType::Symlink, 0o777, 0, mtime(&st));
+                    builder.append_link(&mut h, &rel, target).map_err(|e| {
+                        Error::io(format_args!("archiving symlink {}", rel.display()), e)
+                    })?;
+                }
+                _ => {
+                    tracing::warn!(path = %rel.display(), "skipping special file (socket, FIFO or device) while archiving");
+                    stats.skipped += 1;
+                    continue;
+                }
             }
             stats.entries += 1;
         }
@@ -237,6 +282,65 @@ fn pack_selected_into<S: ContentSink>(
     }
     finish(builder)?;
     Ok(stats)
+}
+
+/// Opens directory `rel` beneath `root` for reading; no symlink is followed on the way
+/// and `..` cannot climb out (the empty path is `root` itself).
+pub(crate) fn open_beneath(root: BorrowedFd<'_>, rel: &Path) -> rustix::io::Result<OwnedFd> {
+    let rel: &Path = if rel.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        rel
+    };
+    let how = ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS;
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+    let mut retries = 0;
+    loop {
+        // EAGAIN: a rename elsewhere on the file system raced the lookup; try again.
+        match rustix::fs::openat2(root, rel, flags, Mode::empty(), how) {
+            Err(Errno::AGAIN) if retries < 16 => retries += 1,
+            other => return other,
+        }
+    }
+}
+
+/// Opens entry `name` of `dir` for reading if it is a regular file, with the status of
+/// what was opened. It is first opened as `O_PATH` without following a symlink, so
+/// opening has no effect on a FIFO or device swapped in meanwhile, and only reopened
+/// for reading once the descriptor is known to be a regular file.
+fn open_regular(
+    dir: BorrowedFd<'_>,
+    name: &CStr,
+) -> rustix::io::Result<Option<(fs::File, rustix::fs::Stat)>> {
+    let path = match rustix::fs::openat(
+        dir,
+        name,
+        OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(Errno::NOENT) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let st = rustix::fs::fstat(&path)?;
+    if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+        return Ok(None);
+    }
+    // Reopening through the descriptor's magic link reaches the very inode inspected.
+    let file = rustix::fs::open(
+        format!("/proc/self/fd/{}", path.as_raw_fd()).as_str(),
+        OFlags::RDONLY | OFlags::NOCTTY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    Ok(Some((fs::File::from(file), st)))
+}
+
+/// An entry's modification time as a tar header takes it (none before 1970).
+fn mtime(st: &rustix::fs::Stat) -> u64 {
+    // `Stat`'s field types differ between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let secs = st.st_mtime as i64;
+    secs.max(0) as u64
 }
 
 /// Re-writes a backend's tar stream in normalized form, checking every entry against

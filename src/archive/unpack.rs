@@ -1,12 +1,19 @@
 //! Unpacking a checked archive into a host directory: staging first, then swap-in.
 
 use std::collections::HashSet;
-use std::fs::{self, File, OpenOptions};
+use std::ffi::{CStr, CString, OsStr};
+use std::fs::{self, File};
 use std::io::{Read, Write};
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
+
+use super::pack::open_beneath;
 use super::{read_entries, ArchiveLimits, CheckedEntry, EntryKind};
 use crate::error::{Error, Result};
 
@@ -60,14 +67,21 @@ where
                 e,
             )
         })?;
-    let mut writer = DirWriter::new(staging.path().to_path_buf());
+    let root = rustix::fs::open(
+        staging.path(),
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| io("opening the staging directory", e))?;
+    let mut writer = DirWriter::new(root);
     read_entries(reader, limits, |entry, content| {
         precheck(entry)?;
         writer.write_entry(entry, content)
     })?;
     writer.finish()?;
-    fs::set_permissions(staging.path(), fs::Permissions::from_mode(0o755))
-        .map_err(|e| Error::io("setting staging directory mode", e))?;
+    // Through the descriptor: the staging path may have been swapped for a symlink.
+    rustix::fs::fchmod(&writer.root, Mode::from_raw_mode(0o755))
+        .map_err(|e| io("setting staging directory mode", e))?;
     let stats = writer.stats;
     swap_in(staging, dest)?;
     Ok(stats)
@@ -110,10 +124,18 @@ fn swap_in(staging: tempfile::TempDir, dest: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Writes checked entries beneath a fresh root that only this writer touches.
+/// Writes checked entries beneath a fresh root.
+///
+/// The root may sit where a sandbox can write (an import stages inside the live
+/// workspace, so the final moves are renames), and a sandbox process may swap any
+/// directory in it for a symlink while the unpack runs. So nothing is reached by host
+/// path: the root is held open, every parent is opened from it with no symlink
+/// followed on the way ([`open_beneath`]), and entries are made with `*at` calls that
+/// never follow a final symlink. A swap fails the unpack; it never writes elsewhere.
 pub(crate) struct DirWriter {
-    root: PathBuf,
+    root: OwnedFd,
     known_dirs: HashSet<PathBuf>,
+    /// Directories made, relative to the root, with the mode and time they get last.
     dir_modes: Vec<(PathBuf, u32, u64)>,
     buf: Vec<u8>,
     umask: Option<u32>,
@@ -121,7 +143,8 @@ pub(crate) struct DirWriter {
 }
 
 impl DirWriter {
-    pub(crate) fn new(root: PathBuf) -> Self {
+    /// A writer beneath the directory `root` (opened for reading).
+    pub(crate) fn new(root: OwnedFd) -> Self {
         DirWriter {
             root,
             known_dirs: HashSet::new(),
@@ -132,50 +155,56 @@ impl DirWriter {
         }
     }
 
-    fn ensure_parent(&mut self, rel: &Path) -> Result<()> {
-        let Some(parent) = rel.parent().filter(|p| !p.as_os_str().is_empty()) else {
-            return Ok(());
-        };
-        if self.known_dirs.contains(parent) {
-            return Ok(());
+    /// Makes every missing directory on the way to `rel`, one component at a time
+    /// beneath the root, and returns `rel`'s parent, open.
+    fn parent_of(&mut self, rel: &Path) -> Result<OwnedFd> {
+        let parent = rel.parent().unwrap_or(Path::new(""));
+        if parent.as_os_str().is_empty() || self.known_dirs.contains(parent) {
+            return open_beneath(self.root.as_fd(), parent)
+                .map_err(|e| io(format_args!("opening {}", parent.display()), e));
         }
-        // No ancestor can be a symlink: the checker refuses entries beneath archive
-        // symlinks and the staging root held nothing else.
-        fs::create_dir_all(self.root.join(parent)).map_err(|e| match e.kind() {
-            std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotADirectory => {
-                Error::invalid_input(format!(
-                    "archive entry {} needs {} to be a directory, but an earlier entry made it a file",
-                    rel.display(),
-                    parent.display()
-                ))
+        let mut dir = open_beneath(self.root.as_fd(), Path::new(""))
+            .map_err(|e| io("opening the staging directory", e))?;
+        let mut made = PathBuf::new();
+        for component in parent.components() {
+            made.push(component);
+            let name = c_name(component.as_os_str())?;
+            match rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755)) {
+                Ok(()) | Err(Errno::EXIST) => {}
+                Err(e) => return Err(io(format_args!("creating directory {}", made.display()), e)),
             }
-            _ => Error::io(format_args!("creating directory {}", parent.display()), e),
-        })?;
-        let mut p = Some(parent);
-        while let Some(dir) = p.filter(|d| !d.as_os_str().is_empty()) {
-            if !self.known_dirs.insert(dir.to_path_buf()) {
-                break;
-            }
-            p = dir.parent();
+            dir = match crate::raw::tree::open_subdir(dir.as_fd(), &name) {
+                Ok(next) => next,
+                // No ancestor can be an archive symlink (the checker refuses entries
+                // beneath those): this is an earlier entry's file.
+                Err(Errno::NOTDIR | Errno::LOOP) => {
+                    return Err(Error::invalid_input(format!(
+                        "archive entry {} needs {} to be a directory, but an earlier entry made it a file",
+                        rel.display(),
+                        parent.display()
+                    )))
+                }
+                Err(e) => return Err(io(format_args!("opening {}", made.display()), e)),
+            };
+            self.known_dirs.insert(made.clone());
         }
-        Ok(())
+        Ok(dir)
     }
 
-    /// Removes whatever an earlier entry left at `full` (a later entry replaces it).
-    fn clear(&mut self, full: &Path, rel: &Path) -> Result<()> {
-        match fs::symlink_metadata(full) {
-            Ok(meta) if meta.is_dir() => {
-                fs::remove_dir_all(full)
-                    .map_err(|e| Error::io(format_args!("replacing {}", rel.display()), e))?;
+    /// Removes whatever an earlier entry left at `name` in `dir` (`rel` beneath the
+    /// root): a later entry replaces it.
+    fn clear(&mut self, dir: BorrowedFd<'_>, name: &CStr, rel: &Path) -> Result<()> {
+        let replacing = |e| io(format_args!("replacing {}", rel.display()), e);
+        match rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {
+                crate::raw::tree::remove_tree(dir, name).map_err(replacing)?;
                 self.known_dirs.retain(|d| !d.starts_with(rel));
-                // Its mode and time are no longer ours to set: what takes its place may
-                // be a symlink, and `finish` would follow it out of the tree.
-                self.dir_modes.retain(|(p, _, _)| !p.starts_with(full));
+                // Its mode and time are no longer ours to set.
+                self.dir_modes.retain(|(p, _, _)| !p.starts_with(rel));
             }
-            Ok(_) => fs::remove_file(full)
-                .map_err(|e| Error::io(format_args!("replacing {}", rel.display()), e))?,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io(format_args!("inspecting {}", rel.display()), e)),
+            Ok(_) => rustix::fs::unlinkat(dir, name, AtFlags::empty()).map_err(replacing)?,
+            Err(Errno::NOENT) => {}
+            Err(e) => return Err(io(format_args!("inspecting {}", rel.display()), e)),
         }
         Ok(())
     }
@@ -186,36 +215,35 @@ impl DirWriter {
         content: &mut dyn Read,
     ) -> Result<()> {
         let rel = entry.path.to_relative_path();
-        let full = self.root.join(rel);
-        self.ensure_parent(rel)?;
+        let dir = self.parent_of(rel)?;
+        let name = c_name(rel.file_name().unwrap_or(rel.as_os_str()))?;
         match &entry.kind {
             EntryKind::Dir => {
                 if !self.known_dirs.contains(rel) {
-                    match fs::symlink_metadata(&full) {
-                        Ok(m) if m.is_dir() => {}
-                        Ok(_) => {
-                            self.clear(&full, rel)?;
-                            fs::create_dir(&full).map_err(|e| {
-                                Error::io(format_args!("creating {}", rel.display()), e)
-                            })?;
+                    match rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                        Ok(st) if FileType::from_raw_mode(st.st_mode) == FileType::Directory => {}
+                        found => {
+                            if found.is_ok() {
+                                self.clear(dir.as_fd(), &name, rel)?;
+                            }
+                            rustix::fs::mkdirat(&dir, &name, Mode::from_raw_mode(0o755))
+                                .map_err(|e| io(format_args!("creating {}", rel.display()), e))?;
                         }
-                        Err(_) => fs::create_dir(&full).map_err(|e| {
-                            Error::io(format_args!("creating {}", rel.display()), e)
-                        })?,
                     }
                     self.known_dirs.insert(rel.to_path_buf());
                 }
-                self.dir_modes.push((full, entry.mode, entry.mtime));
+                self.dir_modes
+                    .push((rel.to_path_buf(), entry.mode, entry.mtime));
             }
             EntryKind::File => {
-                let mut file = match create_new(&full, entry.mode) {
+                let mut file = match create_new(dir.as_fd(), &name, entry.mode) {
                     Ok(f) => f,
-                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                        self.clear(&full, rel)?;
-                        create_new(&full, entry.mode)
-                            .map_err(|e| Error::io(format_args!("creating {}", rel.display()), e))?
+                    Err(Errno::EXIST) => {
+                        self.clear(dir.as_fd(), &name, rel)?;
+                        create_new(dir.as_fd(), &name, entry.mode)
+                            .map_err(|e| io(format_args!("creating {}", rel.display()), e))?
                     }
-                    Err(e) => return Err(Error::io(format_args!("creating {}", rel.display()), e)),
+                    Err(e) => return Err(io(format_args!("creating {}", rel.display()), e)),
                 };
                 let written = copy_exact(content, &mut file, &mut self.buf)
                     .map_err(|e| Error::io(format_args!("writing {}", rel.display()), e))?;
@@ -242,25 +270,41 @@ impl DirWriter {
                 self.stats.content_bytes += written;
             }
             EntryKind::Symlink(target) => {
-                self.clear(&full, rel)?;
-                std::os::unix::fs::symlink(target, &full).map_err(|e| {
-                    Error::io(format_args!("creating symlink {}", rel.display()), e)
-                })?;
+                self.clear(dir.as_fd(), &name, rel)?;
+                let target = c_name(target.as_ref())?;
+                rustix::fs::symlinkat(&target, &dir, &name)
+                    .map_err(|e| io(format_args!("creating symlink {}", rel.display()), e))?;
             }
             EntryKind::HardLink(target) => {
-                self.clear(&full, rel)?;
-                fs::hard_link(self.root.join(target.to_relative_path()), &full).map_err(|e| {
-                    if e.kind() == std::io::ErrorKind::NotFound {
-                        // A link to itself, or to an entry a later one replaced.
-                        Error::invalid_input(format!(
-                            "archive hard link {} points at {target}, which the archive no \
-                             longer holds",
-                            entry.path
-                        ))
-                    } else {
-                        Error::io(format_args!("creating hard link {}", rel.display()), e)
+                self.clear(dir.as_fd(), &name, rel)?;
+                let target_rel = target.to_relative_path();
+                let missing = || {
+                    // A link to itself, or to an entry a later one replaced.
+                    Error::invalid_input(format!(
+                        "archive hard link {} points at {target}, which the archive no \
+                         longer holds",
+                        entry.path
+                    ))
+                };
+                let target_dir = match open_beneath(
+                    self.root.as_fd(),
+                    target_rel.parent().unwrap_or(Path::new("")),
+                ) {
+                    Ok(fd) => fd,
+                    Err(Errno::NOENT | Errno::NOTDIR) => return Err(missing()),
+                    Err(e) => {
+                        return Err(io(format_args!("creating hard link {}", rel.display()), e))
                     }
-                })?;
+                };
+                let target_name = c_name(target_rel.file_name().unwrap_or(target_rel.as_os_str()))?;
+                // linkat(2) without AT_SYMLINK_FOLLOW links a final symlink itself.
+                match rustix::fs::linkat(&target_dir, &target_name, &dir, &name, AtFlags::empty()) {
+                    Ok(()) => {}
+                    Err(Errno::NOENT) => return Err(missing()),
+                    Err(e) => {
+                        return Err(io(format_args!("creating hard link {}", rel.display()), e))
+                    }
+                }
             }
         }
         self.stats.entries += 1;
@@ -272,20 +316,27 @@ impl DirWriter {
     pub(crate) fn finish(&mut self) -> Result<()> {
         self.dir_modes
             .sort_by_key(|(p, _, _)| std::cmp::Reverse(p.components().count()));
-        for (path, mode, mtime_secs) in self.dir_modes.drain(..) {
-            // Only a directory this unpack made and nothing replaced (`clear` drops the
-            // replaced); checked again so a link is never followed.
-            if !fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
+        for (rel, mode, mtime_secs) in std::mem::take(&mut self.dir_modes) {
+            // Opened with no symlink followed: one swapped in since is left alone.
+            let Ok(dir) = open_beneath(self.root.as_fd(), &rel) else {
                 continue;
-            }
-            fs::set_permissions(&path, fs::Permissions::from_mode(mode))
-                .map_err(|e| Error::io(format_args!("setting mode of {}", path.display()), e))?;
-            if let Ok(dir) = File::open(&path) {
-                let _ = dir.set_modified(mtime(mtime_secs));
-            }
+            };
+            rustix::fs::fchmod(&dir, Mode::from_raw_mode(mode & 0o7777))
+                .map_err(|e| io(format_args!("setting mode of {}", rel.display()), e))?;
+            let _ = File::from(dir).set_modified(mtime(mtime_secs));
         }
         Ok(())
     }
+}
+
+/// An errno as the crate's error, with what was being done.
+fn io(what: impl std::fmt::Display, e: Errno) -> Error {
+    Error::io(what, e.into())
+}
+
+/// A path component (or link target) as the `*at` calls take it.
+fn c_name(name: &OsStr) -> Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| Error::invalid_input("a path with a NUL byte"))
 }
 
 /// The process umask, read without changing it (Linux reports it in /proc since 4.7).
@@ -295,12 +346,15 @@ fn current_umask() -> Option<u32> {
     u32::from_str_radix(line.trim_start_matches("Umask:").trim(), 8).ok()
 }
 
-fn create_new(path: &Path, mode: u32) -> std::io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode | 0o600)
-        .open(path)
+/// Creates file `name` in `dir`, which must not exist (a symlink there is not followed).
+fn create_new(dir: BorrowedFd<'_>, name: &CStr, mode: u32) -> rustix::io::Result<File> {
+    rustix::fs::openat(
+        dir,
+        name,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode((mode | 0o600) & 0o7777),
+    )
+    .map(File::from)
 }
 
 fn mtime(secs: u64) -> SystemTime {

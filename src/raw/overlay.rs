@@ -2,10 +2,15 @@
 //! layer per sandbox, and the changes the upper layer holds. The local backend's
 //! overlay workspaces and Docker's host-directory workspaces are both made here.
 
+use std::ffi::{CStr, OsStr};
 use std::fs;
+use std::os::fd::{AsFd, BorrowedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+use rustix::io::Errno;
 use rustix::mount::MountFlags;
 
 use crate::backend::Changes;
@@ -143,44 +148,87 @@ fn options(lowers: &[&Path], upper: &Path, work: &Path) -> Result<std::ffi::CStr
 
 /// Lower-layer paths an upper layer deletes: whiteouts (0:0 character devices) and
 /// opaque directories (which hide everything of the lower layer beneath them), sorted.
+///
+/// The layer is walked through descriptors ([`walk_layer`]), so a sandbox changing its
+/// upper layer meanwhile cannot lead the walk out of it.
 pub fn upper_deletions(upper: &Path) -> Result<Vec<SandboxPath>> {
-    use std::os::unix::fs::{FileTypeExt, MetadataExt};
     let mut deleted = Vec::new();
-    let mut stack = vec![upper.to_path_buf()];
-    while let Some(dir) = stack.pop() {
-        let entries = fs::read_dir(&dir)
-            .map_err(|e| Error::io(format_args!("reading {}", dir.display()), e))?;
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| Error::io(format_args!("reading {}", dir.display()), e))?;
-            let path = entry.path();
-            let meta = fs::symlink_metadata(&path)
-                .map_err(|e| Error::io(format_args!("inspecting {}", path.display()), e))?;
-            let rel = || -> Result<SandboxPath> {
-                let rel = path.strip_prefix(upper).unwrap_or(&path);
-                SandboxPath::new(&rel.to_string_lossy())
-            };
-            if meta.file_type().is_char_device() && meta.rdev() == 0 {
-                deleted.push(rel()?);
-            } else if meta.is_dir() {
-                if is_opaque(&path) {
-                    deleted.push(rel()?);
-                }
-                stack.push(path);
-            }
+    walk_layer(upper, &mut |rel, dir, name, st| {
+        let kind = FileType::from_raw_mode(st.st_mode);
+        let deletes = match kind {
+            FileType::CharacterDevice => st.st_rdev == 0,
+            FileType::Directory => is_opaque(dir, name),
+            _ => false,
+        };
+        if deletes {
+            deleted.push(SandboxPath::new(&rel.to_string_lossy())?);
         }
-    }
+        Ok(())
+    })?;
     deleted.sort();
     Ok(deleted)
 }
 
-fn is_opaque(dir: &Path) -> bool {
-    ["trusted.overlay.opaque", "user.overlay.opaque"]
-        .iter()
-        .any(|name| {
-            let mut value = [0u8; 4];
-            matches!(rustix::fs::lgetxattr(dir, *name, &mut value), Ok(n) if value[..n] == *b"y")
-        })
+/// Calls `visit` with every entry beneath the host directory `layer`: its path
+/// relative to `layer`, its directory's descriptor, its name and its status (not
+/// following a symlink). Each directory is opened from `layer`'s descriptor with no
+/// symlink followed on the way, so the walk holds two descriptors at a time and never
+/// leaves `layer`; one swapped for a symlink mid-walk fails it.
+fn walk_layer(
+    layer: &Path,
+    visit: &mut dyn FnMut(&Path, BorrowedFd<'_>, &CStr, &rustix::fs::Stat) -> Result<()>,
+) -> Result<()> {
+    let root = rustix::fs::open(
+        layer,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(|e| Error::io(format_args!("reading {}", layer.display()), e.into()))?;
+    let mut stack = vec![PathBuf::new()];
+    while let Some(rel_dir) = stack.pop() {
+        let reading = |e: Errno| {
+            Error::io(
+                format_args!("reading {}", layer.join(&rel_dir).display()),
+                e.into(),
+            )
+        };
+        let dir = crate::archive::pack::open_beneath(root.as_fd(), &rel_dir).map_err(reading)?;
+        for name in super::tree::list_names(dir.as_fd()).map_err(reading)? {
+            let rel = rel_dir.join(OsStr::from_bytes(name.to_bytes()));
+            let st = match rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) {
+                Ok(st) => st,
+                Err(Errno::NOENT) => continue,
+                Err(e) => {
+                    return Err(Error::io(
+                        format_args!("inspecting {}", rel.display()),
+                        e.into(),
+                    ))
+                }
+            };
+            visit(&rel, dir.as_fd(), &name, &st)?;
+            if FileType::from_raw_mode(st.st_mode) == FileType::Directory {
+                stack.push(rel);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Whether directory `name` of `dir` is marked opaque. Only the `trusted.` mark counts:
+/// every overlay here is mounted by root, where overlayfs writes that one and keeps a
+/// sandbox from setting it, while a `user.overlay.opaque` is an ordinary extended
+/// attribute any sandbox process may set on its own directories.
+fn is_opaque(dir: BorrowedFd<'_>, name: &CStr) -> bool {
+    let Ok(fd) = rustix::fs::openat(
+        dir,
+        name,
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) else {
+        return false;
+    };
+    let mut value = [0u8; 4];
+    matches!(rustix::fs::fgetxattr(&fd, c"trusted.overlay.opaque", &mut value), Ok(n) if value[..n] == *b"y")
 }
 
 /// The changes an upper layer holds, as `export_changes` returns them: its files as a
@@ -251,24 +299,8 @@ pub async fn changes_of_layers(
 
 /// Adds the path (relative to `layer`) of every entry beneath `layer` to `paths`.
 fn collect_paths(layer: &Path, paths: &mut std::collections::HashSet<PathBuf>) -> Result<()> {
-    let mut stack = vec![PathBuf::new()];
-    while let Some(rel_dir) = stack.pop() {
-        let full = layer.join(&rel_dir);
-        let entries = fs::read_dir(&full)
-            .map_err(|e| Error::io(format_args!("reading {}", full.display()), e))?;
-        for entry in entries {
-            let entry =
-                entry.map_err(|e| Error::io(format_args!("reading {}", full.display()), e))?;
-            let rel = rel_dir.join(entry.file_name());
-            let is_dir = entry
-                .file_type()
-                .map_err(|e| Error::io(format_args!("inspecting {}", rel.display()), e))?
-                .is_dir();
-            if is_dir {
-                stack.push(rel.clone());
-            }
-            paths.insert(rel);
-        }
-    }
-    Ok(())
+    walk_layer(layer, &mut |rel, _, _, _| {
+        paths.insert(rel.to_path_buf());
+        Ok(())
+    })
 }

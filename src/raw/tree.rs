@@ -189,8 +189,10 @@ struct Copier {
     dev: Option<u64>,
 }
 
-/// Where overlayfs marks a directory opaque (`userxattr` mounts use the second).
-const OPAQUE_XATTRS: [&CStr; 2] = [c"trusted.overlay.opaque", c"user.overlay.opaque"];
+/// Where overlayfs marks a directory opaque. Every overlay here is mounted by root,
+/// which uses the `trusted.` mark; a `user.overlay.opaque` is a sandbox's own extended
+/// attribute and is never taken for overlay metadata.
+const OPAQUE_XATTRS: [&CStr; 1] = [c"trusted.overlay.opaque"];
 
 impl Copier {
     fn copy_dir(
