@@ -632,3 +632,44 @@ async fn an_overlay_clone_holds_only_the_changes() {
         0
     );
 }
+
+/// ADVERSARIAL 47: a sandbox process may set `user.overlay.opaque` on a template
+/// directory it sees; that is its own extended attribute, not overlay metadata, so its
+/// change set must not claim the template's files there are deleted.
+#[tokio::test]
+async fn a_user_opaque_attribute_is_not_overlay_metadata() {
+    if !common::overlay_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let tpl = template();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .template("t", tpl.path())
+        .workspace(WorkspaceStrategy::Overlay)
+        .build()
+        .unwrap();
+    let sb = backend.create(&SandboxSpec::new("t")).await.unwrap();
+    // Touching a file copies `src` up; the attribute then lands on the upper copy.
+    let set = backend
+        .run_shell(
+            &sb.id,
+            "touch src/new.rs && python3 -c 'import os; os.setxattr(\"src\", \"user.overlay.opaque\", b\"y\"); print(os.getxattr(\"src\", \"user.overlay.opaque\"))'",
+        )
+        .await
+        .unwrap();
+    let set_it = set.success();
+    let changes = backend.export_changes(&sb.id).await.unwrap();
+    backend.destroy(&sb.id).await.unwrap();
+    if !set_it {
+        // Without python3 the attack cannot be staged; CI has it.
+        sandcell::testing::require_or_skip("PYTHON", "python3", Err(set.stderr_str().into()));
+        return;
+    }
+    assert_eq!(set.stdout_str(), "b'y'\n", "the attribute was set");
+    assert!(
+        changes.deleted.is_empty(),
+        "a user.overlay.opaque mark deleted {:?} from the change set",
+        changes.deleted
+    );
+}
