@@ -168,3 +168,47 @@ async fn a_server_bounds_files_and_archives_whatever_the_client_asks() {
         "the connection outlives a refusal"
     );
 }
+
+/// A call the server cannot take says why by its kind: an argument that fails its
+/// checks is `InvalidInput` (as from a backend directly), an operation this server does
+/// not know is `Unsupported` (a newer client), and only malformed JSON is `Backend`.
+#[tokio::test]
+async fn a_call_the_server_cannot_take_gets_the_kind_that_says_why() {
+    use std::sync::Arc;
+
+    use sandcell::raw::wire::serve;
+    use sandcell::{SandboxBackend, SandboxSpec};
+
+    let backend = Arc::new(sandcell::testing::MockBackend::new());
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let (agent, caller) = tokio::io::duplex(64 * 1024);
+    let (agent_read, agent_write) = tokio::io::split(agent);
+    tokio::spawn(serve(
+        backend.clone(),
+        sandbox.id.clone(),
+        agent_read,
+        agent_write,
+    ));
+    let (mut read, mut write) = tokio::io::split(caller);
+    let cases: [(&[u8], &str); 4] = [
+        (br#"{"op":"stat","path":"../etc/passwd"}"#, "invalid_input"),
+        (br#"{"op":"stat","path":"a\u0000b"}"#, "invalid_input"),
+        (br#"{"op":"chmod","path":"a","mode":420}"#, "unsupported"),
+        (br#"{"op":"stat","#, "backend"),
+    ];
+    for (id, (call, kind)) in cases.iter().enumerate() {
+        write.write_all(&frame(1, id as u64, call)).await.unwrap();
+        let mut len = [0u8; 4];
+        read.read_exact(&mut len).await.unwrap();
+        let mut body = vec![0u8; u32::from_be_bytes(len) as usize];
+        read.read_exact(&mut body).await.unwrap();
+        assert_eq!(body[0], 5, "a reply frame");
+        let reply: serde_json::Value = serde_json::from_slice(&body[9..]).unwrap();
+        assert_eq!(
+            reply["err"]["kind"],
+            *kind,
+            "{}: {reply}",
+            String::from_utf8_lossy(call)
+        );
+    }
+}

@@ -131,6 +131,26 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
 }
 
 /// Decodes a frame payload.
+/// A `Call` as the server reads it. Well-formed JSON that names an operation this side
+/// does not know is `Unsupported` (a newer peer), and a known operation with an argument
+/// that fails its own checks (a path with `..`, say) is `InvalidInput`, the kind the
+/// same argument gets from a backend directly; only malformed JSON is the peer breaking
+/// the protocol.
+pub(crate) fn decode_call(payload: &[u8]) -> Result<Call> {
+    serde_json::from_slice(payload).map_err(|e| match e.classify() {
+        serde_json::error::Category::Data if e.to_string().starts_with("unknown variant") => {
+            Error::new(
+                ErrorKind::Unsupported,
+                format!("this side of the wire does not know the call: {e}"),
+            )
+        }
+        serde_json::error::Category::Data => {
+            Error::new(ErrorKind::InvalidInput, format!("invalid call: {e}"))
+        }
+        _ => super::frame::protocol(format_args!("call ({e})")),
+    })
+}
+
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(payload: &[u8], what: &str) -> Result<T> {
     serde_json::from_slice(payload)
         .map_err(|e| super::frame::protocol(format_args!("{what} ({e})")))

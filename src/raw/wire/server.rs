@@ -118,7 +118,7 @@ async fn handle(
             proto::encode(&Reply::from_result(result)),
         ));
     };
-    let call: Call = match proto::decode(&frame.payload, "call") {
+    let call: Call = match proto::decode_call(&frame.payload) {
         Ok(call) => call,
         Err(e) => return reply(Err(e)),
     };
