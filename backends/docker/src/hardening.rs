@@ -26,6 +26,20 @@ pub(crate) const LABEL_NETWORK: &str = "sandcell.docker.network";
 /// image's (Podman's builds label every image), which are not the sandbox's.
 pub(crate) const LABEL_KEYS: &str = "sandcell.docker.label_keys";
 
+/// Refuses labels under [`INTERNAL_PREFIX`]: the backend reads its own settings from
+/// them (the output cap, the host workspace's directory, the task a container belongs
+/// to), so a spec's label there would be taken for the backend's own.
+pub(crate) fn refuse_internal_labels<'a>(
+    keys: impl IntoIterator<Item = &'a String>,
+) -> sandcell::Result<()> {
+    match keys.into_iter().find(|k| k.starts_with(INTERNAL_PREFIX)) {
+        Some(key) => Err(sandcell::Error::invalid_input(format!(
+            "label {key:?} is reserved: labels beginning with {INTERNAL_PREFIX:?} are the docker backend's own"
+        ))),
+        None => Ok(()),
+    }
+}
+
 /// Records which of a container's labels are the sandbox's own.
 pub(crate) fn record_label_keys<'a>(
     labels: &mut HashMap<String, String>,

@@ -737,3 +737,41 @@ async fn a_paused_session_snapshots_and_expires_through_the_manager() {
     assert_eq!(&data[..], b"kept");
     manager.release(&key, ReleaseMode::Purge).await.unwrap();
 }
+
+/// A spec's labels cannot pose as the backend's own settings, which it reads back from
+/// its containers' labels (the output cap, the host workspace, the task): a label under
+/// `sandcell.docker.` is refused at create and at clone, and nothing is made.
+#[tokio::test]
+async fn labels_under_the_backends_prefix_are_refused() {
+    if !common::engine_available().await {
+        return;
+    }
+    let backend = common::backend(true).await;
+    for key in [
+        "sandcell.docker.workspace",
+        "sandcell.docker.output_bytes",
+        "sandcell.docker.task",
+    ] {
+        let err = backend
+            .create(&spec("reserved-labels").label(key, "/etc"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidInput, "{key}: {err}");
+        assert!(err.to_string().contains(key), "{err}");
+    }
+    let sandbox = backend.create(&spec("reserved-labels")).await.unwrap();
+    let _guard = common::Guard::new(&backend, &sandbox.id);
+    let labels = [("sandcell.docker.workspace".to_owned(), "/etc".to_owned())]
+        .into_iter()
+        .collect();
+    let err = backend
+        .clone_sandbox(&sandbox.id, labels)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
+    let left = backend
+        .list(&sandcell::LabelSelector::new().label(common::TEST_LABEL.0, "reserved-labels"))
+        .await
+        .unwrap();
+    assert_eq!(left.len(), 1, "only the one sandbox made: {left:?}");
+}

@@ -568,6 +568,7 @@ impl SandboxBackend for DockerBackend {
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
         let mut spec = spec.prepare(&self.capabilities())?;
+        crate::hardening::refuse_internal_labels(spec.labels.keys())?;
         self.sweep_host_workspaces().await;
         let image = self.image_for(&spec.template).await?;
         let defaults = &self.inner.config.default_limits;
@@ -856,6 +857,7 @@ impl SandboxBackend for DockerBackend {
         id: &SandboxId,
         labels: BTreeMap<String, String>,
     ) -> Result<SandboxInfo> {
+        crate::hardening::refuse_internal_labels(labels.keys())?;
         self.clone_task(id, labels).await
     }
 
