@@ -244,8 +244,12 @@ impl LocalBackendBuilder {
             Isolation::None => {}
             Isolation::Landlock => {
                 probed.landlock_abi = Some(crate::landlock::abi()?);
-                probed.read_rules =
-                    crate::landlock::ReadRules::new(&config.readable, &config.hidden);
+                // Root keeps its uid at this level: what only root may read is hidden.
+                let mut hidden = config.hidden.clone();
+                if rustix::process::geteuid().is_root() {
+                    hidden.extend(crate::landlock::not_world_readable(&config.readable));
+                }
+                probed.read_rules = crate::landlock::ReadRules::new(&config.readable, &hidden);
             }
             Isolation::Namespaces => {
                 probed.namespace_tools = Some(crate::namespace::probe(
