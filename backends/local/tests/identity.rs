@@ -40,22 +40,7 @@ impl Drop for Secret {
 }
 
 fn backend(root: &Path, isolation: Isolation) -> Option<LocalBackend> {
-    match LocalBackend::builder()
-        .root(root)
-        .isolation(isolation)
-        .build()
-    {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-            let feature = match isolation {
-                Isolation::Namespaces => "NAMESPACES",
-                _ => "LANDLOCK",
-            };
-            sandcell::testing::require_or_skip(feature, "isolation", Err(e.to_string()));
-            None
-        }
-    }
+    common::build_at(LocalBackend::builder().root(root), isolation)
 }
 
 /// The host uids of the processes whose command line is exactly `cmdline`.

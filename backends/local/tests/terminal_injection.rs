@@ -9,10 +9,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, unsafe_code)]
 
+mod common;
+
 use std::os::fd::AsRawFd;
 use std::os::unix::process::CommandExt;
 
-use sandcell::{ErrorKind, ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
+use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
 /// Set in the child that owns the terminal.
@@ -85,21 +87,9 @@ fn in_a_session_with_a_terminal() {
     let mut checked = 0;
     for isolation in [Isolation::Landlock, Isolation::Namespaces] {
         let root = tempfile::tempdir().unwrap();
-        let backend = match LocalBackend::builder()
-            .root(root.path())
-            .isolation(isolation)
-            .build()
-        {
-            Ok(b) => b,
-            Err(e) => {
-                assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-                let feature = match isolation {
-                    Isolation::Namespaces => "NAMESPACES",
-                    _ => "LANDLOCK",
-                };
-                sandcell::testing::require_or_skip(feature, "isolation", Err(e.to_string()));
-                continue;
-            }
+        let Some(backend) = common::build_at(LocalBackend::builder().root(root.path()), isolation)
+        else {
+            continue;
         };
         let out = runtime.block_on(async {
             let sb = backend.create(&SandboxSpec::new("default")).await.unwrap();

@@ -11,31 +11,20 @@ use std::path::Path;
 
 use futures::StreamExt;
 use sandcell::archive::ImportOptions;
-use sandcell::{ErrorKind, ExecRequest, SandboxBackend, SandboxSpec};
+use sandcell::{ExecRequest, SandboxBackend, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend, WorkspaceStrategy};
+
+mod common;
 
 /// As long as the files the sandbox swaps it with ("ordinary"): a pack that follows a
 /// swapped-in link reads as many bytes as the entry's header declared.
 const SECRET: &str = "Zq9-SeKr";
 
 fn backend(root: &Path, isolation: Isolation) -> Option<LocalBackend> {
-    match LocalBackend::builder()
+    let builder = LocalBackend::builder()
         .root(root)
-        .isolation(isolation)
-        .workspace(WorkspaceStrategy::Overlay)
-        .build()
-    {
-        Ok(b) => Some(b),
-        Err(e) => {
-            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-            let feature = match isolation {
-                Isolation::Namespaces => "NAMESPACES",
-                _ => "LANDLOCK",
-            };
-            sandcell::testing::require_or_skip(feature, "isolation", Err(e.to_string()));
-            None
-        }
-    }
+        .workspace(WorkspaceStrategy::Overlay);
+    common::build_at(builder, isolation)
 }
 
 fn python() -> Option<&'static str> {

@@ -83,3 +83,23 @@ pub(crate) async fn eventually(mut check: impl FnMut() -> bool) -> bool {
     }
     false
 }
+
+/// Builds `builder` at `isolation`; where this host cannot isolate that way, `None`
+/// (a skip said aloud), unless CI requires the level, where it is a failure.
+pub(crate) fn build_at(
+    builder: sandcell_local::LocalBackendBuilder,
+    isolation: sandcell_local::Isolation,
+) -> Option<sandcell_local::LocalBackend> {
+    match builder.isolation(isolation).build() {
+        Ok(b) => Some(b),
+        Err(e) => {
+            assert_eq!(e.kind(), sandcell::ErrorKind::Unsupported, "{e}");
+            let feature = match isolation {
+                sandcell_local::Isolation::Namespaces => "NAMESPACES",
+                _ => "LANDLOCK",
+            };
+            sandcell::testing::require_or_skip(feature, "isolation", Err(e.to_string()));
+            None
+        }
+    }
+}
