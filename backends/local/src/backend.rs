@@ -453,15 +453,20 @@ fn mount_generation(dir: &SandboxDir) -> u64 {
 }
 
 /// Kills every process of the sandbox: its cgroup (which `setsid` cannot leave) where
-/// there is one, and every recorded process group.
+/// there is one, and every recorded process group still verifiably its own.
 fn kill_all(dir: &SandboxDir, meta: Option<&SandboxMeta>) -> Result<()> {
-    for pgid in dir.groups() {
-        process::signal_group(pgid, Signal::KILL);
+    let groups = dir.groups();
+    let recorded = groups.recorded();
+    for member in recorded.iter().filter(|member| member.verified()) {
+        process::signal_group(member.pgid, Signal::KILL);
     }
     if let Some(cg) = meta.and_then(|m| m.cgroups.as_ref()) {
         cg.kill_all(Duration::from_secs(5));
     }
-    dir.clear_groups()
+    for member in &recorded {
+        groups.forget(member);
+    }
+    Ok(())
 }
 
 #[async_trait]
@@ -621,7 +626,7 @@ impl SandboxBackend for LocalBackend {
             None => false,
         };
         if !frozen {
-            for pgid in dir.groups() {
+            for pgid in dir.groups().live() {
                 process::signal_group(pgid, Signal::STOP);
             }
         }
@@ -635,7 +640,7 @@ impl SandboxBackend for LocalBackend {
             None => false,
         };
         if !thawed {
-            for pgid in dir.groups() {
+            for pgid in dir.groups().live() {
                 process::signal_group(pgid, Signal::CONT);
             }
         }
@@ -839,6 +844,7 @@ impl SandboxBackend for LocalBackend {
                 None => {
                     let members: usize = dir
                         .groups()
+                        .live()
                         .into_iter()
                         .map(|g| process::group_members(g).len())
                         .sum();
@@ -988,11 +994,17 @@ async fn start_namespaces(
     let pid = child
         .id()
         .ok_or_else(|| Error::new(ErrorKind::Backend, "bubblewrap exited at once"))?;
-    dir.add_group(pid as i32)?;
+    // Recorded until it is reaped (`crate::groups`).
+    let groups = dir.groups();
+    let leader = groups.add(pid as i32)?;
     let init = crate::namespace::find_init(pid).await;
     // Reap bubblewrap whenever it ends (destroy or reset kills it).
     tokio::spawn(async move {
-        let _ = child.wait().await;
+        if child.wait().await.is_ok() {
+            if let Some(leader) = leader {
+                groups.leader_reaped(&leader);
+            }
+        }
     });
     let init = init?;
     if tools.owner.is_some() {

@@ -107,7 +107,7 @@ impl LocalBackend {
             // A kind of network this backend does not know yet gets none.
             (_, None) => SocketFilter::NoNetwork,
         };
-        let (process, pgid) = process::spawn(Launch {
+        let process = process::spawn(Launch {
             wrapped: meta.ns_init.is_some(),
             argv,
             env,
@@ -141,13 +141,12 @@ impl LocalBackend {
                 ..Default::default()
             },
             cgroup: command_cgroup,
+            // The cgroup already tracks every process; the group list is for hosts
+            // without.
+            groups: meta.cgroups.is_none().then(|| dir.groups()),
         })?;
         // The command has its working directory: the mount may be swapped from here.
         drop(workspace);
-        // The cgroup already tracks every process; the group list is for hosts without.
-        if meta.cgroups.is_none() {
-            dir.add_group(pgid)?;
-        }
         Ok(sandcell::raw::limit_output(
             process,
             meta.spec.limits.output_bytes,

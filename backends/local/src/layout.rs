@@ -4,7 +4,8 @@
 //! ```text
 //! <root>/sandboxes/<id>/
 //!     meta.json     SandboxMeta, rewritten atomically (temp file + rename)
-//!     groups        process group ids started in this sandbox, one per line
+//!     process-groups/
+//!                   one entry per running command's process group (see `crate::groups`)
 //!     workspace/    what the sandbox sees (overlay mount point, or the copy)
 //!     upper/ work/  overlay layers (overlay strategy only)
 //!     layers        the frozen layers beneath upper/, top first (see `crate::layers`)
@@ -117,9 +118,6 @@ impl SandboxDir {
     fn meta_path(&self) -> PathBuf {
         self.path.join("meta.json")
     }
-    fn groups_path(&self) -> PathBuf {
-        self.path.join("groups")
-    }
 
     pub(crate) fn read_meta(&self, id: &SandboxId) -> Result<SandboxMeta> {
         let text = match std::fs::read_to_string(self.meta_path()) {
@@ -159,31 +157,8 @@ impl SandboxDir {
         Ok(())
     }
 
-    /// Records a process group started in this sandbox.
-    pub(crate) fn add_group(&self, pgid: i32) -> Result<()> {
-        let mut f = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.groups_path())
-            .map_err(|e| Error::io("recording a process group", e))?;
-        writeln!(f, "{pgid}").map_err(|e| Error::io("recording a process group", e))
-    }
-
-    /// Process groups recorded for this sandbox.
-    pub(crate) fn groups(&self) -> Vec<i32> {
-        std::fs::read_to_string(self.groups_path())
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.trim().parse().ok())
-            .collect()
-    }
-
-    /// Forgets every recorded group (after they were killed).
-    pub(crate) fn clear_groups(&self) -> Result<()> {
-        match std::fs::remove_file(self.groups_path()) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(e) => Err(Error::io("clearing process groups", e)),
-        }
+    /// The process groups recorded for this sandbox (where it has no cgroups).
+    pub(crate) fn groups(&self) -> crate::groups::Groups {
+        crate::groups::Groups::new(&self.path)
     }
 }

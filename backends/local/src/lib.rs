@@ -70,6 +70,7 @@ mod clone;
 mod config;
 mod contained;
 mod egress;
+mod groups;
 mod import;
 mod landlock;
 mod layers;

@@ -85,7 +85,17 @@ pub(crate) fn probe(hidden: &[PathBuf], owner: Option<Arc<SandboxOwner>>) -> Res
     // Only the system directories, as a sandbox sees them: binding all of `/` would copy
     // every mount on the host, and one that disappears meanwhile (another sandbox's
     // workspace being destroyed) fails the probe.
-    let mut args = vec!["--unshare-all".to_owned()];
+    // Mapped to root inside, as every sandbox is (see `init_command`).
+    let mut args: Vec<String> = [
+        "--unshare-all",
+        "--unshare-user",
+        "--uid",
+        "0",
+        "--gid",
+        "0",
+    ]
+    .map(String::from)
+    .into();
     args.extend(system_binds(&tools.hidden));
     args.extend(["--proc", "/proc", "--dev", "/dev", "--", "true"].map(String::from));
     let out = std::process::Command::new(&tools.bwrap)
@@ -153,12 +163,14 @@ pub(crate) fn init_command(
     dir: &SandboxDir,
     network: &Network,
 ) -> Result<tokio::process::Command> {
+    // Run as the owner (see `ChildSetup::run_as`) when root, else as this user, whom a
+    // user namespace of the sandbox's own makes its root. Mapped to root inside, an
+    // unprivileged bubblewrap stays in the one user namespace it made the others in:
+    // asked for any other uid, it would make a second, nested one to map it (having
+    // been root in the first to mount `/dev`'s devpts), and `nsenter`, joining that one,
+    // could then join none of the others (`reassociate to namespace 'ns/ipc' failed`).
     let mut args: Vec<String> = vec!["--unshare-all".into()];
-    if tools.owner.is_some() {
-        // Run as the owner (see `ChildSetup::run_as`), whom a user namespace of the
-        // sandbox's own makes its root.
-        args.extend(["--unshare-user", "--uid", "0", "--gid", "0"].map(String::from));
-    }
+    args.extend(["--unshare-user", "--uid", "0", "--gid", "0"].map(String::from));
     match network {
         // An allowlist's only way out is the egress listener made in the namespace;
         // a full network's is the veth `crate::network` adds, never the host's own

@@ -47,11 +47,14 @@ pub(crate) struct Launch {
     /// The command's own cgroup, which `setup` joins: a timeout or kill ends all of
     /// it, whatever left the process group.
     pub(crate) cgroup: Option<crate::cgroup::CommandCgroup>,
+    /// Where the command's group is recorded while its leader lives, for a sandbox
+    /// without cgroups (see `crate::groups`).
+    pub(crate) groups: Option<crate::groups::Groups>,
 }
 
 /// Starts the command in its own process group (on a terminal: its own session) and
-/// returns the handle and the group id.
-pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
+/// returns its handle.
+pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
     let pipe = || {
         rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
             .map_err(|e| Error::io("making a pipe for a command", e.into()))
@@ -116,6 +119,20 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
         _ => Error::io(format_args!("starting {:?}", launch.argv[0]), e),
     })?;
     let pgid = child.id();
+    // Recorded before the supervisor can reap the leader, and forgotten by it once it
+    // has: an entry never outlives the process it names.
+    let recorded = match &launch.groups {
+        Some(groups) => match groups.add(pgid) {
+            Ok(leader) => leader.map(|leader| (groups.clone(), leader)),
+            Err(e) => {
+                // Unrecorded, nothing could reach the command from another process;
+                // it is still ours to end (not reaped), and `child` reaps it.
+                signal_group(pgid, Signal::KILL);
+                return Err(e);
+            }
+        },
+        None => None,
+    };
     let pipes = match pipes {
         Some((stdin, stdout, stderr)) => {
             let io = |e| Error::io("watching a command's pipes", e);
@@ -182,6 +199,7 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
             subreaper,
             wrapped_session,
             cgroup: launch.cgroup.map(std::sync::Arc::new),
+            recorded,
         },
         launch.timeout,
         launch.grace,
@@ -197,9 +215,11 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<(Process, i32)> {
         wrapped: launch.wrapped,
         terminal,
     };
-    Ok((
-        sandcell::raw::process(Box::new(control), stdin_writer, out_stream, err_stream),
-        pgid,
+    Ok(sandcell::raw::process(
+        Box::new(control),
+        stdin_writer,
+        out_stream,
+        err_stream,
     ))
 }
 
@@ -263,6 +283,9 @@ struct Tree {
     /// terminal inside the namespaces): its jobs are in groups of their own.
     wrapped_session: bool,
     cgroup: Option<std::sync::Arc<crate::cgroup::CommandCgroup>>,
+    /// The group's entry where the sandbox records its groups, forgotten once the
+    /// leader is reaped.
+    recorded: Option<(crate::groups::Groups, crate::groups::Member)>,
 }
 
 async fn supervise(
@@ -291,6 +314,13 @@ async fn supervise(
             (child.wait().await, false)
         }
     };
+    // The leader is reaped: its pid, and the group's id once the group is empty, may
+    // be another process's from here on, so the group is recorded by what is left in it
+    // or not at all. (Should waiting have failed, the entry stays: it lets destroy
+    // reach a leader nothing supervises, and fails its check once the leader is gone.)
+    if let (Some((groups, leader)), Ok(_)) = (&tree.recorded, &waited) {
+        groups.leader_reaped(leader);
+    }
     // The command's cgroup goes with `tree` if it is empty; background processes of a
     // command that exited on its own keep it (and run on) until reset or destroy.
     drop(tree);
@@ -453,15 +483,25 @@ fn living_descendants(leader: i32) -> Vec<i32> {
     found
 }
 
+/// The group `pgid` as the kernel's calls take it, refusing ids below 2: `kill(-1)`
+/// would signal every process this one may, and 0 or a negative id some other process
+/// or group than the one meant.
+fn group(pgid: i32) -> Option<Pid> {
+    Pid::from_raw(pgid.max(0)).filter(|_| pgid > 1)
+}
+
 /// Sends `signal` to every process of the group; a group that is gone is not an error.
 pub(crate) fn signal_group(pgid: i32, signal: Signal) {
-    if let Some(pid) = Pid::from_raw(pgid) {
+    if let Some(pid) = group(pgid) {
         let _ = rustix::process::kill_process_group(pid, signal);
     }
 }
 
 /// The processes of group `pgid`.
 pub(crate) fn group_members(pgid: i32) -> Vec<i32> {
+    if group(pgid).is_none() {
+        return Vec::new();
+    }
     all_processes()
         .filter(|p| p.pgrp == pgid)
         .map(|p| p.pid)
@@ -481,7 +521,7 @@ fn child_groups(leader: i32) -> Vec<i32> {
 
 /// Whether any process of the group is still there (zombies included).
 pub(crate) fn group_alive(pgid: i32) -> bool {
-    match Pid::from_raw(pgid) {
+    match group(pgid) {
         Some(pid) => rustix::process::test_kill_process_group(pid).is_ok(),
         None => false,
     }

@@ -29,6 +29,7 @@ pub(crate) use sandcell::raw::tree::{copy_layer, copy_tree};
 pub(crate) use sandcell::raw::tree::{list_names, open_subdir, remove_tree};
 mod export;
 mod meta;
+mod usage;
 
 /// How every path inside the workspace is resolved.
 const RESOLVE: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGICLINKS);
@@ -502,42 +503,6 @@ fn open_beneath(
             Err(Errno::AGAIN) if retries < 16 => retries += 1,
             other => return other,
         }
-    }
-}
-
-/// Opens `name` in `parent` as a directory for reading, refusing to follow a symlink.
-impl Workspace {
-    /// Bytes of the regular files in the workspace, on its own file system (host
-    /// mounts left out), walked without following symlinks. An entry that vanishes
-    /// mid-walk is skipped: the figure is a reading, not a snapshot.
-    pub(crate) fn disk_usage(&self) -> Result<u64> {
-        let top =
-            open_subdir(self.root.as_fd(), c".").map_err(|e| fail("measuring the workspace", e))?;
-        let dev = rustix::fs::fstat(&top)
-            .map_err(|e| fail("measuring the workspace", e))?
-            .st_dev;
-        let mut total = 0u64;
-        let mut pending = vec![top];
-        while let Some(dir) = pending.pop() {
-            let Ok(names) = list_names(dir.as_fd()) else {
-                continue;
-            };
-            for name in names {
-                let Ok(st) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
-                    continue;
-                };
-                match Meta::of(&st).kind {
-                    FileKind::File => total += st.st_size as u64,
-                    FileKind::Dir if st.st_dev == dev => {
-                        if let Ok(sub) = open_subdir(dir.as_fd(), &name) {
-                            pending.push(sub);
-                        }
-                    }
-                    _ => {}
-                }
-            }
-        }
-        Ok(total)
     }
 }
 

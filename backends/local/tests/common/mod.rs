@@ -103,3 +103,39 @@ pub(crate) fn build_at(
         }
     }
 }
+
+/// The uid and gid [`unprivileged`] runs a test as.
+pub(crate) const NOBODY: u32 = 65534;
+
+/// Whether the calling test's body is to run here, as an unprivileged user. It is when
+/// this process is not root. When it is, `test` (the test's name, as `--exact` takes it)
+/// is run again in a process of its own as uid and gid [`NOBODY`], with no
+/// supplementary groups, and checked to pass there; the caller then returns.
+pub(crate) fn unprivileged(test: &str) -> bool {
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        return true;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    print!("{stdout}");
+    eprint!("{stderr}");
+    assert!(
+        out.status.success(),
+        "{test} failed as uid {NOBODY} ({})",
+        out.status
+    );
+    assert!(
+        stdout.contains("1 passed"),
+        "{test} did not run as uid {NOBODY}"
+    );
+    false
+}
