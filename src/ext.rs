@@ -53,8 +53,48 @@ pub struct GrepMatch {
     pub path: SandboxPath,
     /// 1-based line number.
     pub line_number: usize,
-    /// The line, without its line ending.
+    /// The line, without its line ending; its first [`GREP_MAX_LINE_BYTES`] at most.
     pub line: String,
+    /// Whether `line` was cut at [`GREP_MAX_LINE_BYTES`] (at a character boundary).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub line_truncated: bool,
+}
+
+/// What [`SandboxBackendExt::grep`] found: the matches, and whether it stopped at a cap
+/// ([`GREP_MAX_MATCHES`], [`GREP_MAX_BYTES`]) with files left unsearched. It derefs to
+/// the matches' slice and iterates over them.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct GrepOutput {
+    /// The matching lines, in the order [`SandboxBackendExt::walk`] visits files.
+    pub matches: Vec<GrepMatch>,
+    /// Whether a match was left out because a cap was reached: more lines may match
+    /// than `matches` holds. Narrow the pattern or the directory to see them.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub truncated: bool,
+}
+
+impl std::ops::Deref for GrepOutput {
+    type Target = [GrepMatch];
+    fn deref(&self) -> &[GrepMatch] {
+        &self.matches
+    }
+}
+
+impl IntoIterator for GrepOutput {
+    type Item = GrepMatch;
+    type IntoIter = std::vec::IntoIter<GrepMatch>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.matches.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a GrepOutput {
+    type Item = &'a GrepMatch;
+    type IntoIter = std::slice::Iter<'a, GrepMatch>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.matches.iter()
+    }
 }
 
 /// What [`SandboxBackendExt::edit_file`] did.
@@ -70,6 +110,15 @@ pub enum EditOutcome {
 
 /// Files larger than this are skipped by `grep` (agents grep source, not data dumps).
 pub const GREP_MAX_FILE_BYTES: u64 = 8 * 1024 * 1024;
+/// The most matches `grep` collects; it stops at the next one and says so
+/// ([`GrepOutput::truncated`]).
+pub const GREP_MAX_MATCHES: usize = 10_000;
+/// The most bytes of matches `grep` collects, each counted as its path's and its
+/// (possibly cut) line's length: a long path repeated in every match counts each time.
+/// A match that would pass it is left out and `grep` stops ([`GrepOutput::truncated`]).
+pub const GREP_MAX_BYTES: usize = 4 << 20;
+/// The longest line a match keeps; longer ones are cut ([`GrepMatch::line_truncated`]).
+pub const GREP_MAX_LINE_BYTES: usize = 1024;
 
 /// Conveniences for every [`SandboxBackend`]. Do not implement: a blanket impl covers
 /// every backend, including `Box<dyn SandboxBackend>`.
@@ -218,42 +267,43 @@ pub trait SandboxBackendExt: SandboxBackend {
         Ok(found)
     }
 
-    /// Lines matching a regular expression in the files beneath `root`. Binary files
-    /// (containing NUL) and files over [`GREP_MAX_FILE_BYTES`] are skipped.
-    async fn grep(
-        &self,
-        id: &SandboxId,
-        root: &SandboxPath,
-        pattern: &str,
-    ) -> Result<Vec<GrepMatch>> {
+    /// Lines matching a regular expression in the files beneath `root`, in the order
+    /// [`walk`](Self::walk) visits them. Binary files (containing NUL) and files over
+    /// [`GREP_MAX_FILE_BYTES`] are skipped.
+    ///
+    /// Bounded while it collects: each line is kept up to [`GREP_MAX_LINE_BYTES`], and
+    /// at [`GREP_MAX_MATCHES`] matches or [`GREP_MAX_BYTES`] of them it stops reading,
+    /// with [`GrepOutput::truncated`] set.
+    async fn grep(&self, id: &SandboxId, root: &SandboxPath, pattern: &str) -> Result<GrepOutput> {
         let re = regex::Regex::new(pattern).map_err(|e| {
             Error::invalid_input(format!("invalid regular expression {pattern:?}: {e}"))
         })?;
-        let files = match self.stat(id, root).await?.kind {
-            FileKind::File => vec![DirEntry::new(root.clone(), FileKind::File, 0)],
-            _ => self.walk(id, root).await?,
-        };
-        let mut matches = Vec::new();
-        for entry in files.into_iter().filter(|e| e.kind == FileKind::File) {
-            if entry.size > GREP_MAX_FILE_BYTES {
-                continue;
-            }
-            let data = self.read(id, &entry.path).await?;
-            if data.contains(&0) {
-                continue;
-            }
-            let text = String::from_utf8_lossy(&data);
-            for (i, line) in text.lines().enumerate() {
-                if re.is_match(line) {
-                    matches.push(GrepMatch {
-                        path: entry.path.clone(),
-                        line_number: i + 1,
-                        line: line.to_owned(),
-                    });
+        let mut found = GrepFound::default();
+        if self.stat(id, root).await?.kind == FileKind::File {
+            grep_file(self, id, root, &re, &mut found).await?;
+            return Ok(found.output);
+        }
+        // Walked as `walk` does, but a directory at a time, so a cap stops the walk too.
+        let mut stack = vec![root.clone()];
+        while let Some(dir) = stack.pop() {
+            let entries = self.list_dir(id, &dir).await?;
+            for entry in entries.iter().filter(|e| e.kind == FileKind::File) {
+                if entry.size > GREP_MAX_FILE_BYTES {
+                    continue;
+                }
+                if !grep_file(self, id, &entry.path, &re, &mut found).await? {
+                    return Ok(found.output);
                 }
             }
+            stack.extend(
+                entries
+                    .into_iter()
+                    .rev()
+                    .filter(|e| e.kind == FileKind::Dir)
+                    .map(|e| e.path),
+            );
         }
-        Ok(matches)
+        Ok(found.output)
     }
 
     /// Copies a host directory's contents into `dest` in the sandbox (merging), through
@@ -294,6 +344,51 @@ pub trait SandboxBackendExt: SandboxBackend {
 }
 
 impl<T: SandboxBackend + ?Sized> SandboxBackendExt for T {}
+
+/// What `grep` has collected so far, and the bytes it counts against [`GREP_MAX_BYTES`].
+#[derive(Default)]
+struct GrepFound {
+    output: GrepOutput,
+    bytes: usize,
+}
+
+/// Adds the matching lines of file `path` to `found`; `false` once a cap left one out
+/// (`found` is then marked truncated, and the search is over).
+async fn grep_file<B: SandboxBackend + ?Sized>(
+    backend: &B,
+    id: &SandboxId,
+    path: &SandboxPath,
+    re: &regex::Regex,
+    found: &mut GrepFound,
+) -> Result<bool> {
+    let data = backend.read(id, path).await?;
+    if data.contains(&0) {
+        return Ok(true);
+    }
+    let text = String::from_utf8_lossy(&data);
+    for (i, line) in text.lines().enumerate() {
+        if !re.is_match(line) {
+            continue;
+        }
+        let mut kept = line.len().min(GREP_MAX_LINE_BYTES);
+        while !line.is_char_boundary(kept) {
+            kept -= 1;
+        }
+        let bytes = found.bytes + path.as_str().len() + kept;
+        if found.output.matches.len() == GREP_MAX_MATCHES || bytes > GREP_MAX_BYTES {
+            found.output.truncated = true;
+            return Ok(false);
+        }
+        found.bytes = bytes;
+        found.output.matches.push(GrepMatch {
+            path: path.clone(),
+            line_number: i + 1,
+            line: line[..kept].to_owned(),
+            line_truncated: kept < line.len(),
+        });
+    }
+    Ok(true)
+}
 
 /// Packs a host directory into a tar stream on a blocking thread.
 fn pack_to_stream(dir: std::path::PathBuf) -> ByteStream {

@@ -94,7 +94,10 @@ pub use capabilities::Capabilities;
 pub use config::{BackendRegistry, SandboxConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{ExecOutput, ExecRequest, ExitStatus, TerminalSize, DEFAULT_OUTPUT_LIMIT};
-pub use ext::{EditOutcome, GrepMatch, Language, SandboxBackendExt, GREP_MAX_FILE_BYTES};
+pub use ext::{
+    EditOutcome, GrepMatch, GrepOutput, Language, SandboxBackendExt, GREP_MAX_BYTES,
+    GREP_MAX_FILE_BYTES, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES,
+};
 pub use fs::{DirEntry, FileInfo, FileKind};
 pub use manager::{
     EventKind, ManagerBuilder, ManagerEvent, ManagerSettings, ReleaseMode, SandboxHandle,

@@ -1,5 +1,6 @@
 //! Output sized for a model's context: the head and tail of a stream kept, the middle
-//! replaced by a marker that says how much was left out.
+//! replaced by a marker that says how much was left out; grep's matches listed up to a
+//! number, with what was left out said.
 
 use bytes::{Bytes, BytesMut};
 
@@ -69,9 +70,76 @@ impl HeadTail {
     }
 }
 
+/// `grep`'s answer: one `path:line: text` per match, at most `max_items` of them, then
+/// what was left out (the rest, and whether the search itself stopped at its cap).
+pub(crate) fn grep_answer(found: &sandcell::GrepOutput, max_items: usize) -> String {
+    let mut out = String::new();
+    for m in found.iter().take(max_items) {
+        let cut = if m.line_truncated { " [line cut]" } else { "" };
+        out.push_str(&format!("{}:{}: {}{cut}\n", m.path, m.line_number, m.line));
+    }
+    let more = found.len().saturating_sub(max_items);
+    match (more, found.truncated) {
+        (0, false) => {}
+        (more, false) => out.push_str(&format!("[... {more} more matches]\n")),
+        (0, true) => out.push_str(
+            "[... the search stopped here at its cap: narrow the pattern or the path for \
+             the rest]\n",
+        ),
+        (more, true) => out.push_str(&format!(
+            "[... {more} more matches, and the search stopped there at its cap: \
+             narrow the pattern or the path for the rest]\n"
+        )),
+    }
+    if out.is_empty() {
+        out.push_str("(no match)\n");
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn grep_says_what_it_left_out() {
+        use bytes::Bytes;
+        use sandcell::{SandboxBackend, SandboxBackendExt, SandboxPath};
+        let b = sandcell::testing::MockBackend::new();
+        let id = b
+            .create(&sandcell::SandboxSpec::default())
+            .await
+            .unwrap()
+            .id;
+        let file = SandboxPath::new("f.txt").unwrap();
+        let many = "x\n".repeat(sandcell::GREP_MAX_MATCHES + 1);
+        let long = format!("x{}\n", "y".repeat(sandcell::GREP_MAX_LINE_BYTES));
+        b.write(&id, &file, Bytes::from(long + &many))
+            .await
+            .unwrap();
+        let found = b.grep(&id, &file, "x").await.unwrap();
+
+        let answer = grep_answer(&found, 2);
+        let lines: Vec<&str> = answer.lines().collect();
+        assert_eq!(lines.len(), 3, "{answer}");
+        assert!(lines[0].starts_with("f.txt:1: xyy") && lines[0].ends_with("y [line cut]"));
+        assert_eq!(lines[1], "f.txt:2: x");
+        let more = sandcell::GREP_MAX_MATCHES - 2;
+        assert!(
+            lines[2].starts_with(&format!("[... {more} more matches, and the search stopped")),
+            "{answer}"
+        );
+        let all = grep_answer(&found, sandcell::GREP_MAX_MATCHES);
+        assert!(
+            all.ends_with("x\n[... the search stopped here at its cap: narrow the pattern or the path for the rest]\n"),
+            "{}",
+            &all[all.len() - 200..]
+        );
+        assert_eq!(
+            grep_answer(&sandcell::GrepOutput::default(), 2),
+            "(no match)\n"
+        );
+    }
 
     #[test]
     fn short_output_is_kept_whole() {

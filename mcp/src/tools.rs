@@ -486,7 +486,8 @@ impl SandboxTools {
     /// Searches file contents.
     #[tool(
         description = "Search the text files of a session's workspace (or of one file or \
-        directory) for lines matching a regular expression. One 'path:line: text' per match."
+        directory) for lines matching a regular expression. One 'path:line: text' per match; \
+        long lines are cut, and a search with too many matches stops and says so."
     )]
     async fn grep(
         &self,
@@ -499,24 +500,10 @@ impl SandboxTools {
                 Some(raw) => path(raw)?,
             };
             let sandbox = self.open(&ctx, &args.session).await?;
-            let matches = sandbox
+            let found = sandbox
                 .call("grep", |b, id| b.grep(id, &root, &args.pattern))
                 .await?;
-            let mut out: String = matches
-                .iter()
-                .take(MAX_ITEMS)
-                .map(|m| format!("{}:{}: {}\n", m.path, m.line_number, m.line))
-                .collect();
-            if matches.len() > MAX_ITEMS {
-                out.push_str(&format!(
-                    "[... {} more matches]\n",
-                    matches.len() - MAX_ITEMS
-                ));
-            }
-            if out.is_empty() {
-                out.push_str("(no match)\n");
-            }
-            Ok(out)
+            Ok(crate::output::grep_answer(&found, MAX_ITEMS))
         })
         .await
     }

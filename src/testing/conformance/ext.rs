@@ -76,6 +76,7 @@ pub async fn ext_editing_and_search(b: &dyn SandboxBackend) {
         );
 
         let hits = b.grep(&id, &p("ed"), r"needle").await.unwrap();
+        assert!(!hits.truncated, "a few matches are all there");
         let found: Vec<_> = hits
             .iter()
             .map(|m| (m.path.as_str(), m.line_number))
