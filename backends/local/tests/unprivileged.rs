@@ -9,7 +9,7 @@ use std::os::unix::process::CommandExt;
 use std::path::Path;
 use std::time::Duration;
 
-use sandcell::{ErrorKind, ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
+use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
 mod common;
@@ -169,17 +169,9 @@ async fn namespaces_work_for_an_unprivileged_user() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
-    let b = match LocalBackend::builder()
-        .root(root.path().join("root"))
-        .isolation(Isolation::Namespaces)
-        .build()
-    {
-        Ok(b) => b,
-        Err(e) => {
-            assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-            sandcell::testing::require_or_skip("NAMESPACES", "namespaces", Err(e.to_string()));
-            return;
-        }
+    let builder = LocalBackend::builder().root(root.path().join("root"));
+    let Some(b) = common::build_at(builder, Isolation::Namespaces) else {
+        return;
     };
     let info = b.create(&SandboxSpec::default()).await.unwrap();
     let out = b
