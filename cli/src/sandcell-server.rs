@@ -89,6 +89,12 @@ struct Args {
     /// Processes a sandbox may run when its create asks for no limit, on every face.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     default_pids: u32,
+    /// Disk, in MiB, a sandbox gets when its create asks for none, on every face:
+    /// everything it writes (its workspace's changes, its temp files) is held on a
+    /// disk of that size; applied where the backend enforces disk limits (the local
+    /// backend as root). 0 gives no disk limit by default.
+    #[arg(long, value_name = "MIB", default_value_t = 10240)]
+    default_disk_mb: u64,
     /// Serve only the Fly Machines API subset, without sandcell's extensions or the E2B
     /// API, as a plain Fly endpoint would (clients then move files over exec).
     #[arg(long)]
@@ -259,6 +265,9 @@ async fn run(args: Args) -> sandcell::Result<()> {
         .cpu_millis(args.default_cpu_millis)
         .memory_bytes(args.default_memory_mb.saturating_mul(1 << 20))
         .pids(args.default_pids);
+    if args.default_disk_mb > 0 {
+        config.default_limits.disk_bytes = Some(args.default_disk_mb.saturating_mul(1 << 20));
+    }
     config.extensions = !args.fly_only;
     config.e2b_base_template = args.e2b_base_template.clone();
     for arg in &args.allow_host_paths {

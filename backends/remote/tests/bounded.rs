@@ -46,12 +46,13 @@ async fn serve_backend(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -
     }
 }
 
-/// The mock's capabilities with CPU, memory and process limits enforced.
+/// The mock's capabilities with CPU, memory, process and disk limits enforced.
 fn limits_enforced() -> Capabilities {
     let mut caps = MockBackend::new().capabilities();
     caps.cpu_limit = true;
     caps.memory_limit = true;
     caps.pids_limit = true;
+    caps.disk_limit = true;
     caps
 }
 
@@ -303,8 +304,8 @@ async fn case40_a_hung_create_holds_up_no_other_tenant() {
 }
 
 /// ADVERSARIAL 40: a Fly and an E2B create that ask for no limits get the server's
-/// default CPU, memory and process limits where the backend enforces them, and an
-/// operator's own defaults replace them.
+/// default CPU, memory, process and disk limits where the backend enforces them, and
+/// an operator's own defaults replace them.
 #[tokio::test]
 async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
     let mock = MockBackend::new().set_capabilities(limits_enforced());
@@ -331,7 +332,16 @@ async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
         assert_eq!(spec.limits.cpu_millis, Some(500), "{id}");
         assert_eq!(spec.limits.memory_bytes, Some(256 << 20), "{id}");
         assert_eq!(spec.limits.pids, Some(64), "{id}");
+        assert_eq!(
+            spec.limits.disk_bytes, None,
+            "{id}: the operator's defaults set none"
+        );
     }
+    // The server's own defaults include a disk limit.
+    let served = serve_backend(Arc::new(mock.clone()), ServerConfig::new(common::TOKEN)).await;
+    let (id, _) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    let spec = mock.spec_of(&SandboxId::new(&id).unwrap()).unwrap();
+    assert_eq!(spec.limits.disk_bytes, Some(10 << 30));
 
     // Without the capabilities, nothing is asked for that the backend would refuse.
     let plain = MockBackend::new();
@@ -560,5 +570,6 @@ mod mcp {
         assert_eq!(spec.limits.cpu_millis, Some(1000));
         assert_eq!(spec.limits.memory_bytes, Some(512 << 20));
         assert_eq!(spec.limits.pids, Some(1024));
+        assert_eq!(spec.limits.disk_bytes, Some(10 << 30));
     }
 }

@@ -83,8 +83,9 @@ pub struct ServerConfig {
     /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
     /// sets none of its own; each is applied only when the backend enforces it
     /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
-    /// Default: one core, 512 MiB and 1024 processes; a sandbox without them got as
-    /// many processes and as much memory as the host had.
+    /// Default: one core, 512 MiB, 1024 processes and 10 GiB of disk; a sandbox
+    /// without them got as many processes, as much memory and as much of the host's
+    /// disk as the host had.
     pub default_limits: sandcell::Limits,
     /// Whether sandcell's extensions (capabilities, the wire protocol) are served
     /// (default true). Off, the server answers only the Fly Machines subset, as a plain
