@@ -75,6 +75,13 @@ struct Args {
     /// closed.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     header_read_timeout: u64,
+    /// Seconds the server waits on a request's body that makes no progress (less than
+    /// a KiB of it arriving) before it answers 408 and closes the connection.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    body_read_timeout: u64,
+    /// Seconds a connection may go with no request in flight before it is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    idle_timeout: u64,
     /// The most connections served at once (TLS handshakes included); past it the
     /// server accepts no more until one closes.
     #[arg(long, value_name = "N", default_value_t = 1024)]
@@ -260,6 +267,8 @@ async fn run(args: Args) -> sandcell::Result<()> {
     };
     config.max_file_bytes = args.max_file_bytes;
     config.header_read_timeout = std::time::Duration::from_secs(args.header_read_timeout);
+    config.body_read_timeout = std::time::Duration::from_secs(args.body_read_timeout);
+    config.idle_timeout = std::time::Duration::from_secs(args.idle_timeout);
     config.max_connections = args.max_connections;
     config.default_limits = sandcell::Limits::new()
         .cpu_millis(args.default_cpu_millis)
