@@ -313,7 +313,9 @@ pub struct Limits {
     /// Maximum number of processes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pids: Option<u32>,
-    /// Maximum workspace size in bytes.
+    /// Maximum disk the sandbox may use, in bytes: what it writes to its workspace
+    /// (and, on the local backend, its temp directory). Needs
+    /// [`Capabilities::disk_limit`](crate::Capabilities::disk_limit).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
     /// Default cap on collected output per stream, in bytes.
@@ -341,7 +343,7 @@ impl Limits {
         self.pids = Some(v);
         self
     }
-    /// Sets the workspace size limit in bytes.
+    /// Sets the disk limit in bytes.
     pub fn disk_bytes(mut self, v: u64) -> Self {
         self.disk_bytes = Some(v);
         self

@@ -75,6 +75,13 @@ struct Args {
     /// closed.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
     header_read_timeout: u64,
+    /// Seconds the server waits on a request's body that makes no progress (less than
+    /// a KiB of it arriving) before it answers 408 and closes the connection.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    body_read_timeout: u64,
+    /// Seconds a connection may go with no request in flight before it is closed.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    idle_timeout: u64,
     /// The most connections served at once (TLS handshakes included); past it the
     /// server accepts no more until one closes.
     #[arg(long, value_name = "N", default_value_t = 1024)]
@@ -89,6 +96,12 @@ struct Args {
     /// Processes a sandbox may run when its create asks for no limit, on every face.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     default_pids: u32,
+    /// Disk, in MiB, a sandbox gets when its create asks for none, on every face:
+    /// everything it writes (its workspace's changes, its temp files) is held on a
+    /// disk of that size; applied where the backend enforces disk limits (the local
+    /// backend as root). 0 gives no disk limit by default.
+    #[arg(long, value_name = "MIB", default_value_t = 10240)]
+    default_disk_mb: u64,
     /// Serve only the Fly Machines API subset, without sandcell's extensions or the E2B
     /// API, as a plain Fly endpoint would (clients then move files over exec).
     #[arg(long)]
@@ -254,11 +267,16 @@ async fn run(args: Args) -> sandcell::Result<()> {
     };
     config.max_file_bytes = args.max_file_bytes;
     config.header_read_timeout = std::time::Duration::from_secs(args.header_read_timeout);
+    config.body_read_timeout = std::time::Duration::from_secs(args.body_read_timeout);
+    config.idle_timeout = std::time::Duration::from_secs(args.idle_timeout);
     config.max_connections = args.max_connections;
     config.default_limits = sandcell::Limits::new()
         .cpu_millis(args.default_cpu_millis)
         .memory_bytes(args.default_memory_mb.saturating_mul(1 << 20))
         .pids(args.default_pids);
+    if args.default_disk_mb > 0 {
+        config.default_limits.disk_bytes = Some(args.default_disk_mb.saturating_mul(1 << 20));
+    }
     config.extensions = !args.fly_only;
     config.e2b_base_template = args.e2b_base_template.clone();
     for arg in &args.allow_host_paths {

@@ -162,10 +162,12 @@ impl LocalBackend {
         capabilities.cpu_limit = limits;
         capabilities.memory_limit = limits;
         capabilities.pids_limit = limits;
-        // `Limits::disk_bytes` caps the workspace as a whole, which a directory cannot;
-        // the operator's `default_limits.disk_bytes` still caps each file written
-        // (RLIMIT_FSIZE), but a spec asking for a workspace cap is refused.
-        capabilities.disk_limit = false;
+        // A file system of the sandbox's own holds what it writes (`crate::quota`); an
+        // in-place workspace is the template itself, which none can hold.
+        capabilities.disk_limit = !matches!(config.workspace, WorkspaceStrategy::InPlace)
+            && crate::quota::probe()
+                .inspect_err(|why| tracing::debug!(%why, "no disk limits"))
+                .is_ok();
         LocalBackend {
             inner: Arc::new(Inner {
                 grace: config.kill_grace,
@@ -193,7 +195,7 @@ impl LocalBackend {
     fn meta(&self, id: &SandboxId) -> Result<(SandboxDir, SandboxMeta)> {
         let dir = self.dir(id);
         let meta = dir.read_meta(id)?;
-        Ok((dir, meta))
+        Ok((dir.for_meta(&meta), meta))
     }
 
     /// Runs a blocking file operation against the sandbox's contained workspace.
@@ -202,13 +204,13 @@ impl LocalBackend {
         T: Send + 'static,
         F: FnOnce(&Workspace) -> Result<T> + Send + 'static,
     {
-        let (dir, _) = self.meta(id)?;
+        let (dir, meta) = self.meta(id)?;
         let inner = self.inner.clone();
         blocking(move || {
             let workspace = inner.open_workspace(&dir)?;
             // What the host writes for the sandbox is the sandbox's.
             let _owner = inner.owner().map(|owner| owner.assume());
-            op(&workspace)
+            op(&workspace).map_err(|e| crate::quota::full_disk(e, meta.disk_bytes, None))
         })
         .await
     }
@@ -258,13 +260,18 @@ impl LocalBackend {
         F: FnOnce(&SandboxDir) -> Result<&'static str> + Send + 'static,
     {
         let id = SandboxId::generate("local");
-        let dir = self.dir(&id);
+        // With a disk limit, what the sandbox writes goes on a disk of its own.
+        let disk_bytes = (spec.limits.disk_bytes).filter(|_| self.inner.capabilities.disk_limit);
+        let dir = self.dir(&id).with_disk(disk_bytes.is_some());
         let roots = self.inner.cgroups.clone();
         let owner = self.inner.owner();
         let (dir, mut meta) = blocking(move || {
             let mut cgroups = None;
             let result = (|| {
                 cgroups = roots.create(&id, &spec.limits)?;
+                if let Some(bytes) = disk_bytes {
+                    crate::quota::make(&dir, bytes)?;
+                }
                 std::fs::create_dir_all(dir.tmp())
                     .map_err(|e| Error::io("creating the sandbox directory", e))?;
                 // No other local user reads a sandbox's files through its directory; the
@@ -281,7 +288,10 @@ impl LocalBackend {
                 };
                 std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(private))
                     .map_err(|e| Error::io("making the sandbox directory private", e))?;
-                let used = fill(&dir)?;
+                let used = fill(&dir).map_err(|e| {
+                    let what = "the workspace does not fit on the sandbox's disk";
+                    crate::quota::full_disk(e, disk_bytes, Some(what))
+                })?;
                 materialize::attach_mounts(&dir, &spec.mounts, owner.as_deref())?;
                 let meta = SandboxMeta {
                     id: id.clone(),
@@ -295,6 +305,7 @@ impl LocalBackend {
                     ns_user: false,
                     egress_port: None,
                     net_link: None,
+                    disk_bytes,
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
@@ -504,6 +515,9 @@ impl SandboxBackend for LocalBackend {
         limits.pids = limits.pids.or(defaults.pids);
         limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
         limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
+        // The defaults are held to the capabilities too: none is quietly not enforced.
+        spec.check_supported(&self.inner.capabilities)
+            .map_err(|e| e.context("with the backend's default_limits"))?;
         let strategy = self.inner.config.workspace;
         let owner = self.inner.owner();
         let meta = self
@@ -734,7 +748,8 @@ impl SandboxBackend for LocalBackend {
             dir: source_dir,
             template,
             cgroups: source_cgroups,
-            may_freeze: source.ns_init.is_none(),
+            // A layer frozen out of a sandbox's own disk would leave its limit.
+            may_freeze: source.ns_init.is_none() && source.disk_bytes.is_none(),
             owner: owner.clone(),
         });
         let (plan, planned) = std::sync::mpsc::sync_channel(1);
@@ -950,7 +965,7 @@ impl SandboxBackend for LocalBackend {
         tar: ByteStream,
         options: ImportOptions,
     ) -> Result<()> {
-        let (dir, _) = self.meta(id)?;
+        let (dir, meta) = self.meta(id)?;
         let path = path.clone();
         let reader = sandcell::raw::stream::stream_to_reader(tar);
         let inner = self.inner.clone();
@@ -959,6 +974,7 @@ impl SandboxBackend for LocalBackend {
             let workspace = inner.open_workspace(&dir)?;
             let _owner = inner.owner().map(|owner| owner.assume());
             crate::import::import(&workspace, &path, reader, options)
+                .map_err(|e| crate::quota::full_disk(e, meta.disk_bytes, None))
         })
         .await
     }

@@ -13,6 +13,9 @@
 //!                   left by a freeze until its old overlay is torn down
 //!     watching      flock'ed shared by every live watch, so no clone freezes beneath it
 //!     tmp/          TMPDIR for sandbox processes
+//!     disk.img      a sandbox with a disk limit: its file system's image (`crate::quota`)
+//!     disk/         where that file system is mounted; workspace/, upper/, work/ and
+//!                   tmp/ are then in here, so everything the sandbox writes is on it
 //! ```
 
 use std::collections::BTreeMap;
@@ -56,10 +59,15 @@ pub(crate) struct SandboxMeta {
     /// sandbox's veth (see `crate::network`), removed at destroy and reset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) net_link: Option<String>,
+    /// Where the sandbox has a disk limit: the size of the file system of its own that
+    /// holds everything it writes (`crate::quota`), mounted at `disk/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) disk_bytes: Option<u64>,
 }
 
 impl SandboxMeta {
     pub(crate) fn info(&self, dir: &SandboxDir) -> SandboxInfo {
+        let dir = dir.for_meta(self);
         let mut info = SandboxInfo::new(self.id.clone(), "local", &self.spec, self.status);
         info.created_at = self.created_at;
         let mut details = BTreeMap::new();
@@ -83,26 +91,54 @@ impl SandboxMeta {
 #[derive(Debug, Clone)]
 pub(crate) struct SandboxDir {
     path: PathBuf,
+    /// Where what the sandbox writes lives: `path`, or `path/disk` for a sandbox with a
+    /// file system of its own (see [`SandboxDir::with_disk`]).
+    writable: PathBuf,
 }
 
 impl SandboxDir {
+    /// The directory of sandbox `id`, as one without a disk of its own sees it: the
+    /// paths every sandbox has (its metadata, its process groups) are right, and
+    /// [`SandboxDir::for_meta`] gives the rest.
     pub(crate) fn new(root: &Path, id: &SandboxId) -> Self {
+        let path = root.join("sandboxes").join(id.as_str());
         SandboxDir {
-            path: root.join("sandboxes").join(id.as_str()),
+            writable: path.clone(),
+            path,
         }
+    }
+
+    /// The same directory, with its workspace, layers and tmp on the sandbox's own
+    /// file system where `disk` says it has one.
+    pub(crate) fn with_disk(mut self, disk: bool) -> Self {
+        self.writable = if disk { self.disk() } else { self.path.clone() };
+        self
+    }
+
+    /// The same directory, laid out as `meta` says.
+    pub(crate) fn for_meta(&self, meta: &SandboxMeta) -> Self {
+        self.clone().with_disk(meta.disk_bytes.is_some())
     }
 
     pub(crate) fn path(&self) -> &Path {
         &self.path
     }
     pub(crate) fn workspace(&self) -> PathBuf {
-        self.path.join("workspace")
+        self.writable.join("workspace")
     }
     pub(crate) fn upper(&self) -> PathBuf {
-        self.path.join("upper")
+        self.writable.join("upper")
     }
     pub(crate) fn work(&self) -> PathBuf {
-        self.path.join("work")
+        self.writable.join("work")
+    }
+    /// Where the sandbox's own file system is mounted, if it has one.
+    pub(crate) fn disk(&self) -> PathBuf {
+        self.path.join("disk")
+    }
+    /// The image that file system lives in.
+    pub(crate) fn disk_image(&self) -> PathBuf {
+        self.path.join("disk.img")
     }
     /// The list of the sandbox's frozen layers (`crate::layers`).
     pub(crate) fn layers(&self) -> PathBuf {
@@ -113,7 +149,7 @@ impl SandboxDir {
         self.path.join("watching")
     }
     pub(crate) fn tmp(&self) -> PathBuf {
-        self.path.join("tmp")
+        self.writable.join("tmp")
     }
     fn meta_path(&self) -> PathBuf {
         self.path.join("meta.json")

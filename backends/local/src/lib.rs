@@ -19,6 +19,7 @@
 //! | symlinks | yes |
 //! | host mounts | yes (bind mounts; read-only ones refuse writes; enforced against remounting at `Landlock` and `Namespaces`, not at `None`, where a root process could remount) |
 //! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
+//! | disk limit | as root with loop devices, for overlay and copied workspaces: everything the sandbox writes is on an ext4 file system of its own of that size (a sparse image); otherwise `Unsupported` |
 //! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
 //! | network isolation | at `Landlock` (no IPv4, IPv6 or packet sockets) and `Namespaces` (a network namespace of its own) |
 //! | full network | below `Namespaces` the host's; at `Namespaces` as root only, a veth of the sandbox's own with NAT and no route to the host's addresses, its loopback or other sandboxes (ADVERSARIAL 38) |
@@ -75,11 +76,13 @@ mod import;
 mod landlock;
 mod layers;
 mod layout;
+mod loopdev;
 mod materialize;
 mod namespace;
 mod network;
 mod owner;
 mod process;
+mod quota;
 mod seccomp;
 mod spawn;
 mod sys;

@@ -1,7 +1,7 @@
 //! Raw system calls without a safe wrapper (Landlock, cgroup BPF) and passing a
 //! descriptor over a Unix socket. `unsafe` lives here and in the few modules whose
 //! job is a system call without a wrapper ([`crate::child`], [`crate::spawn`],
-//! [`crate::seccomp`], [`crate::owner`]).
+//! [`crate::seccomp`], [`crate::owner`], [`crate::loopdev`]).
 
 #![allow(unsafe_code)]
 

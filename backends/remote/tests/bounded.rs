@@ -46,12 +46,13 @@ async fn serve_backend(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -
     }
 }
 
-/// The mock's capabilities with CPU, memory and process limits enforced.
+/// The mock's capabilities with CPU, memory, process and disk limits enforced.
 fn limits_enforced() -> Capabilities {
     let mut caps = MockBackend::new().capabilities();
     caps.cpu_limit = true;
     caps.memory_limit = true;
     caps.pids_limit = true;
+    caps.disk_limit = true;
     caps
 }
 
@@ -303,8 +304,8 @@ async fn case40_a_hung_create_holds_up_no_other_tenant() {
 }
 
 /// ADVERSARIAL 40: a Fly and an E2B create that ask for no limits get the server's
-/// default CPU, memory and process limits where the backend enforces them, and an
-/// operator's own defaults replace them.
+/// default CPU, memory, process and disk limits where the backend enforces them, and
+/// an operator's own defaults replace them.
 #[tokio::test]
 async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
     let mock = MockBackend::new().set_capabilities(limits_enforced());
@@ -331,7 +332,16 @@ async fn case40_fly_and_e2b_sandboxes_get_default_limits() {
         assert_eq!(spec.limits.cpu_millis, Some(500), "{id}");
         assert_eq!(spec.limits.memory_bytes, Some(256 << 20), "{id}");
         assert_eq!(spec.limits.pids, Some(64), "{id}");
+        assert_eq!(
+            spec.limits.disk_bytes, None,
+            "{id}: the operator's defaults set none"
+        );
     }
+    // The server's own defaults include a disk limit.
+    let served = serve_backend(Arc::new(mock.clone()), ServerConfig::new(common::TOKEN)).await;
+    let (id, _) = e2b_sandbox(&http, &served.url, common::TOKEN).await;
+    let spec = mock.spec_of(&SandboxId::new(&id).unwrap()).unwrap();
+    assert_eq!(spec.limits.disk_bytes, Some(10 << 30));
 
     // Without the capabilities, nothing is asked for that the backend would refuse.
     let plain = MockBackend::new();
@@ -389,8 +399,8 @@ async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> 
     Some(answered)
 }
 
-/// ADVERSARIAL 35: a connection that sends half a request head is closed by the
-/// server once the header timeout passes (they stayed open indefinitely).
+/// ADVERSARIAL 35: a connection that sends half a request head, or nothing, is closed
+/// by the server once the header timeout passes (they stayed open indefinitely).
 #[tokio::test]
 async fn case35_a_half_sent_request_head_is_closed_after_the_header_timeout() {
     let mut config = ServerConfig::new(common::TOKEN);
@@ -404,6 +414,14 @@ async fn case35_a_half_sent_request_head_is_closed_after_the_header_timeout() {
     assert!(
         answered.is_some(),
         "the half-sent request was still open after 10 s"
+    );
+    // So is one that sends nothing at all (it stayed open as long as the client liked).
+    let mut silent = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "a connection that sent nothing was still open after 10 s"
     );
     // A whole request is still answered.
     let response = reqwest::Client::new()
@@ -448,6 +466,165 @@ async fn case35_connections_past_the_cap_wait_for_a_free_slot() {
         "{}",
         String::from_utf8_lossy(&answered)
     );
+}
+
+/// A Fly create's head, authenticated, announcing a body of `length` bytes.
+fn create_head(length: usize) -> String {
+    format!(
+        "POST /v1/apps/app/machines HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+         Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n",
+        common::TOKEN
+    )
+}
+
+/// ADVERSARIAL 35: a request whose head announces 1000 bytes of body and sends 10,
+/// then stalls, is answered `408` and its connection closed once the body timeout
+/// passes (it stayed open for as long as the client liked); so is one that trickles
+/// its body a byte at a time.
+#[tokio::test]
+async fn case35_a_stalled_or_trickled_body_is_closed_after_the_body_timeout() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.body_read_timeout = Duration::from_millis(500);
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+
+    let mut stalled = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let started = std::time::Instant::now();
+    stalled
+        .write_all(format!("{}{{\"config\":", create_head(1000)).as_bytes())
+        .await
+        .unwrap();
+    let answered = closed_within(&mut stalled, Duration::from_secs(10))
+        .await
+        .expect("a stalled body's connection was still open after 10 s");
+    let elapsed = started.elapsed();
+    assert!(
+        answered.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+    assert!(
+        elapsed >= Duration::from_millis(450),
+        "closed after {elapsed:?}"
+    );
+
+    // A byte every 100 ms never stalls for 500 ms, but never makes progress either.
+    let mut trickled = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    trickled
+        .write_all(create_head(1000).as_bytes())
+        .await
+        .unwrap();
+    let (mut reader, mut writer) = trickled.into_split();
+    let trickling = tokio::spawn(async move {
+        for _ in 0..100 {
+            if writer.write_all(b" ").await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    });
+    let answered = tokio::time::timeout(Duration::from_secs(8), async {
+        let mut answered = Vec::new();
+        let mut buf = [0u8; 1024];
+        loop {
+            match reader.read(&mut buf).await {
+                Ok(0) | Err(_) => return answered,
+                Ok(n) => answered.extend_from_slice(&buf[..n]),
+            }
+        }
+    })
+    .await
+    .expect("a trickled body's connection was still open after 8 s");
+    trickling.abort();
+    assert!(
+        answered.starts_with(b"HTTP/1.1 408"),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+}
+
+/// A slow upload that keeps coming is not cut: a body sent a KiB at a time, with
+/// pauses shorter than the body timeout but adding up to several times it, is served.
+#[tokio::test]
+async fn a_slow_steady_body_is_served() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.body_read_timeout = Duration::from_millis(500);
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let body = json!({"config": {"image": "default", "env": {"PAD": "x".repeat(4000)}}})
+        .to_string()
+        .into_bytes();
+    let mut slow = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    slow.write_all(create_head(body.len()).as_bytes())
+        .await
+        .unwrap();
+    for chunk in body.chunks(1024) {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        slow.write_all(chunk).await.unwrap();
+    }
+    let mut head = [0u8; 12];
+    tokio::time::timeout(Duration::from_secs(10), slow.read_exact(&mut head))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(&head, b"HTTP/1.1 200", "{}", String::from_utf8_lossy(&head));
+}
+
+/// ADVERSARIAL 35: a keep-alive connection idle after its request, and one that never
+/// sends a byte, are closed once the idle timeout passes (the first stayed open until
+/// the header timeout, the second for as long as the client liked); a request that
+/// takes longer than the idle timeout is answered all the same.
+#[tokio::test]
+async fn case35_an_idle_connection_is_closed_after_the_idle_timeout() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.header_read_timeout = Duration::from_secs(60);
+    config.idle_timeout = Duration::from_millis(500);
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+
+    let mut kept = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let request = format!(
+        "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\r\n",
+        common::TOKEN
+    );
+    kept.write_all(request.as_bytes()).await.unwrap();
+    let answered = closed_within(&mut kept, Duration::from_secs(10))
+        .await
+        .expect("an idle keep-alive connection was still open after 10 s");
+    assert!(
+        answered.starts_with(b"HTTP/1.1 200"),
+        "{}",
+        String::from_utf8_lossy(&answered)
+    );
+
+    let mut silent = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    assert!(
+        closed_within(&mut silent, Duration::from_secs(10))
+            .await
+            .is_some(),
+        "a connection that sent nothing was still open after 10 s"
+    );
+
+    // A wait of 2 s, four times the idle timeout, is in flight throughout.
+    let http = reqwest::Client::new();
+    let machine: Value = http
+        .post(format!("{}/v1/apps/app/machines", served.url))
+        .bearer_auth(common::TOKEN)
+        .json(&json!({"config": {"image": "default"}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let waited = http
+        .get(format!(
+            "{}/v1/apps/app/machines/{}/wait?state=stopped&timeout=2",
+            served.url,
+            machine["id"].as_str().unwrap()
+        ))
+        .bearer_auth(common::TOKEN)
+        .send()
+        .await
+        .expect("a long request was answered, not cut as idle");
+    assert_eq!(waited.status(), 408);
 }
 
 #[cfg(feature = "mcp")]
@@ -560,5 +737,6 @@ mod mcp {
         assert_eq!(spec.limits.cpu_millis, Some(1000));
         assert_eq!(spec.limits.memory_bytes, Some(512 << 20));
         assert_eq!(spec.limits.pids, Some(1024));
+        assert_eq!(spec.limits.disk_bytes, Some(10 << 30));
     }
 }

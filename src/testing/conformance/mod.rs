@@ -16,6 +16,7 @@
 mod archives;
 mod capabilities;
 mod clone;
+mod disk;
 mod exec;
 mod ext;
 mod files;
@@ -43,6 +44,7 @@ use crate::{
 pub use archives::{archive_round_trip, hostile_archives_are_rejected};
 pub use capabilities::{claimed_capabilities_work, create_refuses_what_it_cannot_honour};
 pub use clone::clone_is_independent;
+pub use disk::disk_limit_is_enforced;
 pub use exec::{
     background_processes_by_id, background_processes_live_until_reset,
     commands_start_with_default_signals, exec_basics, exec_missing_program_is_not_found,
@@ -222,6 +224,7 @@ macro_rules! __conformance_cases {
             pty_terminal
             watch_reports_changes_in_order
             metrics_report_use
+            disk_limit_is_enforced
             clone_is_independent
             watch_outlives_a_clone
             host_helpers_ignore_loader_variables

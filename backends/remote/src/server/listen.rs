@@ -2,11 +2,15 @@
 //! at most [`ServerConfig::max_connections`](super::ServerConfig::max_connections)
 //! connections at once, each closed when its request head is not in within
 //! [`ServerConfig::header_read_timeout`](super::ServerConfig::header_read_timeout),
-//! and a graceful shutdown that waits for the connections it has.
+//! when a request's body stalls for
+//! [`ServerConfig::body_read_timeout`](super::ServerConfig::body_read_timeout)
+//! ([`super::requests`]), or when it has no request in flight for
+//! [`ServerConfig::idle_timeout`](super::ServerConfig::idle_timeout); and a graceful
+//! shutdown that waits for the connections it has.
 //!
-//! axum's own `serve` sets no timer, so a client that sends half a request head holds
-//! its connection (and a task) for as long as it likes; this loop is that one with the
-//! two bounds added.
+//! axum's own `serve` sets no timer, so a client that sends half a request head (or
+//! nothing at all, or half a body) holds its connection (and a task) for as long as it
+//! likes; this loop is that one with the bounds added.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -15,9 +19,10 @@ use std::time::Duration;
 use axum::Router;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto::Builder;
-use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
+
+use super::requests::{InFlight, Service};
 
 /// How long a client may take to send a request head, by default: long enough for a
 /// slow link, short enough that held-open connections cannot pile up.
@@ -25,11 +30,27 @@ pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10)
 /// How many connections are served at once, by default (a TLS handshake counts as
 /// one); past it the server stops accepting until one closes.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// How long the server waits on a request body that makes no progress, by default:
+/// as long as nginx's `client_body_timeout` is twice over, for slow links.
+pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a connection may go without a request in flight, by default: long enough
+/// for a client between the steps of its work to keep its connection.
+pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// The bounds the accept loop applies.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Bounds {
     pub(crate) header_read_timeout: Duration,
+    pub(crate) body_read_timeout: Duration,
+    pub(crate) idle_timeout: Duration,
+}
+
+impl Bounds {
+    /// How long a new connection may go before its first request begins: the wait for
+    /// a request's head, or less where connections idle for less.
+    fn first_request_timeout(&self) -> Duration {
+        self.header_read_timeout.min(self.idle_timeout)
+    }
 }
 
 /// Where connections come from: a TCP listener, or TLS streams whose handshake is
@@ -102,7 +123,8 @@ pub(crate) async fn run<A: Accept>(
             accepted = incoming.accept(&slots) => accepted,
             () = &mut shutdown => break,
         };
-        let service = TowerToHyperService::new(router.clone());
+        let in_flight = InFlight::new();
+        let service = Service::new(router.clone(), bounds.body_read_timeout, in_flight.clone());
         let (builder, mut stopping, all_done) =
             (Arc::clone(&builder), stopping.clone(), all_done.clone());
         tokio::spawn(async move {
@@ -122,6 +144,16 @@ pub(crate) async fn run<A: Accept>(
                     changed = stopping.changed(), if !stopped => {
                         // The sender is dropped: the server is shutting down.
                         let _: Result<(), watch::error::RecvError> = changed;
+                        stopped = true;
+                        connection.as_mut().graceful_shutdown();
+                    }
+                    // Idle: closed as at shutdown, which ends an idle connection at
+                    // once. A client that begins a request just then sees the close
+                    // every keep-alive client must expect, and retries. One that has
+                    // sent no request yet is waited for as for a request's head (hyper
+                    // times a head from its first byte only). Upgraded, a connection
+                    // has left this loop.
+                    () = in_flight.idle_for(bounds.idle_timeout, bounds.first_request_timeout()), if !stopped => {
                         stopped = true;
                         connection.as_mut().graceful_shutdown();
                     }

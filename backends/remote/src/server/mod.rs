@@ -25,6 +25,7 @@ mod listen;
 pub(crate) mod machines;
 #[cfg(feature = "mcp")]
 mod mcp;
+mod requests;
 mod tenants;
 mod tls;
 mod wire;
@@ -67,8 +68,23 @@ pub struct ServerConfig {
     /// Largest JSON body accepted (default 1 MiB); a larger one is answered `413`.
     pub max_json_bytes: usize,
     /// The longest a client may take to send a request's head (line and headers)
-    /// before its connection is closed (default 10 s; HTTP/1).
+    /// before its connection is closed (default 10 s; HTTP/1), and to begin its first
+    /// request once connected.
     pub header_read_timeout: std::time::Duration,
+    /// The longest the server waits on a request's body without it making progress
+    /// (default 30 s): past it the request is answered `408` and (HTTP/1) its
+    /// connection closed. Waiting starts over with each KiB that comes in, so a slow
+    /// upload gets through and a trickle does not hold a connection; the time a
+    /// handler spends elsewhere does not count, and responses are never bounded (a
+    /// command's output streams as long as it runs).
+    pub body_read_timeout: std::time::Duration,
+    /// The longest a connection may go with no request in flight before it is closed
+    /// (default 60 s; before its first request, the shorter of this and
+    /// `header_read_timeout`). A streaming response keeps its request in flight; a
+    /// connection upgraded to the wire protocol is no longer the listener's. For
+    /// HTTP/1 the shorter of this and `header_read_timeout` applies between requests
+    /// too, since the wait for a next request is also the wait for its head.
+    pub idle_timeout: std::time::Duration,
     /// The most connections served at once, TLS handshakes included (default 1024);
     /// past it the server accepts no more until one closes. A connection upgraded to
     /// the wire protocol leaves the count once upgraded (each is one tenant's
@@ -83,8 +99,9 @@ pub struct ServerConfig {
     /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
     /// sets none of its own; each is applied only when the backend enforces it
     /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
-    /// Default: one core, 512 MiB and 1024 processes; a sandbox without them got as
-    /// many processes and as much memory as the host had.
+    /// Default: one core, 512 MiB, 1024 processes and 10 GiB of disk; a sandbox
+    /// without them got as many processes, as much memory and as much of the host's
+    /// disk as the host had.
     pub default_limits: sandcell::Limits,
     /// Whether sandcell's extensions (capabilities, the wire protocol) are served
     /// (default true). Off, the server answers only the Fly Machines subset, as a plain
@@ -138,6 +155,8 @@ impl std::fmt::Debug for ServerConfig {
             .field("tenants", &self.tenants)
             .field("max_json_bytes", &self.max_json_bytes)
             .field("header_read_timeout", &self.header_read_timeout)
+            .field("body_read_timeout", &self.body_read_timeout)
+            .field("idle_timeout", &self.idle_timeout)
             .field("max_connections", &self.max_connections)
             .field("max_file_bytes", &self.max_file_bytes)
             .field("max_archive_bytes", &self.max_archive_bytes)
@@ -169,6 +188,8 @@ impl ServerConfig {
             tenants,
             max_json_bytes: 1 << 20,
             header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: listen::DEFAULT_BODY_READ_TIMEOUT,
+            idle_timeout: listen::DEFAULT_IDLE_TIMEOUT,
             max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
@@ -328,8 +349,10 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
 
 /// Serves `backend` on `listener` until `shutdown` resolves, then waits for the
 /// connections it has to finish their requests. At most
-/// [`ServerConfig::max_connections`] are served at once, and one whose request head
-/// takes longer than [`ServerConfig::header_read_timeout`] is closed.
+/// [`ServerConfig::max_connections`] are served at once, and one is closed whose
+/// request head takes longer than [`ServerConfig::header_read_timeout`], whose
+/// request body stalls for [`ServerConfig::body_read_timeout`], or that has no request
+/// in flight for [`ServerConfig::idle_timeout`].
 pub async fn serve(
     listener: tokio::net::TcpListener,
     backend: Arc<dyn SandboxBackend>,
@@ -345,14 +368,22 @@ pub async fn serve(
 fn bounds_of(
     config: &ServerConfig,
 ) -> std::io::Result<(listen::Bounds, Arc<tokio::sync::Semaphore>)> {
-    if config.max_connections == 0 || config.header_read_timeout.is_zero() {
+    let timeouts = [
+        config.header_read_timeout,
+        config.body_read_timeout,
+        config.idle_timeout,
+    ];
+    if config.max_connections == 0 || timeouts.iter().any(|t| t.is_zero()) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "max_connections and header_read_timeout must be above zero",
+            "max_connections, header_read_timeout, body_read_timeout and idle_timeout \
+             must be above zero",
         ));
     }
     let bounds = listen::Bounds {
         header_read_timeout: config.header_read_timeout,
+        body_read_timeout: config.body_read_timeout,
+        idle_timeout: config.idle_timeout,
     };
     let slots = Arc::new(tokio::sync::Semaphore::new(
         config

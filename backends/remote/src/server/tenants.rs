@@ -31,15 +31,19 @@ const UNSET_CPU_MILLIS: u32 = 1000;
 const UNSET_MEMORY_BYTES: u64 = 512 << 20;
 /// The processes a sandbox gets by default.
 const DEFAULT_PIDS: u32 = 1024;
+/// The disk a sandbox gets by default: room for a toolchain and a build, well short
+/// of a host's disk (a sandbox once took 3 GB of the host's root file system).
+pub(crate) const DEFAULT_DISK_BYTES: u64 = 10 << 30;
 
 /// [`ServerConfig::default_limits`](super::ServerConfig::default_limits)'s default:
 /// what a sandbox counts against a quota when it sets nothing (one core, 512 MiB) is
-/// what it gets, and 1024 processes.
+/// what it gets, 1024 processes and 10 GiB of disk.
 pub(crate) fn default_limits() -> Limits {
     Limits::new()
         .cpu_millis(UNSET_CPU_MILLIS)
         .memory_bytes(UNSET_MEMORY_BYTES)
         .pids(DEFAULT_PIDS)
+        .disk_bytes(DEFAULT_DISK_BYTES)
 }
 
 /// Gives `limits` each of `defaults` it does not set itself and the backend enforces;
