@@ -155,6 +155,8 @@ async fn case40_a_huge_sparse_file_is_refused_not_buffered() {
             assert!(body.len() < 4096, "{name}: {} bytes answered", body.len());
         }
     }
+    // Left behind, it would keep its mounts (and, as root, its disk's loop device).
+    server.local.destroy(&sandbox_id).await.unwrap();
 }
 
 /// A backend whose creates for tenant `a` wait until the test lets them go.
