@@ -510,31 +510,43 @@ impl Workspace {
     /// Bytes of the regular files in the workspace, on its own file system (host
     /// mounts left out), walked without following symlinks. An entry that vanishes
     /// mid-walk is skipped: the figure is a reading, not a snapshot.
+    ///
+    /// Depth first, holding a bounded number of descriptors however wide or deep the
+    /// tree ([`sandcell::raw::tree::DirStack`]): a descriptor per directory waiting its
+    /// turn would let one sandbox's thirty thousand empty directories run the host
+    /// process out of them, and fail every other sandbox's calls meanwhile.
     pub(crate) fn disk_usage(&self) -> Result<u64> {
-        let top =
-            open_subdir(self.root.as_fd(), c".").map_err(|e| fail("measuring the workspace", e))?;
-        let dev = rustix::fs::fstat(&top)
-            .map_err(|e| fail("measuring the workspace", e))?
-            .st_dev;
+        let measuring = |e| fail("measuring the workspace", e);
+        let top = open_subdir(self.root.as_fd(), c".").map_err(measuring)?;
+        let dev = rustix::fs::fstat(&top).map_err(measuring)?.st_dev;
+        let names = list_names(top.as_fd()).map_err(measuring)?;
         let mut total = 0u64;
-        let mut pending = vec![top];
-        while let Some(dir) = pending.pop() {
-            let Ok(names) = list_names(dir.as_fd()) else {
+        let mut stack = sandcell::raw::tree::DirStack::new();
+        stack.push(top, c".".to_owned(), names).map_err(measuring)?;
+        while let Some(level) = stack.top_mut() {
+            let Some(name) = level.data.pop() else {
+                // Climbing back to a directory moved away meanwhile ends the walk.
+                if stack.pop().is_err() {
+                    break;
+                }
                 continue;
             };
-            for name in names {
-                let Ok(st) = rustix::fs::statat(&dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
-                    continue;
-                };
-                match Meta::of(&st).kind {
-                    FileKind::File => total += st.st_size as u64,
-                    FileKind::Dir if st.st_dev == dev => {
-                        if let Ok(sub) = open_subdir(dir.as_fd(), &name) {
-                            pending.push(sub);
-                        }
+            let Ok(dir) = level.fd() else { break };
+            let Ok(st) = rustix::fs::statat(dir, &name, AtFlags::SYMLINK_NOFOLLOW) else {
+                continue;
+            };
+            match Meta::of(&st).kind {
+                FileKind::File => total += st.st_size as u64,
+                FileKind::Dir if st.st_dev == dev => {
+                    let Ok(sub) = open_subdir(dir, &name) else {
+                        continue;
+                    };
+                    let names = list_names(sub.as_fd()).unwrap_or_default();
+                    if stack.push(sub, name, names).is_err() {
+                        continue;
                     }
-                    _ => {}
                 }
+                _ => {}
             }
         }
         Ok(total)
