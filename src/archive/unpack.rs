@@ -58,15 +58,12 @@ where
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    let staging = tempfile::Builder::new()
-        .prefix(".sandcell-staging-")
-        .tempdir_in(parent)
-        .map_err(|e| {
-            Error::io(
-                format_args!("creating a staging directory in {}", parent.display()),
-                e,
-            )
-        })?;
+    let staging = Scratch::new_in(parent, ".sandcell-staging-").map_err(|e| {
+        Error::io(
+            format_args!("creating a staging directory in {}", parent.display()),
+            e,
+        )
+    })?;
     let root = rustix::fs::open(
         staging.path(),
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
@@ -88,16 +85,14 @@ where
 }
 
 /// Replaces `dest` with the staging directory; `dest` may be absent.
-fn swap_in(staging: tempfile::TempDir, dest: &Path) -> Result<()> {
+fn swap_in(staging: Scratch, dest: &Path) -> Result<()> {
     let old = match fs::symlink_metadata(dest) {
         Ok(_) => {
             let parent = dest
                 .parent()
                 .filter(|p| !p.as_os_str().is_empty())
                 .unwrap_or(Path::new("."));
-            let old = tempfile::Builder::new()
-                .prefix(".sandcell-old-")
-                .tempdir_in(parent)
+            let old = Scratch::new_in(parent, ".sandcell-old-")
                 .map_err(|e| Error::io("creating a directory for the replaced contents", e))?;
             let old_path = old.path().join("old");
             fs::rename(dest, &old_path)
@@ -113,15 +108,47 @@ fn swap_in(staging: tempfile::TempDir, dest: &Path) -> Result<()> {
         if let Some((_, old_path)) = &old {
             let _ = fs::rename(old_path, dest);
         }
-        let _ = fs::remove_dir_all(&staged);
+        let _ = crate::raw::tree::remove_dir_all(&staged);
         return Err(Error::io(
             format_args!("moving the unpacked tree to {}", dest.display()),
             e,
         ));
     }
-    // `old` (a TempDir) removes the replaced contents when dropped.
+    // `old` removes the replaced contents when dropped.
     drop(old);
     Ok(())
+}
+
+/// A directory made for one unpack, removed when dropped unless kept. Removed with
+/// the crate's walk ([`crate::raw::tree::remove_dir_all`]), never `std`'s recursive
+/// one (which `tempfile` uses): an import stages inside the workspace, where a sandbox
+/// process can move a directory chain of any depth into it, and a recursion that deep
+/// overflows the thread's stack and aborts the host process.
+struct Scratch(Option<PathBuf>);
+
+impl Scratch {
+    /// Makes a fresh directory named `prefix` and a random suffix in `parent`.
+    fn new_in(parent: &Path, prefix: &str) -> std::io::Result<Self> {
+        let dir = tempfile::Builder::new().prefix(prefix).tempdir_in(parent)?;
+        Ok(Scratch(Some(dir.keep())))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.as_deref().unwrap_or(Path::new(""))
+    }
+
+    /// The directory, no longer removed on drop.
+    fn keep(mut self) -> PathBuf {
+        self.0.take().unwrap_or_default()
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = crate::raw::tree::remove_dir_all(&path);
+        }
+    }
 }
 
 /// Writes checked entries beneath a fresh root.

@@ -6,6 +6,11 @@
 //!
 //! A tree is copied with its files, directories and symlinks, their owners (where the
 //! copier may set them), modes and modification times. A copy that fails part-way is removed again.
+//!
+//! A sandbox can make a tree of any depth (`mkdir d; cd d` in a loop). No walk here
+//! recurses, so none can overflow its thread's stack (which aborts the whole process),
+//! and each keeps only the [`OPEN_LEVELS`] directories nearest its position open
+//! ([`DirStack`]), so none can run the process out of descriptors.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
@@ -27,6 +32,124 @@ pub fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<Ow
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )
+}
+
+/// How many directories of the path a [`DirStack`] walk has taken it keeps open.
+pub const OPEN_LEVELS: usize = 8;
+
+/// A directory's identity while it exists: its device and inode numbers.
+fn dir_id(st: &rustix::fs::Stat) -> (u64, u64) {
+    // `Stat`'s field types differ between architectures.
+    #[allow(clippy::unnecessary_cast, clippy::useless_conversion)]
+    (st.st_dev as u64, st.st_ino as u64)
+}
+
+/// Opens the directory above the one open as `child` through its `..`, and checks it
+/// is the directory `expected` (by device and inode): one moved elsewhere meanwhile
+/// fails with `ESTALE` rather than lead the walk out of its tree.
+fn reopen_above(child: BorrowedFd<'_>, expected: (u64, u64)) -> rustix::io::Result<OwnedFd> {
+    let fd = rustix::fs::openat(
+        child,
+        c"..",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    if dir_id(&rustix::fs::fstat(&fd)?) != expected {
+        return Err(Errno::STALE);
+    }
+    Ok(fd)
+}
+
+/// One directory on a [`DirStack`]'s path.
+#[derive(Debug)]
+pub struct Level<T> {
+    /// Open while the level is among the [`OPEN_LEVELS`] deepest.
+    fd: Option<OwnedFd>,
+    id: (u64, u64),
+    /// Its name in the directory above.
+    pub name: CString,
+    /// What the walk keeps of it (the entries still to visit, say).
+    pub data: T,
+}
+
+impl<T> Level<T> {
+    /// The directory, open (the top level always is).
+    pub fn fd(&self) -> rustix::io::Result<BorrowedFd<'_>> {
+        self.fd.as_ref().map(|fd| fd.as_fd()).ok_or(Errno::BADF)
+    }
+}
+
+/// The directories from a walk's start down to where it is, for a depth-first walk of
+/// a tree of any depth with a bounded number of descriptors and no recursion: only
+/// the [`OPEN_LEVELS`] deepest are held open; one above them is reopened through the
+/// `..` of the level beneath when the walk climbs back to it, and must be the same
+/// directory it was (`ESTALE` otherwise). Memory grows with depth (a name and a few
+/// words a level), descriptors do not.
+#[derive(Debug)]
+pub struct DirStack<T> {
+    levels: Vec<Level<T>>,
+}
+
+impl<T> Default for DirStack<T> {
+    fn default() -> Self {
+        DirStack { levels: Vec::new() }
+    }
+}
+
+impl<T> DirStack<T> {
+    /// An empty stack.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Descends into the directory open as `fd` (named `name` in the current top).
+    pub fn push(&mut self, fd: OwnedFd, name: CString, data: T) -> rustix::io::Result<()> {
+        let id = dir_id(&rustix::fs::fstat(&fd)?);
+        self.levels.push(Level {
+            fd: Some(fd),
+            id,
+            name,
+            data,
+        });
+        if let Some(above) = self.levels.len().checked_sub(OPEN_LEVELS + 1) {
+            self.levels[above].fd = None;
+        }
+        Ok(())
+    }
+
+    /// Climbs out of the top level and returns it (still open); the level beneath,
+    /// the new top, is open again.
+    pub fn pop(&mut self) -> rustix::io::Result<Option<Level<T>>> {
+        let Some(done) = self.levels.pop() else {
+            return Ok(None);
+        };
+        if let Some(top) = self.levels.last_mut() {
+            if top.fd.is_none() {
+                top.fd = Some(reopen_above(done.fd()?, top.id)?);
+            }
+        }
+        Ok(Some(done))
+    }
+
+    /// The deepest level.
+    pub fn top(&self) -> Option<&Level<T>> {
+        self.levels.last()
+    }
+
+    /// The deepest level, to change what it keeps.
+    pub fn top_mut(&mut self) -> Option<&mut Level<T>> {
+        self.levels.last_mut()
+    }
+
+    /// How deep the walk is (0 before the first push).
+    pub fn depth(&self) -> usize {
+        self.levels.len()
+    }
+
+    /// The levels from the first down.
+    pub fn levels(&self) -> impl Iterator<Item = &Level<T>> {
+        self.levels.iter()
+    }
 }
 
 /// The names in directory `dir` (any descriptor of it, `O_PATH` too), sorted by bytes,
@@ -53,57 +176,105 @@ pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
 
 /// Removes directory `name` in `parent` and everything in it. Directories are opened
 /// with `O_NOFOLLOW`, and entries are unlinked before being looked into, so a symlink
-/// is only ever removed, never followed. One descriptor is held per level.
+/// is only ever removed, never followed. At most [`OPEN_LEVELS`] descriptors are held,
+/// however deep the tree ([`DirStack`]).
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()> {
-    struct Level {
-        fd: OwnedFd,
-        name: CString,
-        pending: Vec<CString>,
+    struct Pending {
+        names: Vec<CString>,
         relists: u8,
     }
-    let open_level = |parent: BorrowedFd<'_>, name: &CStr| -> rustix::io::Result<Level> {
-        let fd = open_subdir(parent, name)?;
-        let pending = list_names(fd.as_fd())?;
-        Ok(Level {
-            fd,
-            name: name.to_owned(),
-            pending,
-            relists: 0,
-        })
-    };
-    let mut stack = vec![open_level(parent, name)?];
-    while let Some(level) = stack.last_mut() {
-        if let Some(child) = level.pending.pop() {
-            match rustix::fs::unlinkat(&level.fd, child.as_c_str(), AtFlags::empty()) {
-                Ok(()) | Err(Errno::NOENT) => {}
+    let open_level =
+        |parent: BorrowedFd<'_>, name: &CStr| -> rustix::io::Result<(OwnedFd, Pending)> {
+            let fd = open_subdir(parent, name)?;
+            let names = list_names(fd.as_fd())?;
+            Ok((fd, Pending { names, relists: 0 }))
+        };
+    let mut stack = DirStack::new();
+    let (fd, pending) = open_level(parent, name)?;
+    stack.push(fd, name.to_owned(), pending)?;
+    while let Some(level) = stack.top_mut() {
+        if let Some(child) = level.data.names.pop() {
+            let dir = level.fd()?;
+            let descend = match rustix::fs::unlinkat(dir, child.as_c_str(), AtFlags::empty()) {
+                Ok(()) | Err(Errno::NOENT) => None,
                 // Linux answers unlink(2) of a directory with EISDIR.
-                Err(Errno::ISDIR) => match open_level(level.fd.as_fd(), &child) {
-                    Ok(next) => stack.push(next),
-                    Err(Errno::NOENT) => {}
+                Err(Errno::ISDIR) => match open_level(dir, &child) {
+                    Ok(next) => Some(next),
+                    Err(Errno::NOENT) => None,
                     // Swapped for a non-directory since the unlink: unlink that instead.
                     Err(Errno::NOTDIR | Errno::LOOP) => {
-                        rustix::fs::unlinkat(&level.fd, child.as_c_str(), AtFlags::empty())?
+                        rustix::fs::unlinkat(dir, child.as_c_str(), AtFlags::empty())?;
+                        None
                     }
                     Err(e) => return Err(e),
                 },
                 Err(e) => return Err(e),
+            };
+            if let Some((fd, pending)) = descend {
+                stack.push(fd, child, pending)?;
             }
             continue;
         }
-        let Some(mut done) = stack.pop() else { break };
-        let above = stack.last().map_or(parent, |l| l.fd.as_fd());
+        let Some(mut done) = stack.pop()? else { break };
+        let above = match stack.top() {
+            Some(level) => level.fd()?,
+            None => parent,
+        };
         match rustix::fs::unlinkat(above, done.name.as_c_str(), AtFlags::REMOVEDIR) {
             Ok(()) | Err(Errno::NOENT) => {}
             // Something was created in it meanwhile: clear it again, a few times at most.
-            Err(Errno::NOTEMPTY | Errno::EXIST) if done.relists < 3 => {
-                done.relists += 1;
-                done.pending = list_names(done.fd.as_fd())?;
-                stack.push(done);
+            Err(Errno::NOTEMPTY | Errno::EXIST) if done.data.relists < 3 => {
+                done.data.relists += 1;
+                done.data.names = list_names(done.fd()?)?;
+                let Level { fd, name, data, .. } = done;
+                let Some(fd) = fd else {
+                    return Err(Errno::BADF);
+                };
+                stack.push(fd, name, data)?;
             }
             Err(e) => return Err(e),
         }
     }
     Ok(())
+}
+
+/// Removes the directory at host path `path` and everything in it, as
+/// `std::fs::remove_dir_all` would (a symlink or file there is unlinked; the path's
+/// parent is resolved as any path is), but with [`remove_tree`]'s walk: no recursion,
+/// so a tree of any depth cannot overflow the thread's stack (`std`'s recursive walk
+/// aborts the process on a chain some ten thousand directories deep, which any
+/// sandbox can make in its workspace), and a bounded number of descriptors.
+///
+/// # Errors
+/// The first failing call, as its [`std::io::ErrorKind`] maps (`NotFound` for a
+/// missing `path`).
+pub fn remove_dir_all(path: &Path) -> std::io::Result<()> {
+    let (parent, name) = match (path.parent(), path.file_name()) {
+        (Some(parent), Some(name)) => (parent, name),
+        _ => return Err(std::io::Error::from(Errno::INVAL)),
+    };
+    let parent = if parent.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        parent
+    };
+    let name = CString::new(name.as_bytes()).map_err(|_| std::io::Error::from(Errno::INVAL))?;
+    let parent = rustix::fs::open(
+        parent,
+        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let st = rustix::fs::statat(&parent, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+        return Ok(rustix::fs::unlinkat(&parent, &name, AtFlags::empty())?);
+    }
+    match remove_tree(parent.as_fd(), &name) {
+        // Swapped for a link or file since: remove that.
+        Err(Errno::NOTDIR | Errno::LOOP) => {
+            Ok(rustix::fs::unlinkat(&parent, &name, AtFlags::empty())?)
+        }
+        other => Ok(other?),
+    }
 }
 
 /// Moves directory `src_name` of `src_parent` to `dst_name` of `dst_parent` (which
@@ -194,7 +365,17 @@ struct Copier {
 /// attribute and is never taken for overlay metadata.
 const OPAQUE_XATTRS: [&CStr; 1] = [c"trusted.overlay.opaque"];
 
+/// What a copy keeps of a source directory on its path: the status to give its copy
+/// once full, and the entries still to copy.
+struct Copying {
+    st: rustix::fs::Stat,
+    names: Vec<CString>,
+}
+
 impl Copier {
+    /// Copies directory `src_name` of `src_parent` to the new `dst_name` of
+    /// `dst_parent`, depth first, with no recursion and at most [`OPEN_LEVELS`]
+    /// descriptors on each side ([`DirStack`]), however deep the tree.
     fn copy_dir(
         &self,
         src_parent: BorrowedFd<'_>,
@@ -202,42 +383,78 @@ impl Copier {
         dst_parent: BorrowedFd<'_>,
         dst_name: &CStr,
     ) -> rustix::io::Result<()> {
-        let src = open_subdir(src_parent, src_name)?;
-        let st = rustix::fs::fstat(&src)?;
-        if self.dev.is_some_and(|dev| dev != st.st_dev) {
+        let mut src: DirStack<Copying> = DirStack::new();
+        let mut dst: DirStack<()> = DirStack::new();
+        let Some((from, copying, to)) = self.enter(src_parent, src_name, dst_parent, dst_name)?
+        else {
             return Ok(());
+        };
+        src.push(from, src_name.to_owned(), copying)?;
+        dst.push(to, dst_name.to_owned(), ())?;
+        while let Some(level) = src.top_mut() {
+            if let Some(name) = level.data.names.pop() {
+                let (from, to) = (level.fd()?, dst.top().ok_or(Errno::BADF)?.fd()?);
+                let st = rustix::fs::statat(from, &name, AtFlags::SYMLINK_NOFOLLOW)?;
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    != rustix::fs::FileType::Directory
+                {
+                    self.copy_entry(from, &name, to, &st)?;
+                } else if let Some((from, copying, to)) = self.enter(from, &name, to, &name)? {
+                    src.push(from, name.clone(), copying)?;
+                    dst.push(to, name, ())?;
+                }
+                continue;
+            }
+            // Full: its copy gets the source's owner, mode and times, and the walk
+            // climbs back out of both.
+            let st = level.data.st;
+            let (Some(_), Some(copy)) = (src.pop()?, dst.pop()?) else {
+                return Err(Errno::BADF);
+            };
+            finish(copy.fd()?, &st)?;
+        }
+        Ok(())
+    }
+
+    /// Starts the copy of directory `src_name` of `src_parent` as the new `dst_name`
+    /// of `dst_parent`: both open, and what the copy keeps of the source. None (and
+    /// nothing made) for a directory on another file system, which a copy leaves out.
+    fn enter(
+        &self,
+        src_parent: BorrowedFd<'_>,
+        src_name: &CStr,
+        dst_parent: BorrowedFd<'_>,
+        dst_name: &CStr,
+    ) -> rustix::io::Result<Option<(OwnedFd, Copying, OwnedFd)>> {
+        let from = open_subdir(src_parent, src_name)?;
+        let st = rustix::fs::fstat(&from)?;
+        if self.dev.is_some_and(|dev| dev != st.st_dev) {
+            return Ok(None);
         }
         // Writable by its owner while it fills; its own mode is set once it is full.
         rustix::fs::mkdirat(dst_parent, dst_name, Mode::from_raw_mode(0o700))?;
-        let dst = open_subdir(dst_parent, dst_name)?;
+        let to = open_subdir(dst_parent, dst_name)?;
         if self.layer {
             for name in OPAQUE_XATTRS {
                 let mut value = [0u8; 8];
-                if let Ok(n) = rustix::fs::fgetxattr(&src, name, &mut value) {
-                    rustix::fs::fsetxattr(
-                        &dst,
-                        name,
-                        &value[..n],
-                        rustix::fs::XattrFlags::empty(),
-                    )?;
+                if let Ok(n) = rustix::fs::fgetxattr(&from, name, &mut value) {
+                    rustix::fs::fsetxattr(&to, name, &value[..n], rustix::fs::XattrFlags::empty())?;
                 }
             }
         }
-        for name in list_names(src.as_fd())? {
-            self.copy_entry(src.as_fd(), &name, dst.as_fd())?;
-        }
-        finish(&dst, &st)
+        let names = list_names(from.as_fd())?;
+        Ok(Some((from, Copying { st, names }, to)))
     }
 
+    /// Copies `name` of `src_dir`, which `st` says is not a directory, into `dst_dir`.
     fn copy_entry(
         &self,
         src_dir: BorrowedFd<'_>,
         name: &CStr,
         dst_dir: BorrowedFd<'_>,
+        st: &rustix::fs::Stat,
     ) -> rustix::io::Result<()> {
-        let st = rustix::fs::statat(src_dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
         match rustix::fs::FileType::from_raw_mode(st.st_mode) {
-            rustix::fs::FileType::Directory => self.copy_dir(src_dir, name, dst_dir, name),
             rustix::fs::FileType::CharacterDevice if self.layer && st.st_rdev == 0 => {
                 rustix::fs::mknodat(
                     dst_dir,
@@ -246,20 +463,37 @@ impl Copier {
                     Mode::from_raw_mode(st.st_mode & 0o777),
                     0,
                 )?;
-                own_entry(dst_dir, name, &st)
+                own_entry(dst_dir, name, st)
             }
             rustix::fs::FileType::Symlink => {
                 let target = rustix::fs::readlinkat(src_dir, name, Vec::new())?;
                 rustix::fs::symlinkat(target.as_c_str(), dst_dir, name)?;
-                own_entry(dst_dir, name, &st)
+                own_entry(dst_dir, name, st)
             }
             rustix::fs::FileType::RegularFile => {
+                // O_NONBLOCK: a FIFO swapped in since the look must not hang the open
+                // (and the copy, with every lock its caller holds).
                 let from = rustix::fs::openat(
                     src_dir,
                     name,
-                    OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    OFlags::RDONLY
+                        | OFlags::NOFOLLOW
+                        | OFlags::NONBLOCK
+                        | OFlags::NOCTTY
+                        | OFlags::CLOEXEC,
                     Mode::empty(),
                 )?;
+                let st = rustix::fs::fstat(&from)?;
+                if rustix::fs::FileType::from_raw_mode(st.st_mode)
+                    != rustix::fs::FileType::RegularFile
+                {
+                    // Swapped for something else: left out, as a special file is.
+                    return if self.dev.is_some() {
+                        Ok(())
+                    } else {
+                        Err(Errno::OPNOTSUPP)
+                    };
+                }
                 let to = rustix::fs::openat(
                     dst_dir,
                     name,
@@ -273,7 +507,7 @@ impl Copier {
                 let (mut from, mut to) = (File::from(from), File::from(to));
                 std::io::copy(&mut from, &mut to)
                     .map_err(|e| e.raw_os_error().map_or(Errno::IO, Errno::from_raw_os_error))?;
-                finish(&to.into(), &st)
+                finish(to.as_fd(), &st)
             }
             // A FIFO, socket or device in a template has no meaning a copy could keep; in
             // a workspace one is left out, as an export leaves it out.
@@ -285,7 +519,7 @@ impl Copier {
 
 /// Gives a copied file or directory its source's owner, mode and times. The owner
 /// first, since a change of owner clears set-user-ID bits.
-fn finish(fd: &OwnedFd, st: &rustix::fs::Stat) -> rustix::io::Result<()> {
+fn finish(fd: BorrowedFd<'_>, st: &rustix::fs::Stat) -> rustix::io::Result<()> {
     permitted(rustix::fs::fchown(fd, Some(uid(st)), Some(gid(st))))?;
     rustix::fs::fchmod(fd, Mode::from_raw_mode(st.st_mode & 0o7777))?;
     // `Stat`'s field types differ between architectures.

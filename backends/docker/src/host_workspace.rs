@@ -114,7 +114,7 @@ impl HostWorkspace {
                 ));
             }
         }
-        fs::remove_dir_all(&self.root)
+        sandcell::raw::tree::remove_dir_all(&self.root)
             .map_err(|e| Error::io(format_args!("removing {}", self.root.display()), e))
     }
 

@@ -315,7 +315,7 @@ impl LocalBackend {
                     cg.remove();
                 }
                 if materialize::unmount_all(&dir).is_ok() {
-                    let _ = std::fs::remove_dir_all(dir.path());
+                    let _ = sandcell::raw::tree::remove_dir_all(dir.path());
                 }
             }
             result
@@ -617,7 +617,7 @@ impl SandboxBackend for LocalBackend {
             let _lock = overlay.then(|| crate::layers::lock(&root)).transpose()?;
             let names = crate::layers::read(&dir).unwrap_or_default();
             materialize::unmount_all(&dir)?;
-            match std::fs::remove_dir_all(dir.path()) {
+            match sandcell::raw::tree::remove_dir_all(dir.path()) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
                 Err(e) => {

@@ -356,7 +356,7 @@ impl Staged {
         for (fresh, old) in [dir.upper(), dir.work()].iter().zip(&self.retired.dirs) {
             if old.exists() {
                 // Made by a failed remount, and written by nothing.
-                let _ = fs::remove_dir_all(fresh);
+                let _ = sandcell::raw::tree::remove_dir_all(fresh);
                 let _ = fs::rename(old, fresh);
             }
         }
@@ -431,7 +431,7 @@ impl Drop for Retired {
         drop(self.pin.take());
         for dir in &self.dirs {
             // Gone already where the sandbox was destroyed meanwhile.
-            let _ = fs::remove_dir_all(dir);
+            let _ = sandcell::raw::tree::remove_dir_all(dir);
         }
     }
 }
@@ -490,7 +490,7 @@ pub(crate) fn release(root: &Path, names: &[String]) -> Result<()> {
     }
     for name in unused {
         let path = layer_path(root, name);
-        match fs::remove_dir_all(&path) {
+        match sandcell::raw::tree::remove_dir_all(&path) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io(format_args!("removing {}", path.display()), e)),
