@@ -149,7 +149,7 @@ fn options(lowers: &[&Path], upper: &Path, work: &Path) -> Result<std::ffi::CStr
 /// Lower-layer paths an upper layer deletes: whiteouts (0:0 character devices) and
 /// opaque directories (which hide everything of the lower layer beneath them), sorted.
 ///
-/// The layer is walked through descriptors ([`walk_layer`]), so a sandbox changing its
+/// The layer is walked through descriptors (see `walk_layer`), so a sandbox changing its
 /// upper layer meanwhile cannot lead the walk out of it.
 pub fn upper_deletions(upper: &Path) -> Result<Vec<SandboxPath>> {
     let mut deleted = Vec::new();
