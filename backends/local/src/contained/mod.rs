@@ -541,6 +541,10 @@ impl Workspace {
                     let Ok(sub) = open_subdir(dir, &name) else {
                         continue;
                     };
+                    // A host directory bound in on the same file system.
+                    if sandcell::raw::tree::is_mount_root(sub.as_fd()) {
+                        continue;
+                    }
                     let names = list_names(sub.as_fd()).unwrap_or_default();
                     if stack.push(sub, name, names).is_err() {
                         continue;
