@@ -327,9 +327,12 @@ fn open_regular(
         return Ok(None);
     }
     // Reopening through the descriptor's magic link reaches the very inode inspected.
+    // O_NONBLOCK: a write lease its owner (a sandbox process) never gives up would
+    // otherwise hold the open for the kernel's lease-break time, 45 s a file by
+    // default; it fails with EWOULDBLOCK at once instead.
     let file = rustix::fs::open(
         format!("/proc/self/fd/{}", path.as_raw_fd()).as_str(),
-        OFlags::RDONLY | OFlags::NOCTTY | OFlags::CLOEXEC,
+        OFlags::RDONLY | OFlags::NOCTTY | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
     Ok(Some((fs::File::from(file), st)))

@@ -34,6 +34,26 @@ pub fn open_subdir(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<Ow
     )
 }
 
+/// Whether the directory open as `dir` is the root of a mount: a host directory bound
+/// into a workspace, say, which a walk of the workspace must not go into (a bind mount
+/// of a directory on the workspace's own file system has its device number, so
+/// comparing devices does not tell). False where the kernel cannot say (before 5.8).
+pub fn is_mount_root(dir: BorrowedFd<'_>) -> bool {
+    use rustix::fs::{StatxAttributes, StatxFlags};
+    match rustix::fs::statx(
+        dir,
+        c"",
+        AtFlags::EMPTY_PATH | AtFlags::NO_AUTOMOUNT,
+        StatxFlags::empty(),
+    ) {
+        Ok(st) => {
+            st.stx_attributes_mask.contains(StatxAttributes::MOUNT_ROOT)
+                && st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT)
+        }
+        Err(_) => false,
+    }
+}
+
 /// How many directories of the path a [`DirStack`] walk has taken it keeps open.
 pub const OPEN_LEVELS: usize = 8;
 
@@ -177,15 +197,22 @@ pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
 /// Removes directory `name` in `parent` and everything in it. Directories are opened
 /// with `O_NOFOLLOW`, and entries are unlinked before being looked into, so a symlink
 /// is only ever removed, never followed. At most [`OPEN_LEVELS`] descriptors are held,
-/// however deep the tree ([`DirStack`]).
+/// however deep the tree ([`DirStack`]). A mount point in the tree fails the removal
+/// with `EBUSY` before anything beneath it is removed.
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()> {
     struct Pending {
         names: Vec<CString>,
         relists: u8,
     }
+    // A mount point is refused before anything in it is touched: its contents are
+    // another file system's (a host directory bound into a workspace), and the mount
+    // point itself could not be removed anyway.
     let open_level =
         |parent: BorrowedFd<'_>, name: &CStr| -> rustix::io::Result<(OwnedFd, Pending)> {
             let fd = open_subdir(parent, name)?;
+            if is_mount_root(fd.as_fd()) {
+                return Err(Errno::BUSY);
+            }
             let names = list_names(fd.as_fd())?;
             Ok((fd, Pending { names, relists: 0 }))
         };
@@ -400,6 +427,12 @@ impl Copier {
                 {
                     self.copy_entry(from, &name, to, &st)?;
                 } else if let Some((from, copying, to)) = self.enter(from, &name, to, &name)? {
+                    if is_mount_root(from.as_fd()) {
+                        // A host directory mounted here: left out, its mount point
+                        // copied empty.
+                        finish(to.as_fd(), &copying.st)?;
+                        continue;
+                    }
                     src.push(from, name.clone(), copying)?;
                     dst.push(to, name, ())?;
                 }

@@ -22,6 +22,7 @@ use sandcell::{Error, Result, SandboxPath, WatchEvent, WatchEventKind, WatchSend
 use tokio::io::unix::AsyncFd;
 
 use crate::contained::{list_names, open_subdir, Workspace};
+use sandcell::raw::tree::DirStack;
 
 /// What every kernel watch reports.
 const MASK: WatchFlags = WatchFlags::CREATE
@@ -123,45 +124,75 @@ impl Watcher {
     /// Watches every directory beneath `dir` (at `path`). With `report`, everything
     /// found is also collected there as created: it appeared in a directory that was
     /// not watched yet, and the events of its making were never seen.
+    ///
+    /// Depth first with a bounded number of descriptors ([`DirStack`]): a descriptor
+    /// per directory waiting its turn let a sandbox that moved a tree of thirty
+    /// thousand directories into a watched one run the host process out of them.
     fn add_beneath(
         &mut self,
         dir: BorrowedFd<'_>,
         path: &SandboxPath,
         report: &mut Option<Vec<WatchEvent>>,
     ) {
-        let mut pending: Vec<(OwnedFd, SandboxPath)> = Vec::new();
-        let mut current: Option<(OwnedFd, SandboxPath)> = None;
-        loop {
-            let (fd_ref, at) = match &current {
-                Some((fd, at)) => (fd.as_fd(), at.clone()),
-                None => (dir, path.clone()),
+        let Ok(top) = open_subdir(dir, c".") else {
+            return;
+        };
+        let subdirs = self.watch_entries(top.as_fd(), path, report);
+        let mut stack = DirStack::new();
+        if stack.push(top, c".".to_owned(), subdirs).is_err() {
+            return;
+        }
+        while let Some(level) = stack.top_mut() {
+            let Some((name, at)) = level.data.pop() else {
+                // A directory moved away meanwhile ends the walk: what is left in it
+                // is reported when it is moved back into the watch.
+                if stack.pop().is_err() {
+                    return;
+                }
+                continue;
             };
-            for name in list_names(fd_ref).unwrap_or_default() {
-                let Some(child) = join(&at, &name) else {
-                    continue;
-                };
-                match open_subdir(fd_ref, &name) {
-                    Ok(sub) => {
-                        if self.add(sub.as_fd(), child.clone()).is_ok() {
-                            if let Some(found) = report.as_mut() {
-                                found.push(WatchEvent::new(WatchEventKind::Created, child.clone()));
-                            }
-                            pending.push((sub, child));
-                        }
-                    }
-                    // Not a directory (or a link, not followed): a file.
-                    Err(_) => {
+            let Ok(sub) = level.fd().and_then(|fd| open_subdir(fd, &name)) else {
+                continue;
+            };
+            let subdirs = self.watch_entries(sub.as_fd(), &at, report);
+            if stack.push(sub, name, subdirs).is_err() {
+                return;
+            }
+        }
+    }
+
+    /// Watches each directory in the directory open as `dir` (at `path`), reporting
+    /// what it holds where asked, and answers the directories watched (entered last
+    /// first, the order the walk always took).
+    fn watch_entries(
+        &mut self,
+        dir: BorrowedFd<'_>,
+        path: &SandboxPath,
+        report: &mut Option<Vec<WatchEvent>>,
+    ) -> Vec<(CString, SandboxPath)> {
+        let mut subdirs = Vec::new();
+        for name in list_names(dir).unwrap_or_default() {
+            let Some(child) = join(path, &name) else {
+                continue;
+            };
+            match open_subdir(dir, &name) {
+                Ok(sub) => {
+                    if self.add(sub.as_fd(), child.clone()).is_ok() {
                         if let Some(found) = report.as_mut() {
-                            found.push(WatchEvent::new(WatchEventKind::Created, child));
+                            found.push(WatchEvent::new(WatchEventKind::Created, child.clone()));
                         }
+                        subdirs.push((name, child));
+                    }
+                }
+                // Not a directory (or a link, not followed): a file.
+                Err(_) => {
+                    if let Some(found) = report.as_mut() {
+                        found.push(WatchEvent::new(WatchEventKind::Created, child));
                     }
                 }
             }
-            match pending.pop() {
-                Some(next) => current = Some(next),
-                None => break,
-            }
         }
+        subdirs
     }
 
     /// Forgets the kernel watches on `path` and beneath it.

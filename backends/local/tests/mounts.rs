@@ -118,3 +118,94 @@ async fn a_missing_mount_source_fails_create_and_leaves_nothing() {
     );
     assert_eq!(mounts_under(root.path()), 0);
 }
+
+/// A snapshot leaves a host mount's contents out; restoring it with
+/// `ImportOptions::replace()` into the same sandbox must leave them alone too, not
+/// empty the host directory on the way to putting the workspace back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replacing_restore_leaves_a_writable_mount_alone() {
+    let root = tempfile::tempdir().unwrap();
+    let output = tempfile::tempdir().unwrap();
+    std::fs::write(output.path().join("host-data.txt"), "the host's").unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let spec = SandboxSpec::default().mount(Mount::read_write(output.path(), p("work/out")));
+    let sb = match backend.create(&spec).await {
+        Ok(sb) => sb,
+        Err(e) if e.kind() == ErrorKind::PermissionDenied || e.kind() == ErrorKind::Backend => {
+            sandcell::testing::require_or_skip("OVERLAY", "bind mounts", Err(e.to_string()));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let restored = async {
+        backend
+            .write(&sb.id, &p("work/notes.txt"), Bytes::from_static(b"mine"))
+            .await?;
+        let (manifest, blob) = snapshot::capture(
+            &backend,
+            &sb.id,
+            &SandboxPath::root(),
+            Vec::new(),
+            &PackOptions::default(),
+        )
+        .await?;
+        snapshot::restore(
+            &backend,
+            &sb.id,
+            &SandboxPath::root(),
+            std::io::Cursor::new(blob),
+            &manifest,
+            sandcell::archive::ImportOptions::replace(),
+        )
+        .await
+    }
+    .await;
+    backend.destroy(&sb.id).await.unwrap();
+    let host_data = std::fs::read_to_string(output.path().join("host-data.txt"));
+    assert!(
+        host_data.is_ok(),
+        "the restore (which answered {restored:?}) deleted the host's file in the mount"
+    );
+}
+
+/// With a copied workspace (a plain directory on the host's file system), a host
+/// directory bound in from that same file system has the workspace's device number:
+/// telling mounts by device let its contents into snapshots and disk usage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bind_mount_from_the_workspaces_own_file_system_stays_out_of_snapshots() {
+    let base = tempfile::tempdir().unwrap();
+    let (root, knowledge) = (base.path().join("root"), base.path().join("knowledge"));
+    std::fs::create_dir_all(&knowledge).unwrap();
+    std::fs::write(knowledge.join("facts.md"), "the sky is blue").unwrap();
+    let backend = LocalBackend::builder()
+        .root(&root)
+        .workspace(sandcell_local::WorkspaceStrategy::Copy)
+        .build()
+        .unwrap();
+    let spec = SandboxSpec::default().mount(Mount::read_only(&knowledge, p("files")));
+    let sb = match backend.create(&spec).await {
+        Ok(sb) => sb,
+        Err(e) if e.kind() == ErrorKind::PermissionDenied || e.kind() == ErrorKind::Backend => {
+            sandcell::testing::require_or_skip("OVERLAY", "bind mounts", Err(e.to_string()));
+            return;
+        }
+        Err(e) => panic!("{e}"),
+    };
+    let captured = snapshot::capture(
+        &backend,
+        &sb.id,
+        &SandboxPath::root(),
+        Vec::new(),
+        &PackOptions::default(),
+    )
+    .await;
+    let usage = backend.metrics(&sb.id).await;
+    backend.destroy(&sb.id).await.unwrap();
+    let (_, blob) = captured.unwrap();
+    let tar = zstd::decode_all(&blob[..]).unwrap();
+    assert!(
+        !tar.windows(15).any(|w| w == b"the sky is blue"),
+        "mounted host content is not part of the snapshot"
+    );
+    assert_eq!(usage.unwrap().disk_bytes, Some(0), "nor of the disk usage");
+}

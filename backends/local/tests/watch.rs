@@ -154,3 +154,82 @@ async fn a_dropped_watch_gives_back_its_kernel_watches() {
     assert!(ended.is_ok(), "the watch ends with its sandbox");
     assert_eq!(inotify_watches().len(), before.len());
 }
+
+/// A sandbox moves a directory of 10,000 directories into a recursively watched one:
+/// the watch adds a kernel watch on each, and once held a descriptor for every one
+/// waiting its turn. With the process allowed 4,096, the walk ran out of them (as would
+/// every other sandbox's calls meanwhile) and the directories past that point were
+/// never watched: what was made in them went unreported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wide_tree_moved_into_a_watch_is_watched_whole_with_few_descriptors() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let id = &sandbox.id;
+    let verdict = async {
+        let made = backend
+            .run_shell(
+                id,
+                "mkdir watched big && cd big && seq 0 9999 | xargs mkdir",
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        if !made.success() {
+            return Err(format!("{made:?}"));
+        }
+        let mut events = backend
+            .watch(
+                id,
+                &"watched".parse().unwrap(),
+                WatchOptions::new().recursive(true),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let nofile = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+        rustix::process::setrlimit(
+            rustix::process::Resource::Nofile,
+            rustix::process::Rlimit {
+                current: Some(4096),
+                maximum: nofile.maximum,
+            },
+        )
+        .unwrap();
+        let moved = backend.run_shell(id, "mv big watched/").await;
+        // Everything the move reported (more than the buffer holds: an overflow).
+        while let Ok(Some(_)) = tokio::time::timeout(Duration::from_secs(2), events.next()).await {}
+        rustix::process::setrlimit(rustix::process::Resource::Nofile, nofile).unwrap();
+        if !moved.as_ref().is_ok_and(|out| out.success()) {
+            return Err(format!("{moved:?}"));
+        }
+        // The directories the walk reached last (it takes names in byte order).
+        let last: Vec<String> = (9990..10000)
+            .map(|n| format!("watched/big/{n}/f"))
+            .collect();
+        let touched = backend
+            .run_shell(id, &format!("touch {}", last.join(" ")))
+            .await
+            .map_err(|e| e.to_string())?;
+        if !touched.success() {
+            return Err(format!("{touched:?}"));
+        }
+        let mut unseen: std::collections::BTreeSet<String> = last.into_iter().collect();
+        while !unseen.is_empty() {
+            match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+                Ok(Some(Ok(event))) => {
+                    unseen.remove(event.path.as_str());
+                }
+                _ => break,
+            }
+        }
+        if !unseen.is_empty() {
+            return Err(format!(
+                "no event for {unseen:?}: those directories were never watched"
+            ));
+        }
+        Ok(())
+    }
+    .await;
+    backend.destroy(id).await.unwrap();
+    verdict.unwrap();
+}

@@ -10,7 +10,7 @@ use std::os::unix::ffi::OsStrExt;
 use rustix::fs::{AtFlags, Mode, OFlags};
 use rustix::io::Errno;
 use sandcell::archive::PackStats;
-use sandcell::raw::tree::DirStack;
+use sandcell::raw::tree::{is_mount_root, DirStack};
 use sandcell::MAX_PATH_LEN;
 use sandcell::{Error, FileKind, Result, SandboxPath};
 
@@ -33,7 +33,8 @@ pub(super) fn write_tar(top: OwnedFd, dir: &SandboxPath, out: &mut dyn Write) ->
         path: String::new(),
     };
     // Host directories mounted into the workspace are not part of it: the walk stays
-    // on the workspace's own file system (a mount point is exported empty).
+    // on the workspace's own file system and out of mount points (a bind mount of a
+    // directory on that file system has its device), which are exported empty.
     let top_dev = rustix::fs::fstat(&top)
         .map_err(|e| fail(format_args!("exporting {dir}"), e))?
         .st_dev;
@@ -53,7 +54,10 @@ pub(super) fn write_tar(top: OwnedFd, dir: &SandboxPath, out: &mut dyn Write) ->
         let at = export.path.len();
         let rel = export.rel(&name)?;
         match open_subdir(level.fd().map_err(climbing)?, &name) {
-            Ok(fd) if rustix::fs::fstat(&fd).map(|st| st.st_dev).ok() != Some(top_dev) => {
+            Ok(fd)
+                if rustix::fs::fstat(&fd).map(|st| st.st_dev).ok() != Some(top_dev)
+                    || is_mount_root(fd.as_fd()) =>
+            {
                 tracing::debug!(dir = %dir, entry = %rel, "not exporting a mount point's contents");
             }
             Ok(fd) => {

@@ -79,6 +79,10 @@ impl Workspace {
             if !rustix::fs::fstat(&fd).is_ok_and(|st| st.st_dev == dev) {
                 continue;
             }
+            // A host directory bound in from the same file system has the same device.
+            if sandcell::raw::tree::is_mount_root(fd.as_fd()) {
+                continue;
+            }
             path.push(enter(name, fd, dev, &mut total));
             let_go(&mut path);
         }
