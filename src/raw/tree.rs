@@ -13,7 +13,6 @@
 //! ([`DirStack`]), so none can run the process out of descriptors.
 
 use std::ffi::{CStr, CString};
-use std::fs::File;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -537,9 +536,7 @@ impl Copier {
                         | OFlags::CLOEXEC,
                     Mode::from_raw_mode(0o600),
                 )?;
-                let (mut from, mut to) = (File::from(from), File::from(to));
-                std::io::copy(&mut from, &mut to)
-                    .map_err(|e| e.raw_os_error().map_or(Errno::IO, Errno::from_raw_os_error))?;
+                copy_data(from.as_fd(), to.as_fd(), st.st_size.max(0) as u64)?;
                 finish(to.as_fd(), &st)
             }
             // A FIFO, socket or device in a template has no meaning a copy could keep; in
@@ -548,6 +545,70 @@ impl Copier {
             _ => Err(Errno::OPNOTSUPP),
         }
     }
+}
+
+/// Copies the first `len` bytes of `from` into the empty `to`, holes as holes: only
+/// the ranges holding data are copied (found with `SEEK_DATA` and `SEEK_HOLE`), and
+/// `to` is then given its length. A plain copy reads a hole as zeros and writes them
+/// out, so a sandbox's `truncate -s 1T f` (which costs it nothing) filled the host's
+/// disk when the sandbox was cloned.
+fn copy_data(from: BorrowedFd<'_>, to: BorrowedFd<'_>, len: u64) -> rustix::io::Result<()> {
+    use rustix::fs::SeekFrom;
+    let mut pos = 0u64;
+    while pos < len {
+        let start = match rustix::fs::seek(from, SeekFrom::Data(pos)) {
+            Ok(start) => start,
+            // No data past `pos`: the rest is a hole.
+            Err(Errno::NXIO) => break,
+            Err(e) => return Err(e),
+        };
+        if start >= len {
+            break;
+        }
+        let end = rustix::fs::seek(from, SeekFrom::Hole(start))?.min(len);
+        copy_range(from, to, start, end)?;
+        pos = end;
+    }
+    rustix::fs::ftruncate(to, len)
+}
+
+/// Copies bytes `start..end` of `from` to the same offsets of `to`: in the kernel
+/// where it can, through a buffer where it cannot. A file that shrank meanwhile ends
+/// the copy early; `to`'s length is set after.
+fn copy_range(
+    from: BorrowedFd<'_>,
+    to: BorrowedFd<'_>,
+    start: u64,
+    end: u64,
+) -> rustix::io::Result<()> {
+    let (mut at_in, mut at_out) = (start, start);
+    while at_in < end {
+        let want = usize::try_from(end - at_in)
+            .unwrap_or(usize::MAX)
+            .min(1 << 30);
+        match rustix::fs::copy_file_range(from, Some(&mut at_in), to, Some(&mut at_out), want) {
+            Ok(0) => return Ok(()),
+            Ok(_) => {}
+            Err(Errno::XDEV | Errno::NOSYS | Errno::INVAL | Errno::OPNOTSUPP) => break,
+            Err(e) => return Err(e),
+        }
+    }
+    let mut buf = vec![0u8; 256 * 1024];
+    while at_in < end {
+        let want = usize::try_from(end - at_in)
+            .unwrap_or(usize::MAX)
+            .min(buf.len());
+        let n = rustix::io::pread(from, &mut buf[..want], at_in)?;
+        if n == 0 {
+            return Ok(());
+        }
+        let mut written = 0;
+        while written < n {
+            written += rustix::io::pwrite(to, &buf[written..n], at_in + written as u64)?;
+        }
+        at_in += n as u64;
+    }
+    Ok(())
 }
 
 /// Gives a copied file or directory its source's owner, mode and times. The owner
