@@ -65,23 +65,6 @@ fn backend(root: &Path, isolation: Isolation) -> Option<LocalBackend> {
     }
 }
 
-fn python() -> bool {
-    let found = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .is_ok_and(|s| s.success());
-    sandcell::testing::require_or_skip(
-        "PYTHON",
-        "python3",
-        if found {
-            Ok(())
-        } else {
-            Err("no python3".into())
-        },
-    )
-}
-
 /// Runs the chain maker in the sandbox: the chain is `name` in its workspace.
 async fn make_chain(backend: &LocalBackend, id: &SandboxId, name: &str) -> Result<(), String> {
     let out = backend
@@ -116,7 +99,7 @@ where
     F: Fn(LocalBackend, SandboxId) -> Fut,
     Fut: std::future::Future<Output = (LocalBackend, Result<(), String>)>,
 {
-    if !python() || !common::overlay_available() {
+    if !common::python_available() || !common::overlay_available() {
         return;
     }
     for isolation in [Isolation::Landlock, Isolation::Namespaces] {

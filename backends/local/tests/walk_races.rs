@@ -27,24 +27,6 @@ fn backend(root: &Path, isolation: Isolation) -> Option<LocalBackend> {
     common::build_at(builder, isolation)
 }
 
-fn python() -> Option<&'static str> {
-    let found = std::process::Command::new("python3")
-        .arg("-c")
-        .arg("pass")
-        .status()
-        .is_ok_and(|s| s.success());
-    sandcell::testing::require_or_skip(
-        "PYTHON",
-        "python3",
-        if found {
-            Ok(())
-        } else {
-            Err("no python3".into())
-        },
-    )
-    .then_some("python3")
-}
-
 /// Exchanges `f0`..`f19` (files) with `l0`..`l19` (symlinks to the host secret), and
 /// directory `d` with `dl` (a symlink to the secret's directory), atomically with
 /// `renameat2(RENAME_EXCHANGE)`, forever.
@@ -129,7 +111,9 @@ async fn collect(stream: sandcell::ByteStream) -> Vec<u8> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn snapshots_and_imports_never_reach_host_files_while_the_sandbox_swaps() {
-    let Some(python) = python() else { return };
+    let Some(python) = common::python_available().then_some("python3") else {
+        return;
+    };
     for isolation in [Isolation::Landlock, Isolation::Namespaces] {
         let root = tempfile::tempdir().unwrap();
         let Some(backend) = backend(root.path(), isolation) else {
@@ -244,7 +228,9 @@ time.sleep(600)
 /// suspend's) waiting all that while. It must answer at once, an error at worst.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lease_the_sandbox_holds_does_not_hold_a_snapshot_up() {
-    let Some(python) = python() else { return };
+    let Some(python) = common::python_available().then_some("python3") else {
+        return;
+    };
     for isolation in [Isolation::Landlock, Isolation::Namespaces] {
         let root = tempfile::tempdir().unwrap();
         let Some(backend) = backend(root.path(), isolation) else {

@@ -139,3 +139,19 @@ pub(crate) fn unprivileged(test: &str) -> bool {
     );
     false
 }
+
+/// Whether `python3` runs here (the tests' in-sandbox attackers are python scripts);
+/// a skip said aloud unless CI requires it (`SANDCELL_REQUIRE_PYTHON`).
+pub(crate) fn python_available() -> bool {
+    let found = std::process::Command::new("python3")
+        .arg("-c")
+        .arg("pass")
+        .status()
+        .is_ok_and(|s| s.success());
+    let probe = if found {
+        Ok(())
+    } else {
+        Err("no python3".into())
+    };
+    sandcell::testing::require_or_skip("PYTHON", "python3", probe)
+}
