@@ -2,6 +2,8 @@
 //! descriptors.
 
 use super::*;
+use rustix::fs::{Mode, OFlags};
+use std::os::fd::BorrowedFd;
 use std::os::unix::fs::symlink;
 use std::path::Path;
 
