@@ -353,6 +353,70 @@ impl Limits {
         self.output_bytes = Some(v);
         self
     }
+
+    /// The limits a sandbox should get when whoever asks for it sets none: one core,
+    /// 512 MiB of memory, 1024 processes and 10 GiB of disk. `sandcell-server`'s
+    /// faces, `sandcell mcp` and the CLI give these to every sandbox by default, so a
+    /// runaway command (a fork bomb, an allocation loop, a file that fills the disk)
+    /// stops at its own sandbox's limit rather than the host's.
+    ///
+    /// ```
+    /// use sandcell::Limits;
+    /// let limits = Limits::recommended();
+    /// assert_eq!(limits.pids, Some(1024));
+    /// assert_eq!(limits.memory_bytes, Some(512 << 20));
+    /// ```
+    pub fn recommended() -> Limits {
+        Limits::new()
+            .cpu_millis(1000)
+            .memory_bytes(512 << 20)
+            .pids(1024)
+            .disk_bytes(10 << 30)
+    }
+
+    /// These limits with each one left unset taken from `defaults`.
+    ///
+    /// ```
+    /// use sandcell::Limits;
+    /// let asked = Limits::new().pids(64);
+    /// let given = asked.with_defaults(&Limits::recommended());
+    /// assert_eq!(given.pids, Some(64));
+    /// assert_eq!(given.cpu_millis, Some(1000));
+    /// ```
+    pub fn with_defaults(self, defaults: &Limits) -> Limits {
+        Limits {
+            cpu_millis: self.cpu_millis.or(defaults.cpu_millis),
+            memory_bytes: self.memory_bytes.or(defaults.memory_bytes),
+            pids: self.pids.or(defaults.pids),
+            disk_bytes: self.disk_bytes.or(defaults.disk_bytes),
+            output_bytes: self.output_bytes.or(defaults.output_bytes),
+        }
+    }
+
+    /// Like [`with_defaults`](Limits::with_defaults), but only for the limits `caps`
+    /// says the backend enforces: a default the backend cannot honour is left unset
+    /// rather than making every spec fail [`SandboxSpec::check_supported`] (a limit
+    /// the caller set itself is kept, and still refused there).
+    ///
+    /// ```
+    /// use sandcell::{Capabilities, Limits};
+    /// let mut caps = Capabilities::none();
+    /// caps.pids_limit = true;
+    /// let given = Limits::new().with_enforced_defaults(&Limits::recommended(), &caps);
+    /// assert_eq!(given.pids, Some(1024));
+    /// assert_eq!(given.memory_bytes, None);
+    /// ```
+    pub fn with_enforced_defaults(self, defaults: &Limits, caps: &Capabilities) -> Limits {
+        let defaults = Limits {
+            cpu_millis: defaults.cpu_millis.filter(|_| caps.cpu_limit),
+            memory_bytes: defaults.memory_bytes.filter(|_| caps.memory_limit),
+            pids: defaults.pids.filter(|_| caps.pids_limit),
+            disk_bytes: defaults.disk_bytes.filter(|_| caps.disk_limit),
+            // The manager caps output on every backend.
+            output_bytes: defaults.output_bytes,
+        };
+        self.with_defaults(&defaults)
+    }
 }
 
 /// Network policy for a sandbox.

@@ -24,11 +24,13 @@ mod args;
 #[cfg(feature = "http")]
 mod http;
 mod output;
+mod settings;
 mod tools;
 
 #[cfg(feature = "http")]
 pub use http::http_service;
-pub use tools::{Manager, SandboxTools, Tenant, ToolSettings};
+pub use settings::{Manager, Tenant, ToolSettings};
+pub use tools::SandboxTools;
 
 use rmcp::ServiceExt;
 

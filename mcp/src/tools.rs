@@ -17,7 +17,7 @@ use rmcp::service::RequestContext;
 use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler};
 use sandcell::{
     Error, ErrorKind, ExecRequest, FileKind, ProcessEvent, ReleaseMode, SandboxBackend,
-    SandboxBackendExt, SandboxHandle, SandboxManager, SandboxPath, SandboxSpec, SessionKey,
+    SandboxBackendExt, SandboxHandle, SandboxPath, SessionKey,
 };
 
 use crate::args::{
@@ -25,9 +25,7 @@ use crate::args::{
     Restore, RunCommand, SessionOnly, WriteFile,
 };
 use crate::output::HeadTail;
-
-/// The manager the tools drive: any backend.
-pub type Manager = SandboxManager<Box<dyn SandboxBackend>>;
+use crate::settings::{Manager, Tenant, ToolSettings};
 
 /// The most a `read_file` answers in one call.
 const READ_LIMIT: u64 = 256 * 1024;
@@ -39,40 +37,6 @@ const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
 const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// The most entries a listing, glob or grep answers.
 const MAX_ITEMS: usize = 1000;
-
-/// How the tools behave; [`Default`] suits a model's context.
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ToolSettings {
-    /// The spec a new session's sandbox gets (default: the `default` template).
-    pub spec: SandboxSpec,
-    /// The bytes of a command's stdout (and of its stderr) a result keeps: the first
-    /// and last halves, with a marker between (default 32 KiB).
-    pub output_limit: usize,
-    /// The largest file `write_file` takes, decoded (default 10 MiB).
-    pub max_write_bytes: usize,
-    /// The largest file `read_file` reads from, whatever range it answers (default
-    /// 64 MiB): the file is read whole, so a larger one is a tool error saying how
-    /// to read it in parts, before it is read.
-    pub max_read_bytes: u64,
-}
-
-impl Default for ToolSettings {
-    fn default() -> Self {
-        ToolSettings {
-            spec: SandboxSpec::new("default"),
-            output_limit: 32 * 1024,
-            max_write_bytes: 10 << 20,
-            max_read_bytes: 64 << 20,
-        }
-    }
-}
-
-/// The tenant an HTTP request acts for: the server in front authenticates the caller
-/// and puts this in the request's extensions (see
-/// [`SandboxTools::per_request_tenant`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Tenant(pub String);
 
 /// sandcell's MCP server: sandbox tools over one manager, for one tenant.
 ///
@@ -135,10 +99,11 @@ fn path(raw: &str) -> sandcell::Result<SandboxPath> {
 impl SandboxTools {
     /// Tools over `manager`, acting for `tenant`.
     pub fn new(manager: Arc<Manager>, tenant: impl Into<String>, settings: ToolSettings) -> Self {
+        let settings = Self::limited(&manager, settings);
         SandboxTools {
             manager,
             tenant: Some(tenant.into()),
-            settings: Arc::new(settings),
+            settings,
             tool_router: Self::tool_router(),
         }
     }
@@ -147,12 +112,22 @@ impl SandboxTools {
     /// front sets once it has authenticated the caller; a request without one is
     /// refused.
     pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
+        let settings = Self::limited(&manager, settings);
         SandboxTools {
             manager,
             tenant: None,
-            settings: Arc::new(settings),
+            settings,
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// `settings` with the default limits the backend enforces put in its spec, once,
+    /// so every session's sandbox is created with them.
+    fn limited(manager: &Manager, mut settings: ToolSettings) -> Arc<ToolSettings> {
+        let caps = manager.backend().capabilities();
+        settings.spec.limits = std::mem::take(&mut settings.spec.limits)
+            .with_enforced_defaults(&settings.default_limits, &caps);
+        Arc::new(settings)
     }
 
     /// The tenant a call acts for.

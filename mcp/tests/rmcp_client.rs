@@ -172,3 +172,86 @@ async fn rmcps_client_lists_and_calls_the_tools() {
     manager.shutdown().await;
     assert!(local.list(&Default::default()).await.unwrap().is_empty());
 }
+
+/// A backend that enforces every resource limit.
+fn limits_enforced() -> sandcell::testing::MockBackend {
+    let mock = sandcell::testing::MockBackend::new();
+    let mut caps = mock.capabilities();
+    caps.cpu_limit = true;
+    caps.memory_limit = true;
+    caps.pids_limit = true;
+    caps.disk_limit = true;
+    mock.set_capabilities(caps)
+}
+
+/// Serves `tools` to rmcp's client and opens session `s` with one `write_file`.
+async fn run_once(tools: SandboxTools) {
+    let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+    let server = tokio::spawn(async move {
+        let running = tools.serve(server_end).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    let client = ().serve(client_end).await.unwrap();
+    let out = client
+        .call_tool(call(
+            "write_file",
+            serde_json::json!({"session": "s", "path": "f", "content": "x"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.is_error, Some(false), "{}", text(&out));
+    client.cancel().await.unwrap();
+    server.await.unwrap();
+}
+
+/// ADVERSARIAL 40 on `sandcell mcp`: a session's sandbox gets `Limits::recommended`
+/// where the spec sets none (before, stdio sandboxes got no CPU, memory, process or
+/// disk limit at all); a limit the spec sets is kept, and `Limits::new()` opts out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_get_the_recommended_limits_unless_told_otherwise() {
+    let live_spec = |mock: &sandcell::testing::MockBackend| {
+        let mock = mock.clone();
+        async move {
+            let live = mock.list(&sandcell::LabelSelector::new()).await.unwrap();
+            assert_eq!(live.len(), 1);
+            mock.spec_of(&live[0].id).unwrap()
+        }
+    };
+    let manager_over = |mock: &sandcell::testing::MockBackend, dir: &std::path::Path| {
+        let backend: Box<dyn SandboxBackend> = Box::new(mock.clone());
+        let dir = dir.to_path_buf();
+        async move {
+            let manager = sandcell::SandboxManager::builder(backend)
+                .data_dir(dir)
+                .build()
+                .await
+                .unwrap();
+            Arc::new(manager)
+        }
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let mock = limits_enforced();
+    let manager = manager_over(&mock, &dir.path().join("defaults")).await;
+    let mut settings = ToolSettings::default();
+    settings.spec.limits = sandcell::Limits::new().pids(64);
+    run_once(SandboxTools::new(manager, "agent", settings)).await;
+    let limits = live_spec(&mock).await.limits;
+    assert_eq!(limits.pids, Some(64), "the spec's own limit is kept");
+    assert_eq!(limits.cpu_millis, Some(1000));
+    assert_eq!(limits.memory_bytes, Some(512 << 20));
+    assert_eq!(limits.disk_bytes, Some(10 << 30));
+
+    // A backend that enforces none gets none (its specs would otherwise be refused).
+    let mock = sandcell::testing::MockBackend::new();
+    let manager = manager_over(&mock, &dir.path().join("unenforced")).await;
+    run_once(SandboxTools::new(manager, "agent", ToolSettings::default())).await;
+    assert_eq!(live_spec(&mock).await.limits, sandcell::Limits::new());
+
+    let mock = limits_enforced();
+    let manager = manager_over(&mock, &dir.path().join("opted-out")).await;
+    let mut settings = ToolSettings::default();
+    settings.default_limits = sandcell::Limits::new();
+    run_once(SandboxTools::new(manager, "agent", settings)).await;
+    assert_eq!(live_spec(&mock).await.limits, sandcell::Limits::new());
+}

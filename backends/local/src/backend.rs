@@ -508,13 +508,7 @@ impl SandboxBackend for LocalBackend {
                     spec.template
                 ))
             })?;
-        let defaults = &self.inner.config.default_limits;
-        let limits = &mut spec.limits;
-        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
-        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
-        limits.pids = limits.pids.or(defaults.pids);
-        limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
-        limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
+        spec.limits = spec.limits.with_defaults(&self.inner.config.default_limits);
         // The defaults are held to the capabilities too: none is quietly not enforced.
         spec.check_supported(&self.inner.capabilities)
             .map_err(|e| e.context("with the backend's default_limits"))?;

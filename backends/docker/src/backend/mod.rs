@@ -567,16 +567,15 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-        let mut spec = spec.prepare(&self.capabilities())?;
+        let caps = self.capabilities();
+        let mut spec = spec.prepare(&caps)?;
         crate::hardening::refuse_internal_labels(spec.labels.keys())?;
+        spec.limits = spec.limits.with_defaults(&self.inner.config.default_limits);
+        // The defaults are held to the capabilities too: none is quietly not enforced.
+        spec.check_supported(&caps)
+            .map_err(|e| e.context("with the backend's default_limits"))?;
         self.sweep_host_workspaces().await;
         let image = self.image_for(&spec.template).await?;
-        let defaults = &self.inner.config.default_limits;
-        let limits = &mut spec.limits;
-        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
-        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
-        limits.pids = limits.pids.or(defaults.pids);
-        limits.output_bytes = limits.output_bytes.or(defaults.output_bytes);
         let id = SandboxId::generate("docker");
         let services = self
             .inner

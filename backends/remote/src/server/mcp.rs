@@ -26,12 +26,7 @@ pub(super) fn routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> R
     // MCP's sessions get the server's default limits and read cap, as every face's
     // sandboxes do.
     let mut settings = sandcell_mcp::ToolSettings::default();
-    let caps = manager.backend().capabilities();
-    super::tenants::apply_default_limits(
-        &mut settings.spec.limits,
-        &state.config.default_limits,
-        &caps,
-    );
+    settings.default_limits = state.config.default_limits.clone();
     settings.max_read_bytes = state.config.max_file_bytes as u64;
     let service = sandcell_mcp::http_service(manager, settings);
     Router::new()

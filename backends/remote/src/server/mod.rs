@@ -99,8 +99,8 @@ pub struct ServerConfig {
     /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
     /// sets none of its own; each is applied only when the backend enforces it
     /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
-    /// Default: one core, 512 MiB, 1024 processes and 10 GiB of disk; a sandbox
-    /// without them got as many processes, as much memory and as much of the host's
+    /// Default: [`Limits::recommended`](sandcell::Limits::recommended), one core,
+    /// 512 MiB, 1024 processes and 10 GiB of disk; a sandbox without them got as many processes, as much memory and as much of the host's
     /// disk as the host had.
     pub default_limits: sandcell::Limits,
     /// Whether sandcell's extensions (capabilities, the wire protocol) are served
@@ -193,7 +193,7 @@ impl ServerConfig {
             max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_file_bytes: 64 << 20,
             max_archive_bytes: 1 << 30,
-            default_limits: tenants::default_limits(),
+            default_limits: sandcell::Limits::recommended(),
             extensions: true,
             host_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),

@@ -11,9 +11,7 @@ use std::sync::Arc;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use sandcell::{
-    Capabilities, Error, ErrorKind, LabelSelector, Limits, Result, SandboxBackend, SandboxSpec,
-};
+use sandcell::{Error, ErrorKind, LabelSelector, Result, SandboxBackend, SandboxSpec};
 use serde::Deserialize;
 
 use crate::protocol::ErrorBody;
@@ -29,40 +27,6 @@ pub(crate) const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
 const UNSET_CPU_MILLIS: u32 = 1000;
 /// What a sandbox without a memory limit counts against a memory quota: 512 MiB.
 const UNSET_MEMORY_BYTES: u64 = 512 << 20;
-/// The processes a sandbox gets by default.
-const DEFAULT_PIDS: u32 = 1024;
-/// The disk a sandbox gets by default: room for a toolchain and a build, well short
-/// of a host's disk (a sandbox once took 3 GB of the host's root file system).
-pub(crate) const DEFAULT_DISK_BYTES: u64 = 10 << 30;
-
-/// [`ServerConfig::default_limits`](super::ServerConfig::default_limits)'s default:
-/// what a sandbox counts against a quota when it sets nothing (one core, 512 MiB) is
-/// what it gets, 1024 processes and 10 GiB of disk.
-pub(crate) fn default_limits() -> Limits {
-    Limits::new()
-        .cpu_millis(UNSET_CPU_MILLIS)
-        .memory_bytes(UNSET_MEMORY_BYTES)
-        .pids(DEFAULT_PIDS)
-        .disk_bytes(DEFAULT_DISK_BYTES)
-}
-
-/// Gives `limits` each of `defaults` it does not set itself and the backend enforces;
-/// a limit the backend cannot enforce is left unset (a spec asking for it is refused).
-/// Every face's creates pass through here, MCP's included.
-pub(crate) fn apply_default_limits(limits: &mut Limits, defaults: &Limits, caps: &Capabilities) {
-    if caps.cpu_limit {
-        limits.cpu_millis = limits.cpu_millis.or(defaults.cpu_millis);
-    }
-    if caps.memory_limit {
-        limits.memory_bytes = limits.memory_bytes.or(defaults.memory_bytes);
-    }
-    if caps.pids_limit {
-        limits.pids = limits.pids.or(defaults.pids);
-    }
-    if caps.disk_limit {
-        limits.disk_bytes = limits.disk_bytes.or(defaults.disk_bytes);
-    }
-}
 
 /// A client of the server: a name, the token that proves it, and optional quotas.
 ///
@@ -240,7 +204,8 @@ pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, state: &super::Shar
     spec.labels
         .insert(TENANT_LABEL.to_owned(), tenant.name.clone());
     let caps = state.backend.capabilities();
-    apply_default_limits(&mut spec.limits, &state.config.default_limits, &caps);
+    spec.limits = std::mem::take(&mut spec.limits)
+        .with_enforced_defaults(&state.config.default_limits, &caps);
     if tenant.max_cpus.is_some() && caps.cpu_limit {
         spec.limits.cpu_millis.get_or_insert(UNSET_CPU_MILLIS);
     }
