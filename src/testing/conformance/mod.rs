@@ -27,6 +27,7 @@ mod manager;
 mod neighbours;
 mod observe;
 mod pty;
+mod races;
 mod snapshots;
 
 use std::future::Future;
@@ -57,6 +58,7 @@ pub use files::{
 };
 pub use fixture::{run_case, CaseFuture, Fixture, SharedBackend};
 pub use host::{commands_inherit_no_descriptors, host_helpers_ignore_loader_variables};
+pub use races::walks_never_follow_a_racing_sandbox_out;
 pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
     unknown_sandbox_is_not_found,
@@ -229,6 +231,7 @@ macro_rules! __conformance_cases {
             watch_outlives_a_clone
             host_helpers_ignore_loader_variables
             commands_inherit_no_descriptors
+            walks_never_follow_a_racing_sandbox_out
         }
     };
 }
