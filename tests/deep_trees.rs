@@ -22,6 +22,19 @@ const DEPTH: usize = 25_000;
 /// The descriptors a walk may hold on top of what the process had: a few per side.
 const SPARE_FDS: u64 = 48;
 
+/// A temporary directory on tmpfs (`/dev/shm`) where this host has one: a disk-backed
+/// file system that journals every `mkdir` and `rmdir` (CI's takes about a millisecond
+/// each) spends minutes on the chains here.
+fn fast_tempdir() -> tempfile::TempDir {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    let shm = Path::new("/dev/shm");
+    let on_tmpfs = rustix::fs::statfs(shm).is_ok_and(|fs| fs.f_type as u64 == TMPFS_MAGIC);
+    match on_tmpfs.then(|| tempfile::tempdir_in(shm)) {
+        Some(Ok(dir)) => dir,
+        _ => tempfile::tempdir().unwrap(),
+    }
+}
+
 fn open_dir(dir: impl AsFd, name: &str) -> OwnedFd {
     rustix::fs::openat(
         dir,
@@ -83,7 +96,7 @@ fn on_small_stack<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> 
 
 #[test]
 fn copies_and_removals_of_a_deep_chain_neither_recurse_nor_hold_a_descriptor_per_level() {
-    let base = tempfile::tempdir().unwrap();
+    let base = fast_tempdir();
     let src = base.path().join("src");
     std::fs::create_dir(&src).unwrap();
     make_chain(&src, DEPTH);
@@ -152,7 +165,7 @@ fn copies_and_removals_of_a_deep_chain_neither_recurse_nor_hold_a_descriptor_per
 /// remove what the moved directory's new parent holds.
 #[test]
 fn a_removal_climbing_back_into_a_moved_directory_stops() {
-    let base = tempfile::tempdir().unwrap();
+    let base = fast_tempdir();
     let tree = base.path().join("tree");
     std::fs::create_dir(&tree).unwrap();
     // Deeper than the levels a walk keeps open, so the climb reopens through `..`.

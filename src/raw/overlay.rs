@@ -57,7 +57,7 @@ pub fn lower_dir(path: &Path) -> Result<PathBuf> {
 /// needs to follow a redirect into the lower one.
 ///
 /// # Errors
-/// `InvalidInput` for a path overlayfs cannot take ([`has_unsafe_chars`]);
+/// `NotFound` (or another I/O error) for a layer that cannot be opened;
 /// `Unsupported` when the kernel refuses the mount (no root or `CAP_SYS_ADMIN`, no
 /// overlayfs, an upper file system it cannot use).
 pub fn mount(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
@@ -72,11 +72,47 @@ pub fn mount(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<(
 /// As [`mount`]; `InvalidInput` also for no lower layer, or for a chain whose mount
 /// options do not fit the page the kernel reads them from ([`layers_fit`]).
 pub fn mount_layers(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) -> Result<()> {
-    let options = options(lowers, upper, work)?;
+    if !layers_fit(lowers, upper, work) {
+        return Err(Error::invalid_input(format!(
+            "an overlay of {} lower layers does not fit the {MAX_OPTIONS} bytes of mount \
+             options mount(2) reads",
+            lowers.len()
+        )));
+    }
     for d in [upper, work] {
         fs::create_dir_all(d)
             .map_err(|e| Error::io(format_args!("creating {}", d.display()), e))?;
     }
+    // Each layer is named to the kernel by a descriptor of this process's rather than
+    // by its path: overlayfs shows its options as given in every mount table that
+    // lists it, the sandbox's own included, and a host path there tells a sandbox
+    // where its files are on the host.
+    let layers = lowers
+        .iter()
+        .copied()
+        .chain([upper, work])
+        .map(|layer| {
+            rustix::fs::open(
+                layer,
+                OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
+                Mode::empty(),
+            )
+            .map_err(|e| Error::io(format_args!("opening layer {}", layer.display()), e.into()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let named = |fd: &std::os::fd::OwnedFd| {
+        use std::os::fd::AsRawFd;
+        format!("/proc/self/fd/{}", fd.as_raw_fd())
+    };
+    let (lower_fds, rest) = layers.split_at(lowers.len());
+    let lowerdir = lower_fds.iter().map(named).collect::<Vec<_>>().join(":");
+    let options = format!(
+        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=off",
+        named(&rest[0]),
+        named(&rest[1])
+    );
+    let options = std::ffi::CString::new(options)
+        .map_err(|_| Error::invalid_input("overlay mount options contain a NUL byte"))?;
     rustix::mount::mount(
         "overlay",
         target,
@@ -103,47 +139,28 @@ pub fn mount_layers(lowers: &[&Path], upper: &Path, work: &Path, target: &Path) 
     Ok(())
 }
 
-/// Whether an overlay of these layers can be mounted at all: every path is one
-/// overlayfs can take, and the options fit in the one page `mount(2)` reads them from.
+/// Whether an overlay of these layers can be mounted at all: there is a lower layer,
+/// and the options naming every layer by descriptor fit in the one page `mount(2)`
+/// reads them from (about 150 lower layers).
 pub fn layers_fit(lowers: &[&Path], upper: &Path, work: &Path) -> bool {
-    options(lowers, upper, work).is_ok()
+    let _ = (upper, work);
+    !lowers.is_empty() && options_len(lowers.len()) <= MAX_OPTIONS
 }
 
 /// The longest mount options `mount(2)` takes: one page, its NUL included.
 const MAX_OPTIONS: usize = 4095;
 
-fn options(lowers: &[&Path], upper: &Path, work: &Path) -> Result<std::ffi::CString> {
-    if lowers.is_empty() {
-        return Err(Error::invalid_input("an overlay needs a lower layer"));
-    }
-    for path in lowers.iter().copied().chain([upper, work]) {
-        if has_unsafe_chars(path) {
-            return Err(Error::invalid_input(format!(
-                "{} contains ',', ':' or '\\', which overlayfs cannot take",
-                path.display()
-            )));
-        }
-    }
-    let lowerdir = lowers
-        .iter()
-        .map(|p| p.display().to_string())
-        .collect::<Vec<_>>()
-        .join(":");
-    let options = format!(
-        "lowerdir={lowerdir},upperdir={},workdir={},redirect_dir=off",
-        upper.display(),
-        work.display()
-    );
-    if options.len() > MAX_OPTIONS {
-        return Err(Error::invalid_input(format!(
-            "the mount options of {} layers take {} bytes, more than the {MAX_OPTIONS} \
-             mount(2) reads",
-            lowers.len(),
-            options.len()
-        )));
-    }
-    std::ffi::CString::new(options)
-        .map_err(|_| Error::invalid_input("overlay mount options contain a NUL byte"))
+/// The most the options of an overlay of `lowers` layers named by descriptor can take:
+/// each descriptor's number at its widest.
+fn options_len(lowers: usize) -> usize {
+    const LAYER: usize = "/proc/self/fd/".len() + 10;
+    "lowerdir=".len()
+        + lowers * (LAYER + 1)
+        + ",upperdir=".len()
+        + LAYER
+        + ",workdir=".len()
+        + LAYER
+        + ",redirect_dir=off".len()
 }
 
 /// Lower-layer paths an upper layer deletes: whiteouts (0:0 character devices) and

@@ -7,8 +7,13 @@
 //! directory that was resolved, never one a link leads to; subdirectories are opened
 //! with `O_NOFOLLOW`. Names come from the kernel and are joined to the watched path,
 //! so an event can only name something beneath it.
+//!
+//! A recursive watch follows at most [`budget::MAX_PER_WATCH`] directories, and all the
+//! process's watches together at most half the user's inotify limit; past either, the
+//! consumer gets one `Overflow` (rescan) and what lies beyond is not watched.
 
-use std::collections::HashMap;
+mod budget;
+
 use std::ffi::{CStr, CString};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
@@ -22,6 +27,7 @@ use sandcell::{Error, Result, SandboxPath, WatchEvent, WatchEventKind, WatchSend
 use tokio::io::unix::AsyncFd;
 
 use crate::contained::{list_names, open_subdir, Workspace};
+use budget::WatchedDirs;
 use sandcell::raw::tree::DirStack;
 
 /// What every kernel watch reports.
@@ -45,7 +51,10 @@ const RENAME_PAIRING: Duration = Duration::from_millis(50);
 pub(crate) struct Watcher {
     inotify: AsyncFd<OwnedFd>,
     /// Kernel watch descriptor → the directory's path in the workspace.
-    dirs: HashMap<i32, SandboxPath>,
+    dirs: WatchedDirs,
+    /// Whether a directory went unwatched for the caps since the consumer was told
+    /// (one `Overflow` per time the watch reaches them, not one per directory).
+    capped: bool,
     /// The watched directory's kernel watch.
     root_wd: i32,
     /// The watched directory as the caller named it (events are named beneath it).
@@ -95,7 +104,8 @@ impl Watcher {
             crate::sys::async_fd(fd).map_err(|e| Error::io("starting a file watch", e))?;
         let mut watcher = Watcher {
             inotify,
-            dirs: HashMap::new(),
+            dirs: WatchedDirs::default(),
+            capped: false,
             root_wd: -1,
             root: root.clone(),
             real_root,
@@ -115,10 +125,26 @@ impl Watcher {
 
     /// Adds a kernel watch on the directory open as `dir`.
     fn add(&mut self, dir: BorrowedFd<'_>, path: SandboxPath) -> rustix::io::Result<i32> {
+        if !self.dirs.reserve() {
+            // Past the caps nothing beneath is watched: what changes there is lost,
+            // and the consumer is told so (rescan), once.
+            if !self.capped {
+                self.capped = true;
+                let _ = self.sender.overflowed();
+            }
+            return Err(Errno::NOSPC);
+        }
         let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        let wd = inotify::add_watch(self.inotify.get_ref(), proc_path, MASK)?;
-        self.dirs.insert(wd, path);
-        Ok(wd)
+        match inotify::add_watch(self.inotify.get_ref(), proc_path, MASK) {
+            Ok(wd) => {
+                self.dirs.insert(wd, path);
+                Ok(wd)
+            }
+            Err(e) => {
+                self.dirs.unreserve();
+                Err(e)
+            }
+        }
     }
 
     /// Watches every directory beneath `dir` (at `path`). With `report`, everything
@@ -204,14 +230,15 @@ impl Watcher {
             .map(|(wd, _)| *wd)
             .collect();
         for wd in gone {
-            self.dirs.remove(&wd);
+            self.dirs.remove(wd);
+            self.capped = false;
             let _ = inotify::remove_watch(self.inotify.get_ref(), wd);
         }
     }
 
     /// Renames the watches on `from` and beneath it to lie beneath `to`.
     fn move_beneath(&mut self, from: &SandboxPath, to: &SandboxPath) {
-        for path in self.dirs.values_mut() {
+        for path in self.dirs.paths_mut() {
             if let Some(rest) = path.strip_prefix(from) {
                 let moved = if rest.is_root() {
                     Some(to.clone())
@@ -290,13 +317,14 @@ impl Watcher {
             return false;
         }
         if raw.mask.contains(ReadFlags::IGNORED) || raw.mask.contains(ReadFlags::UNMOUNT) {
-            self.dirs.remove(&raw.wd);
+            self.dirs.remove(raw.wd);
+            self.capped = false;
             return raw.wd == self.root_wd;
         }
         if raw.mask.contains(ReadFlags::DELETE_SELF) {
             return raw.wd == self.root_wd;
         }
-        let (Some(dir), Some(name)) = (self.dirs.get(&raw.wd), raw.name.as_deref()) else {
+        let (Some(dir), Some(name)) = (self.dirs.get(raw.wd), raw.name.as_deref()) else {
             return false;
         };
         let Some(path) = join(dir, name) else {
@@ -370,7 +398,7 @@ impl Watcher {
         };
         // Opened through the parent's watch path, itself resolved from the root with
         // O_NOFOLLOW at each step.
-        let Some(parent) = self.dirs.get(&parent_wd).cloned() else {
+        let Some(parent) = self.dirs.get(parent_wd).cloned() else {
             return;
         };
         if let Some(parent_fd) = self.reopen(&parent) {

@@ -103,7 +103,7 @@ where
         return;
     }
     for isolation in [Isolation::Landlock, Isolation::Namespaces] {
-        let root = tempfile::tempdir().unwrap();
+        let root = common::fast_tempdir();
         let Some(backend) = backend(root.path(), isolation) else {
             continue;
         };

@@ -11,6 +11,8 @@ use sandcell::watch::WATCH_BUFFER;
 use sandcell::{SandboxBackend, SandboxBackendExt, SandboxSpec, WatchEventKind, WatchOptions};
 use sandcell_local::LocalBackend;
 
+mod common;
+
 /// This process's inotify instances, with how many kernel watches each holds.
 /// The tests count this process's inotify instances, so they run one at a time.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
@@ -163,7 +165,7 @@ async fn a_dropped_watch_gives_back_its_kernel_watches() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_wide_tree_moved_into_a_watch_is_watched_whole_with_few_descriptors() {
     let _alone = ONE_AT_A_TIME.lock().await;
-    let root = tempfile::tempdir().unwrap();
+    let root = common::fast_tempdir();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
     let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
     let id = &sandbox.id;
@@ -228,6 +230,51 @@ async fn a_wide_tree_moved_into_a_watch_is_watched_whole_with_few_descriptors() 
             ));
         }
         Ok(())
+    }
+    .await;
+    backend.destroy(id).await.unwrap();
+    verdict.unwrap();
+}
+
+/// A recursive watch of a tree wider than one watch may follow (16,384 directories)
+/// holds no more kernel watches than that, and says it lost events (`Overflow`: rescan)
+/// instead. Every kernel watch counts against the user's `max_user_watches`, shared by
+/// every process of that user (for a root backend, every root process on the host): a
+/// sandbox's tree of a few hundred thousand directories took them all.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recursive_watch_follows_a_bounded_number_of_directories() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let root = common::fast_tempdir();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let id = &sandbox.id;
+    let verdict = async {
+        let made = backend
+            .run_shell(id, "mkdir wide && cd wide && seq 0 16999 | xargs mkdir")
+            .await
+            .map_err(|e| e.to_string())?;
+        if !made.success() {
+            return Err(format!("{made:?}"));
+        }
+        let before: usize = inotify_watches().iter().sum();
+        let mut events = backend
+            .watch(
+                id,
+                &"".parse().unwrap(),
+                WatchOptions::new().recursive(true),
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        let held = inotify_watches().iter().sum::<usize>() - before;
+        let first = tokio::time::timeout(Duration::from_secs(5), events.next()).await;
+        drop(events);
+        if held > 16_384 {
+            return Err(format!("one watch holds {held} kernel watches"));
+        }
+        match first {
+            Ok(Some(Ok(event))) if event.kind == WatchEventKind::Overflow => Ok(()),
+            other => Err(format!("the watch did not say it overflowed: {other:?}")),
+        }
     }
     .await;
     backend.destroy(id).await.unwrap();

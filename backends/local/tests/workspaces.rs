@@ -673,3 +673,52 @@ async fn a_user_opaque_attribute_is_not_overlay_metadata() {
         changes.deleted
     );
 }
+
+/// ADVERSARIAL 37: a namespaced sandbox's mount table does not tell it where its files
+/// are on the host. overlayfs shows its options as given, so layers named by host path
+/// showed the backend's root (and the sandbox's directory in it) to the sandbox; with
+/// a disk of its own, its temp directory's mount names nothing of the host either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_sandbox_mount_table_names_no_host_path() {
+    if !common::overlay_available() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let builder = LocalBackend::builder()
+        .root(root.path())
+        .workspace(WorkspaceStrategy::Overlay);
+    let Some(backend) = common::build_at(builder, sandcell_local::Isolation::Namespaces) else {
+        return;
+    };
+    let host_root = std::fs::canonicalize(root.path()).unwrap();
+    let host_root = host_root.to_string_lossy();
+    let mut specs = vec![("no disk limit", SandboxSpec::default())];
+    if backend.capabilities().disk_limit {
+        let limited = SandboxSpec::default().limits(sandcell::Limits::new().disk_bytes(64 << 20));
+        specs.push(("a disk limit", limited));
+    }
+    for (what, spec) in specs {
+        let sb = backend.create(&spec).await.unwrap();
+        let seen = backend
+            .run_shell(&sb.id, "cat /proc/self/mountinfo")
+            .await
+            .unwrap();
+        backend.destroy(&sb.id).await.unwrap();
+        let table = seen.stdout_str();
+        assert!(seen.success() && table.contains(" /workspace "), "{seen:?}");
+        let workspace = table
+            .lines()
+            .find(|line| line.contains(" /workspace "))
+            .unwrap();
+        assert!(
+            !workspace.contains(&*host_root),
+            "with {what}, the workspace's mount names the host path: {workspace}"
+        );
+        if what == "a disk limit" {
+            assert!(
+                !table.contains(&*host_root),
+                "with {what}, the mount table names the host path:\n{table}"
+            );
+        }
+    }
+}

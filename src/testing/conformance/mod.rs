@@ -58,7 +58,6 @@ pub use files::{
 };
 pub use fixture::{run_case, CaseFuture, Fixture, SharedBackend};
 pub use host::{commands_inherit_no_descriptors, host_helpers_ignore_loader_variables};
-pub use races::walks_never_follow_a_racing_sandbox_out;
 pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
     unknown_sandbox_is_not_found,
@@ -67,6 +66,7 @@ pub use manager::{manager_housekeeping, manager_sessions};
 pub use neighbours::manager_neighbours;
 pub use observe::{metrics_report_use, watch_outlives_a_clone, watch_reports_changes_in_order};
 pub use pty::pty_terminal;
+pub use races::walks_never_follow_a_racing_sandbox_out;
 pub use snapshots::{
     hostile_snapshots_are_rejected, incremental_snapshot_round_trip, snapshot_round_trip,
 };

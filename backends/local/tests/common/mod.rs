@@ -155,3 +155,19 @@ pub(crate) fn python_available() -> bool {
     };
     sandcell::testing::require_or_skip("PYTHON", "python3", probe)
 }
+
+/// A temporary directory on tmpfs (`/dev/shm`) where this host has one, else in the
+/// usual temporary directory. For tests that make tens of thousands of directories:
+/// on a disk-backed file system that journals every `mkdir` and `rmdir` (CI's takes
+/// about a millisecond each) they spend minutes on that alone.
+pub(crate) fn fast_tempdir() -> tempfile::TempDir {
+    const TMPFS_MAGIC: u64 = 0x0102_1994;
+    let shm = Path::new("/dev/shm");
+    let on_tmpfs = rustix::fs::statfs(shm).is_ok_and(|fs| fs.f_type as u64 == TMPFS_MAGIC);
+    if on_tmpfs {
+        if let Ok(dir) = tempfile::tempdir_in(shm) {
+            return dir;
+        }
+    }
+    tempfile::tempdir().unwrap()
+}
