@@ -34,6 +34,10 @@ pub struct SandboxMetrics {
     /// template: the template's files and the changes to them).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub disk_bytes: Option<u64>,
+    /// The disk limit, in bytes, where one is set
+    /// ([`Limits::disk_bytes`](crate::Limits::disk_bytes)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_limit_bytes: Option<u64>,
     /// Connections the sandbox's egress proxy allowed and denied, by host, for a
     /// sandbox with [`Network::Allowlist`](crate::Network::Allowlist) (empty otherwise).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -50,6 +54,7 @@ impl SandboxMetrics {
             memory_limit_bytes: None,
             processes: None,
             disk_bytes: None,
+            disk_limit_bytes: None,
             egress: Vec::new(),
         }
     }

@@ -861,6 +861,7 @@ impl SandboxBackend for LocalBackend {
                 }
             }
             metrics.memory_limit_bytes = meta.spec.limits.memory_bytes;
+            metrics.disk_limit_bytes = meta.disk_bytes;
             metrics.disk_bytes = Some(inner.open_workspace(&dir)?.disk_usage()?);
             metrics.egress = egress;
             Ok(metrics)

@@ -158,6 +158,12 @@ async fn case40_a_sandbox_cannot_write_past_its_disk_limit() {
         };
         let before = host_bytes(root.path());
         let sb = backend.create(&capped(CAP)).await.unwrap();
+        let reading = backend.metrics(&sb.id).await.unwrap();
+        assert_eq!(
+            reading.disk_limit_bytes,
+            Some(CAP),
+            "metrics name the limit"
+        );
         for target in ["big", "$TMPDIR/big"] {
             let out = backend
                 .run_shell(

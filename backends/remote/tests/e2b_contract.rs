@@ -244,6 +244,13 @@ async fn control_plane_bodies_match_the_openapi_document() {
     assert_eq!(status, 200);
     valid(&spec, "SandboxDetail", &detail);
     assert_eq!(detail["metadata"], json!({"purpose": "contract"}));
+    // The server's default disk (10 GiB) where the backend gives sandboxes disks.
+    let disk_mb = if sandcell::SandboxBackend::capabilities(&server.local).disk_limit {
+        10u64 << 10
+    } else {
+        0
+    };
+    assert_eq!(detail["diskSizeMB"], json!(disk_mb), "{detail}");
 
     let (status, listed) = client
         .call(reqwest::Method::GET, "/v2/sandboxes?state=running", None)
@@ -269,6 +276,7 @@ async fn control_plane_bodies_match_the_openapi_document() {
     assert_eq!(status, 200);
     for item in metrics.as_array().unwrap() {
         valid(&spec, "SandboxMetric", item);
+        assert_eq!(item["diskTotal"], json!(disk_mb << 20), "{item}");
     }
 
     let timeout = json!({"timeout": 60});

@@ -719,6 +719,7 @@ impl SandboxBackend for E2bBackend {
             metrics.memory_bytes = (latest.mem_used > 0).then_some(latest.mem_used);
             metrics.memory_limit_bytes = (latest.mem_total > 0).then_some(latest.mem_total);
             metrics.disk_bytes = Some(latest.disk_used);
+            metrics.disk_limit_bytes = (latest.disk_total > 0).then_some(latest.disk_total);
         }
         Ok(metrics)
     }

@@ -22,6 +22,9 @@ pub(crate) const TENANT_LABEL: &str = "sandcell.server.tenant";
 pub(crate) const CPU_LABEL: &str = "sandcell.server.cpu_millis";
 /// Label holding the memory (bytes) a sandbox counts against its quota.
 pub(crate) const MEMORY_LABEL: &str = "sandcell.server.memory_bytes";
+/// Label holding a sandbox's disk limit (bytes), where it has one: what the E2B face
+/// reports as its disk size.
+pub(crate) const DISK_LABEL: &str = "sandcell.server.disk_bytes";
 
 /// What a sandbox without a CPU limit counts against a CPU quota: one core.
 const UNSET_CPU_MILLIS: u32 = 1000;
@@ -217,6 +220,9 @@ pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, state: &super::Shar
     spec.labels.insert(CPU_LABEL.to_owned(), cpu.to_string());
     spec.labels
         .insert(MEMORY_LABEL.to_owned(), memory.to_string());
+    if let Some(disk) = spec.limits.disk_bytes {
+        spec.labels.insert(DISK_LABEL.to_owned(), disk.to_string());
+    }
     Ok(())
 }
 
@@ -260,7 +266,7 @@ pub(crate) fn claim_clone(
 ) -> Result<()> {
     reserved.check(labels.iter(), "label")?;
     labels.insert(TENANT_LABEL.to_owned(), tenant.name.clone());
-    for label in [CPU_LABEL, MEMORY_LABEL] {
+    for label in [CPU_LABEL, MEMORY_LABEL, DISK_LABEL] {
         if let Some(value) = source.labels.get(label) {
             labels.insert(label.to_owned(), value.clone());
         }

@@ -237,7 +237,7 @@ fn detail_of(state: &Shared, info: &SandboxInfo, token: Option<String>) -> Sandb
         envd_version: ENVD_VERSION.to_owned(),
         cpu_count: u32::try_from(number(tenants::CPU_LABEL).div_ceil(1000).max(1)).unwrap_or(1),
         memory_mb: number(tenants::MEMORY_LABEL) >> 20,
-        disk_size_mb: 0,
+        disk_size_mb: number(tenants::DISK_LABEL) >> 20,
         state: state_of(info).to_owned(),
         metadata: Some(metadata),
         // Only a sandbox's own view has its rules (`SandboxDetail`; not a listing's).
@@ -388,7 +388,9 @@ pub(super) async fn metrics(
         mem_total: memory_total,
         mem_cache: 0,
         disk_used: reading.disk_bytes.unwrap_or(0),
-        disk_total: 0,
+        disk_total: reading
+            .disk_limit_bytes
+            .unwrap_or(detail.disk_size_mb << 20),
     }]))
 }
 
