@@ -55,8 +55,9 @@ pub(crate) struct SandboxMeta {
     /// the host's loopback, the one place the sandbox may connect to.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) egress_port: Option<u16>,
-    /// At `Isolation::Namespaces` with `Network::Full`: the host-side name of the
-    /// sandbox's veth (see `crate::network`), removed at destroy and reset.
+    /// At `Isolation::Namespaces` with `Network::Full`: the host-side end of the
+    /// sandbox's veth, `name@ifindex` (see `crate::network`), removed at destroy and
+    /// reset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) net_link: Option<String>,
     /// Where the sandbox has a disk limit: the size of the file system of its own that

@@ -134,20 +134,27 @@ struct NetLock {
 }
 
 fn lock() -> Result<NetLock> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let file = std::fs::OpenOptions::new()
         .create(true)
         .truncate(false)
         .write(true)
+        .mode(0o600)
         .open(LOCK)
         .map_err(|e| Error::io(format_args!("opening {LOCK}"), e))?;
+    // Root's alone, one made earlier included: whoever can open it can hold it (a
+    // read-only descriptor suffices for flock), and every full-network create, reset
+    // and destroy on this host would wait for them.
+    file.set_permissions(std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| Error::io(format_args!("making {LOCK} root's alone"), e))?;
     rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
         .map_err(|e| Error::io(format_args!("locking {LOCK}"), e.into()))?;
     Ok(NetLock { _file: file })
 }
 
 /// Gives the namespaces of `init` (which has a network namespace of its own, with only
-/// loopback in it) a veth to the host; returns the host-side name, to give
-/// [`detach`] at destroy or reset. Leaves nothing behind when it fails.
+/// loopback in it) a veth to the host; returns the host-side end as `name@ifindex`, to
+/// give [`detach`] at destroy or reset. Leaves nothing behind when it fails.
 pub(crate) fn attach(init: i32) -> Result<String> {
     let tools = tools()?;
     let _lock = lock()?;
@@ -170,6 +177,8 @@ pub(crate) fn attach(init: i32) -> Result<String> {
         // A sandbox's packets come from its own address or are dropped.
         std::fs::write(format!("/proc/sys/net/ipv4/conf/{name}/rp_filter"), "1")
             .map_err(|e| Error::io("setting the veth's reverse-path filter", e))?;
+        let ifindex = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+            .map_err(|e| Error::io("reading the veth's interface index", e))?;
         let ip = tools.ip.display().to_string();
         run(
             &tools.nsenter,
@@ -180,36 +189,55 @@ pub(crate) fn attach(init: i32) -> Result<String> {
                  route add default via {host}\n"
             )),
             "configuring the sandbox's network",
-        )
+        )?;
+        Ok(format!("{name}@{}", ifindex.trim()))
     })();
-    if let Err(e) = result {
-        remove_link(&tools, &name);
+    if result.is_err() {
+        // Made under this lock: no other sandbox's.
+        remove_link(&tools, &name, None);
         remove_rules_if_unused(&tools);
-        return Err(e);
     }
-    Ok(name)
+    result
 }
 
-/// Removes what [`attach`] made for one sandbox, and the host's rules with the last.
-pub(crate) fn detach(name: &str) {
+/// Removes what [`attach`] made for one sandbox (`link`, as it returned it), and the
+/// host's rules with the last.
+pub(crate) fn detach(link: &str) {
     let Ok(tools) = tools() else { return };
     let Ok(_lock) = lock() else {
         tracing::warn!(
-            veth = name,
+            veth = link,
             "could not lock sandbox networking to remove a veth"
         );
         return;
     };
-    remove_link(&tools, name);
+    // Recorded without its index (by an earlier version), the name alone may be
+    // another sandbox's by now: that veth is left to the kernel, which deletes it with
+    // the sandbox's namespace.
+    if let Some((name, ifindex)) = link.split_once('@') {
+        remove_link(&tools, name, Some(ifindex));
+    }
     remove_rules_if_unused(&tools);
 }
 
-fn remove_link(tools: &Tools, name: &str) {
+/// Deletes veth `name` if its interface index is still `ifindex` (when given): a
+/// sandbox's namespace can end before it is destroyed (its processes can make
+/// bubblewrap's init exit), the kernel deletes the veth with it, and [`free_index`]
+/// hands the name to the next sandbox, whose veth this must not delete
+/// (ADVERSARIAL 47). The kernel hands out interface indexes in turn, never one just
+/// freed, so an index names one veth however its name is reused.
+fn remove_link(tools: &Tools, name: &str, ifindex: Option<&str>) {
     // Gone already where the namespace went first.
-    if Path::new("/sys/class/net").join(name).exists() {
-        if let Err(e) = run(&tools.ip, &["link", "del", name], None, "removing a veth") {
-            tracing::warn!(veth = name, error = %e, "could not remove a sandbox's veth");
-        }
+    let Ok(current) =
+        std::fs::read_to_string(Path::new("/sys/class/net").join(name).join("ifindex"))
+    else {
+        return;
+    };
+    if ifindex.is_some_and(|ifindex| ifindex != current.trim()) {
+        return;
+    }
+    if let Err(e) = run(&tools.ip, &["link", "del", name], None, "removing a veth") {
+        tracing::warn!(veth = name, error = %e, "could not remove a sandbox's veth");
     }
 }
 

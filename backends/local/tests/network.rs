@@ -413,3 +413,71 @@ async fn adversarial_38_allowlists_refuse_the_host() {
         b.destroy(&info.id).await.unwrap();
     }
 }
+
+/// ADVERSARIAL 47: a sandbox whose namespaces ended on their own (it killed the
+/// command bubblewrap waits on) loses its veth to the kernel; when it is destroyed
+/// later, the veth of another sandbox that got the same name meanwhile stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_47_destroy_removes_only_its_own_veth() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path()) else {
+        return;
+    };
+    let host = Host::new();
+    let before = sandbox_links();
+    let ended = full(&b).await;
+    assert_eq!(sandbox_links().len(), before.len() + 1);
+    // pid 2 is the `sleep infinity` bubblewrap's init waits on: with it, the
+    // namespaces go, and the kernel deletes their veth.
+    let _ = b.run_shell(&ended, "kill -KILL 2").await;
+    let mut gone = false;
+    for _ in 0..100 {
+        if sandbox_links().len() == before.len() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(gone, "the ended sandbox's veth is gone");
+    let others = sandbox_links();
+    let other = full(&b).await;
+    let theirs: Vec<String> = sandbox_links()
+        .into_iter()
+        .filter(|link| !others.contains(link))
+        .collect();
+    assert_eq!(theirs.len(), 1, "{theirs:?}");
+    assert_eq!(
+        fetch(&b, &other, &host.outside_url()).await.body,
+        OUTSIDE_BODY
+    );
+    let _ = b.destroy(&ended).await;
+    assert!(
+        sandbox_links().contains(&theirs[0]),
+        "destroying the ended sandbox removed another's veth, {}",
+        theirs[0]
+    );
+    let seen = fetch(&b, &other, &host.outside_url()).await;
+    assert_eq!(seen.body, OUTSIDE_BODY, "{seen:?}");
+    b.destroy(&other).await.unwrap();
+}
+
+/// The host-wide lock of sandbox networking is root's alone: a local user who could
+/// open it could hold it, and every full-network create, reset and destroy would wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_network_lock_is_roots_alone() {
+    use std::os::unix::fs::PermissionsExt;
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path()) else {
+        return;
+    };
+    let _host = Host::new();
+    let id = full(&b).await;
+    let mode = std::fs::metadata("/run/sandcell-network.lock")
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o077, 0, "mode {mode:o}");
+    b.destroy(&id).await.unwrap();
+}
