@@ -7,7 +7,9 @@
 //! default route. One nftables table for every sandbox ([`RULES`]) masquerades what
 //! leaves, drops everything a sandbox sends to the host itself (the input hook: every
 //! address of the host's, loopback included) and everything between sandboxes (the
-//! forward hook), and lets only replies in.
+//! forward hook), and lets only replies in. It also drops what a sandbox sends from an
+//! address that is not its own (a strict reverse-path check) and past 2048 tracked
+//! flows, so no sandbox fills the host's connection tracking.
 //!
 //! Why not `pasta` or `slirp4netns`: they connect out from the host, as a host process,
 //! so a sandbox reaches whatever the host reaches, its own non-loopback addresses

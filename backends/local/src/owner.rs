@@ -170,17 +170,18 @@ impl SandboxOwner {
     /// sandbox makes there is `source`'s owner's on disk. The view is `nosuid` and
     /// `nodev`; nothing changes on disk.
     ///
-    /// A `writable` view of a directory root owns is refused: what the sandbox made
-    /// in it would be root's on the host, a setuid program among them.
+    /// A `writable` view of a directory root owns, or root's group, is refused: what
+    /// the sandbox made in it would be root's (or root's group's) on the host, a
+    /// setuid or setgid program among them.
     pub(crate) fn view(&self, source: &Path, at: &Path, writable: bool) -> Result<()> {
         use std::os::unix::fs::MetadataExt;
         let meta = std::fs::metadata(source)
             .map_err(|e| Error::io(format_args!("inspecting {}", source.display()), e))?;
-        if writable && meta.uid() == 0 {
+        if writable && (meta.uid() == 0 || meta.gid() == 0) {
             return Err(Error::permission_denied(format!(
-                "refusing to let a sandbox write in {}, which root owns: what it made there \
-                 would be root's on this host; give the directory to another user (such as \
-                 uid {}) or mount it read-only",
+                "refusing to let a sandbox write in {}, which root or root's group owns: \
+                 what it made there would be theirs on this host; give the directory to \
+                 another user and group (such as {}) or mount it read-only",
                 source.display(),
                 self.uid
             )));

@@ -11,6 +11,8 @@ use sandcell::snapshot::{self, PackOptions};
 use sandcell::{ErrorKind, Mount, SandboxBackend, SandboxBackendExt, SandboxPath, SandboxSpec};
 use sandcell_local::LocalBackend;
 
+mod common;
+
 fn p(s: &str) -> SandboxPath {
     s.parse().unwrap()
 }
@@ -208,4 +210,30 @@ async fn a_bind_mount_from_the_workspaces_own_file_system_stays_out_of_snapshots
         "mounted host content is not part of the snapshot"
     );
     assert_eq!(usage.unwrap().disk_bytes, Some(0), "nor of the disk usage");
+}
+
+/// ADVERSARIAL 37: a writable host mount of a directory whose group is root's, at
+/// `Isolation::Namespaces` under a root backend, is refused as one whose owner is
+/// root is: through the idmapped view, what the sandbox made there (a setgid program
+/// among it) would be root's group's on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_writable_mount_of_a_root_group_directory_is_refused() {
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let builder = LocalBackend::builder().root(root.path());
+    let Some(backend) = common::build_at(builder, sandcell_local::Isolation::Namespaces) else {
+        return;
+    };
+    let shared = tempfile::tempdir().unwrap();
+    std::os::unix::fs::chown(shared.path(), Some(4242), Some(0)).unwrap();
+    let spec = SandboxSpec::default().mount(Mount::read_write(shared.path(), p("shared")));
+    let err = backend.create(&spec).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    // Read-only, it is shown.
+    let spec = SandboxSpec::default().mount(Mount::read_only(shared.path(), p("shared")));
+    let sb = backend.create(&spec).await.unwrap();
+    backend.destroy(&sb.id).await.unwrap();
+    assert_eq!(std::fs::read_dir(shared.path()).unwrap().count(), 0);
 }

@@ -481,3 +481,82 @@ async fn the_network_lock_is_roots_alone() {
     assert_eq!(mode & 0o077, 0, "mode {mode:o}");
     b.destroy(&id).await.unwrap();
 }
+
+/// Sends one UDP datagram from each of `argv[1]` sockets of its own (a flow each in
+/// the host's connection tracking) to `argv[2]`:9999, then says it is done.
+const UDP_FLOWS: &str = r#"
+import socket, sys
+socks = []
+for _ in range(int(sys.argv[1])):
+    s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    s.sendto(b"x", (sys.argv[2], 9999))
+    socks.append(s)
+print("sent")
+"#;
+
+/// Counts the distinct senders of the datagrams it gets on `argv[1]`:9999 until none
+/// has come for two seconds, and prints the count.
+const UDP_COUNTER: &str = r#"
+import socket, sys
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
+s.bind((sys.argv[1], 9999))
+s.settimeout(15)
+seen = set()
+try:
+    while True:
+        seen.add(s.recvfrom(16)[1])
+        s.settimeout(2)
+except socket.timeout:
+    pass
+print(len(seen), flush=True)
+"#;
+
+/// One sandbox holds at most 2048 flows in the host's connection tracking, which the
+/// host and every sandbox share: 3000 datagrams from 3000 sockets reach the world as
+/// 2048 flows, and the sandbox's next connection waits for its flows to end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_holds_a_bounded_share_of_connection_tracking() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let Some(b) = backend(root.path()) else {
+        return;
+    };
+    let host = Host::new();
+    let outside = Host::outside_of(host.tag).to_string();
+    let counter = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &format!("sct{}", host.tag),
+            "python3",
+            "-c",
+        ])
+        .args([UDP_COUNTER, &outside])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let id = full(&b).await;
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let sent = b
+        .exec(
+            &id,
+            sandcell::ExecRequest::new(["python3", "-c", UDP_FLOWS, "3000", &outside]),
+        )
+        .await
+        .unwrap()
+        .collect(1 << 16)
+        .await
+        .unwrap();
+    let counted = counter.wait_with_output().unwrap();
+    b.destroy(&id).await.unwrap();
+    assert_eq!(sent.stdout_str().trim(), "sent", "{sent:?}");
+    let flows: usize = String::from_utf8_lossy(&counted.stdout)
+        .trim()
+        .parse()
+        .unwrap();
+    assert!(
+        (1900..=2048).contains(&flows),
+        "{flows} of 3000 flows reached the world"
+    );
+}
