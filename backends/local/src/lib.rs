@@ -81,6 +81,7 @@ mod materialize;
 mod namespace;
 mod network;
 mod owner;
+mod pinned;
 mod process;
 mod quota;
 mod seccomp;
