@@ -22,6 +22,7 @@ mod ext;
 mod files;
 mod fixture;
 mod host;
+mod kernel;
 mod lifecycle;
 mod manager;
 mod neighbours;
@@ -57,6 +58,7 @@ pub use files::{
 };
 pub use fixture::{run_case, CaseFuture, Fixture, SharedBackend};
 pub use host::{commands_inherit_no_descriptors, host_helpers_ignore_loader_variables};
+pub use kernel::{kernel_keyrings_are_refused, terminal_injection_is_refused};
 pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
     unknown_sandbox_is_not_found,
@@ -229,6 +231,8 @@ macro_rules! __conformance_cases {
             watch_outlives_a_clone
             host_helpers_ignore_loader_variables
             commands_inherit_no_descriptors
+            terminal_injection_is_refused
+            kernel_keyrings_are_refused
         }
     };
 }
