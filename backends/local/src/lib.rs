@@ -93,3 +93,4 @@ mod watch;
 pub use backend::LocalBackend;
 pub use config::{Isolation, LocalBackendBuilder, LocalConfig, WorkspaceStrategy};
 pub use landlock::{SYSTEM_HIDDEN, SYSTEM_READABLE};
+pub use seccomp::confine_this_process;
