@@ -192,7 +192,7 @@ impl LocalBackend {
     }
 
     /// The sandbox's metadata, or `NotFound`.
-    fn meta(&self, id: &SandboxId) -> Result<(SandboxDir, SandboxMeta)> {
+    pub(crate) fn meta(&self, id: &SandboxId) -> Result<(SandboxDir, SandboxMeta)> {
         let dir = self.dir(id);
         let meta = dir.read_meta(id)?;
         Ok((dir.for_meta(&meta), meta))
@@ -243,7 +243,7 @@ impl LocalBackend {
         Ok(fd)
     }
 
-    fn namespace_tools(&self) -> Result<&crate::namespace::Tools> {
+    pub(crate) fn namespace_tools(&self) -> Result<&crate::namespace::Tools> {
         self.inner
             .probed
             .namespace_tools
@@ -324,7 +324,7 @@ impl LocalBackend {
         let started = match self.inner.config.isolation {
             Isolation::Namespaces => {
                 let tools = self.namespace_tools()?;
-                match start_namespaces(tools, &dir, &mut meta).await {
+                match crate::namespace::start(tools, &dir, &mut meta).await {
                     Ok(()) => self.serve_egress(&meta),
                     Err(e) => Err(e),
                 }
@@ -365,10 +365,7 @@ impl LocalBackend {
         }
         Ok(match (meta.ns_init, meta.egress_port) {
             (Some(init), _) => Some(Listener::Namespace {
-                init: {
-                    crate::namespace::check_init(&meta.id, init, meta.ns_init_start)?;
-                    init
-                },
+                init: crate::pinned::PinnedInit::pin(&meta.id, init, meta.ns_init_start)?,
                 join_user_ns: meta.ns_user,
                 noop: &self.namespace_tools()?.noop,
             }),
@@ -399,7 +396,7 @@ impl LocalBackend {
     }
 }
 
-async fn blocking<T, F>(op: F) -> Result<T>
+pub(crate) async fn blocking<T, F>(op: F) -> Result<T>
 where
     T: Send + 'static,
     F: FnOnce() -> Result<T> + Send + 'static,
@@ -673,7 +670,7 @@ impl SandboxBackend for LocalBackend {
             let (dir, mut meta) = self.meta(id)?;
             meta.net_link = None;
             self.inner.egress.forget(id);
-            start_namespaces(self.namespace_tools()?, &dir, &mut meta).await?;
+            crate::namespace::start(self.namespace_tools()?, &dir, &mut meta).await?;
             self.serve_egress(&meta)?;
         }
         self.set_status(id, SandboxStatus::Running)
@@ -973,67 +970,4 @@ impl SandboxBackend for LocalBackend {
         })
         .await
     }
-}
-
-/// Starts the sandbox's namespaces (bubblewrap, idling) inside its cgroup and records
-/// their pid 1.
-async fn start_namespaces(
-    tools: &crate::namespace::Tools,
-    dir: &SandboxDir,
-    meta: &mut SandboxMeta,
-) -> Result<()> {
-    let mut cmd = crate::namespace::init_command(tools, dir, &meta.spec.network)?;
-    let cgroup_procs = match &meta.cgroups {
-        Some(cg) => cg.join_fds()?,
-        None => Vec::new(),
-    };
-    crate::child::before_exec(
-        &mut cmd,
-        crate::child::ChildSetup {
-            cgroup_procs,
-            landlock: None,
-            max_file_bytes: None,
-            run_as: tools.owner.as_ref().map(|owner| (owner.uid, owner.gid)),
-            // Its pid 1 and idle process are the sandbox's too (it can trace them).
-            confined: true,
-            ..Default::default()
-        },
-    );
-    let mut child = cmd
-        .spawn()
-        .map_err(|e| Error::io("starting bubblewrap", e))?;
-    let pid = child
-        .id()
-        .ok_or_else(|| Error::new(ErrorKind::Backend, "bubblewrap exited at once"))?;
-    // Recorded until it is reaped (`crate::groups`).
-    let groups = dir.groups();
-    let leader = groups.add(pid as i32)?;
-    let init = crate::namespace::find_init(pid).await;
-    // Reap bubblewrap whenever it ends (destroy or reset kills it).
-    tokio::spawn(async move {
-        if child.wait().await.is_ok() {
-            if let Some(leader) = leader {
-                groups.leader_reaped(&leader);
-            }
-        }
-    });
-    let init = init?;
-    if tools.owner.is_some() {
-        crate::namespace::attach_workspace(tools, init, dir)?;
-    }
-    if meta.spec.network == sandcell::Network::Full {
-        meta.net_link = Some(blocking(move || crate::network::attach(init)).await?);
-    }
-    meta.ns_init = Some(init);
-    meta.ns_init_start = crate::namespace::start_time(init);
-    meta.ns_user = crate::namespace::has_own_user_ns(init);
-    let written = dir.write_meta(meta);
-    if written.is_err() {
-        // Unrecorded, the veth would be left to the kernel and the host's rules to the
-        // next sandbox's destroy.
-        if let Some(link) = meta.net_link.take() {
-            crate::network::detach(&link);
-        }
-    }
-    written
 }

@@ -12,7 +12,7 @@
 //!   `connect` to `127.0.0.1:port` only (Landlock's rules know ports, not addresses).
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::path::Path;
 
 use sandcell::egress::{Allowlist, EgressProxy, ServedProxies};
@@ -22,13 +22,14 @@ use sandcell::{Error, Network, Result, SandboxId};
 const NAMESPACE_PORT: u16 = 3128;
 
 /// Where a sandbox's listener is.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug)]
 pub(crate) enum Listener<'a> {
     /// In the network namespace of `init` (entered through its user namespace when
     /// `join_user_ns`), at [`NAMESPACE_PORT`]; `noop` is the program the helper that
-    /// opens it execs when done.
+    /// opens it execs when done. Held, `init` cannot be another process by the time
+    /// its namespaces are opened.
     Namespace {
-        init: i32,
+        init: crate::pinned::PinnedInit,
         join_user_ns: bool,
         noop: &'a Path,
     },
@@ -46,16 +47,15 @@ impl Listener<'_> {
     }
 
     fn open(&self) -> std::io::Result<TcpListener> {
-        match *self {
+        match self {
             Listener::Namespace {
                 init,
                 join_user_ns,
                 noop,
             } => {
-                let open = |kind: &str| {
-                    std::fs::File::open(format!("/proc/{init}/ns/{kind}")).map(OwnedFd::from)
-                };
-                let user_ns = if join_user_ns {
+                let open =
+                    |kind: &str| init.open_at(&format!("ns/{kind}"), rustix::fs::OFlags::RDONLY);
+                let user_ns = if *join_user_ns {
                     Some(open("user")?)
                 } else {
                     None
@@ -64,7 +64,7 @@ impl Listener<'_> {
                 crate::sys::listen_in_namespace(user_ns.as_ref(), &net_ns, NAMESPACE_PORT, noop)
             }
             Listener::HostPort(port) => {
-                TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, port)))
+                TcpListener::bind(SocketAddr::from((Ipv4Addr::LOCALHOST, *port)))
             }
         }
     }

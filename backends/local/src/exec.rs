@@ -12,6 +12,7 @@ use sandcell::{
 
 use super::LocalBackend;
 use crate::config::Isolation;
+use crate::pinned::PinnedInit;
 use crate::process::{self, Launch, DEFAULT_PATH};
 use crate::sys::SocketFilter;
 
@@ -64,8 +65,13 @@ impl LocalBackend {
         }
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());
-        if let Some(init) = meta.ns_init {
-            crate::namespace::check_init(id, init, meta.ns_init_start)?;
+        // Held from here until the command's wrapper is reaped: everything below
+        // reaches the namespaces through it, never through the recorded pid.
+        let init = match meta.ns_init {
+            Some(pid) => Some(PinnedInit::pin(id, pid, meta.ns_init_start)?),
+            None => None,
+        };
+        if let Some(init) = &init {
             let rel = cwd.strip_prefix(dir.workspace()).unwrap_or(Path::new(""));
             let rel = SandboxPath::new(&rel.to_string_lossy())?;
             crate::namespace::program_exists(init, &argv[0], &rel)?;
@@ -108,15 +114,13 @@ impl LocalBackend {
             (_, None) => SocketFilter::NoNetwork,
         };
         let process = process::spawn(Launch {
-            wrapped: meta.ns_init.is_some(),
+            ptmx: init.as_ref().map(|init| init.path("root/dev/pts/ptmx")),
+            wrapped: init,
             argv,
             env,
             cwd,
             stdin: request.stdin,
             terminal: request.pty,
-            ptmx: meta
-                .ns_init
-                .map(|init| PathBuf::from(format!("/proc/{init}/root/dev/pts/ptmx"))),
             timeout: request.timeout.or(meta.spec.command_timeout),
             grace: self.inner.grace,
             setup: crate::child::ChildSetup {

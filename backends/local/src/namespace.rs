@@ -20,6 +20,7 @@ use sandcell::{Error, ErrorKind, Network, Result, SandboxPath};
 
 use crate::layout::SandboxDir;
 use crate::owner::SandboxOwner;
+use crate::pinned::PinnedInit;
 use crate::process::DEFAULT_PATH;
 
 /// Where the workspace appears inside the namespaces.
@@ -222,24 +223,31 @@ pub(crate) fn init_command(
     Ok(cmd)
 }
 
-/// The host pid of the idle `sleep infinity` inside the finished namespaces. Joining
-/// bubblewrap's own child instead would race its setup (it is still building the new
-/// root before `pivot_root`), so this waits for the command it runs last.
-pub(crate) async fn find_init(bwrap_pid: u32) -> Result<i32> {
+/// The idle `sleep infinity` inside the finished namespaces, held (see
+/// [`PinnedInit`]). Joining bubblewrap's own child instead would race its setup (it is
+/// still building the new root before `pivot_root`), so this waits for the command it
+/// runs last. Each process looked at is held first, and counts as a child only if its
+/// parent is still running after that: a pid reused meanwhile is never taken for the
+/// init.
+pub(crate) async fn find_init(bwrap_pid: u32) -> Result<PinnedInit> {
+    let bwrap = i32::try_from(bwrap_pid).unwrap_or(0);
     for _ in 0..400 {
-        let mut queue = vec![bwrap_pid.to_string()];
-        while let Some(pid) = queue.pop() {
-            if std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| c == b"sleep\x00infinity\x00")
-            {
-                if let Ok(pid) = pid.parse() {
-                    return Ok(pid);
+        let mut queue: Vec<PinnedInit> = PinnedInit::open(bwrap)?.into_iter().collect();
+        while let Some(parent) = queue.pop() {
+            for pid in parent.children() {
+                let Some(child) = PinnedInit::open(pid)? else {
+                    continue;
+                };
+                if child.parent() != Some(parent.pid()) || !parent.is_running() {
+                    continue;
                 }
-            }
-            if let Ok(children) =
-                std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
-            {
-                queue.extend(children.split_whitespace().map(str::to_owned));
+                if child
+                    .cmdline()
+                    .is_some_and(|c| c == b"sleep\x00infinity\x00")
+                {
+                    return Ok(child);
+                }
+                queue.push(child);
             }
         }
         tokio::time::sleep(Duration::from_millis(5)).await;
@@ -250,43 +258,14 @@ pub(crate) async fn find_init(bwrap_pid: u32) -> Result<i32> {
     ))
 }
 
-/// When process `pid` started, in clock ticks after boot (`/proc/<pid>/stat`, field
-/// 22): with the pid, a process's identity, since a pid is reused only after its
-/// process is gone.
-pub(crate) fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name, in parentheses, may hold spaces and parentheses itself.
-    let after_name = &stat[stat.rfind(')')? + 1..];
-    after_name.split_whitespace().nth(19)?.parse().ok()
-}
-
-/// Checks that `init` is still the namespaces' idle process recorded at `start`: a
-/// sandbox can end its own, and a process of another sandbox may then get its pid
-/// (ADVERSARIAL 47). A sandbox without a recorded start was made by an older version.
-pub(crate) fn check_init(id: &sandcell::SandboxId, init: i32, start: Option<u64>) -> Result<()> {
-    match start {
-        Some(start) if start_time(init) == Some(start) => Ok(()),
-        Some(_) => Err(Error::new(
-            ErrorKind::InvalidState,
-            format!("the namespaces of sandbox {id} are gone (ended from inside, or the host restarted); reset it"),
-        )),
-        None => Err(Error::new(
-            ErrorKind::InvalidState,
-            format!("the namespaces of sandbox {id} were made by an older version of sandcell; reset it"),
-        )),
-    }
-}
-
-/// Whether `init` has a user namespace of its own to join. Bubblewrap running as root
-/// may share ours, and joining one's own user namespace again fails.
-pub(crate) fn has_own_user_ns(init: i32) -> bool {
-    let own = std::fs::read_link("/proc/self/ns/user").ok();
-    let theirs = std::fs::read_link(format!("/proc/{init}/ns/user")).ok();
-    own != theirs
-}
-
 /// `argv` wrapped so it runs inside the namespaces of `init`, in `cwd`, with `env` as
 /// its whole environment.
+///
+/// `nsenter` opens the namespaces through `init`'s `/proc` directory, held by this
+/// process (see [`PinnedInit`]), never through a pid: `init` must be held until it has
+/// (the command's leader is `nsenter`, so until the leader is reaped). Should the init
+/// have ended meanwhile, `nsenter` finds nothing to open and fails; it cannot enter the
+/// namespaces of a process given the init's pid since.
 ///
 /// The helpers in front of the command (`nsenter`, which starts on the host with every
 /// capability, then `setpriv` and `setsid`) are started with the environment the
@@ -298,7 +277,7 @@ pub(crate) fn has_own_user_ns(init: i32) -> bool {
 /// Fails for a program whose name holds `=`, which `env` would take for a variable.
 pub(crate) fn enter(
     tools: &Tools,
-    init: i32,
+    init: &PinnedInit,
     join_user_ns: bool,
     cwd: &SandboxPath,
     terminal: bool,
@@ -316,20 +295,21 @@ pub(crate) fn enter(
     } else {
         format!("{WORKSPACE}/{cwd}")
     };
-    let mut out = vec![
-        tools.nsenter.display().to_string(),
-        format!("--target={init}"),
-    ];
+    let mut out = vec![tools.nsenter.display().to_string()];
     if join_user_ns {
-        out.push("--user".into());
+        out.push(format!("--user={}", init.child_path("ns/user")));
     }
-    out.extend([
-        "--mount".into(),
-        "--uts".into(),
-        "--ipc".into(),
-        "--net".into(),
-        "--pid".into(),
-    ]);
+    // The namespaces `--target` would join (the cgroup namespace stays the host's, as
+    // it always has: each command has a cgroup of its own there).
+    for (option, ns) in [
+        ("--mount", "mnt"),
+        ("--uts", "uts"),
+        ("--ipc", "ipc"),
+        ("--net", "net"),
+        ("--pid", "pid"),
+    ] {
+        out.push(format!("{option}={}", init.child_path(&format!("ns/{ns}"))));
+    }
     if tools.owner.is_none() || !join_user_ns {
         // An unprivileged process keeps its credentials (it could not set others);
         // root becomes the owner, the user namespace's root.
@@ -378,14 +358,11 @@ pub(crate) fn host_env() -> BTreeMap<String, String> {
 /// Looked up in the sandbox's own view of the file system (its root, with symlinks
 /// resolved inside it), never the host's: otherwise whether `/root/.bashrc` exists on
 /// the host would show in the answer (ADVERSARIAL 41).
-pub(crate) fn program_exists(init: i32, program: &str, cwd: &SandboxPath) -> Result<()> {
+pub(crate) fn program_exists(init: &PinnedInit, program: &str, cwd: &SandboxPath) -> Result<()> {
     use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
-    let root = rustix::fs::open(
-        format!("/proc/{init}/root"),
-        OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )
-    .map_err(|e| Error::io("opening the sandbox's root", e.into()))?;
+    let root = init
+        .open_at("root", OFlags::PATH | OFlags::DIRECTORY)
+        .map_err(|e| Error::io("opening the sandbox's root", e))?;
     let is_file = |path: &str| {
         rustix::fs::openat2(
             &root,
@@ -425,7 +402,7 @@ pub(crate) fn program_exists(init: i32, program: &str, cwd: &SandboxPath) -> Res
 /// detached copy of the host's mount, `nosuid` and `nodev`, moved in by a short-lived
 /// child that joins the namespaces' mount namespace. The child execs `noop` when
 /// done, having made plain system calls only on descriptors opened before it existed.
-pub(crate) fn attach_workspace(tools: &Tools, init: i32, dir: &SandboxDir) -> Result<()> {
+pub(crate) fn attach_workspace(tools: &Tools, init: &PinnedInit, dir: &SandboxDir) -> Result<()> {
     use rustix::mount::OpenTreeFlags;
     let failed = |step: &str, e: std::io::Error| {
         Error::io(
@@ -447,7 +424,8 @@ pub(crate) fn attach_workspace(tools: &Tools, init: i32, dir: &SandboxDir) -> Re
     };
     let workspace = tree(&dir.workspace())?;
     let tmp = tree(&dir.tmp())?;
-    let mnt_ns = std::fs::File::open(format!("/proc/{init}/ns/mnt"))
+    let mnt_ns = init
+        .open_at("ns/mnt", rustix::fs::OFlags::RDONLY)
         .map_err(|e| failed("opening the mount namespace", e))?;
     let status = crate::owner::move_into_namespace(
         &tools.noop,
@@ -462,4 +440,70 @@ pub(crate) fn attach_workspace(tools: &Tools, init: i32, dir: &SandboxDir) -> Re
         ));
     }
     Ok(())
+}
+
+/// Starts the sandbox's namespaces (bubblewrap, idling) inside its cgroup and records
+/// their init, which everything after this step reaches through a [`PinnedInit`].
+pub(crate) async fn start(
+    tools: &Tools,
+    dir: &SandboxDir,
+    meta: &mut crate::layout::SandboxMeta,
+) -> Result<()> {
+    let mut cmd = init_command(tools, dir, &meta.spec.network)?;
+    let cgroup_procs = match &meta.cgroups {
+        Some(cg) => cg.join_fds()?,
+        None => Vec::new(),
+    };
+    crate::child::before_exec(
+        &mut cmd,
+        crate::child::ChildSetup {
+            cgroup_procs,
+            landlock: None,
+            max_file_bytes: None,
+            run_as: tools.owner.as_ref().map(|owner| (owner.uid, owner.gid)),
+            // Its pid 1 and idle process are the sandbox's too (it can trace them).
+            confined: true,
+            ..Default::default()
+        },
+    );
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| Error::io("starting bubblewrap", e))?;
+    let pid = child
+        .id()
+        .ok_or_else(|| Error::new(ErrorKind::Backend, "bubblewrap exited at once"))?;
+    // Recorded until it is reaped (`crate::groups`).
+    let groups = dir.groups();
+    let leader = groups.add(pid as i32)?;
+    let init = find_init(pid).await;
+    // Reap bubblewrap whenever it ends (destroy or reset kills it).
+    tokio::spawn(async move {
+        if child.wait().await.is_ok() {
+            if let Some(leader) = leader {
+                groups.leader_reaped(&leader);
+            }
+        }
+    });
+    let init = init?;
+    if tools.owner.is_some() {
+        attach_workspace(tools, &init, dir)?;
+    }
+    if meta.spec.network == Network::Full {
+        // A path through `init`, which stays held until the helpers are done.
+        let netns = init.child_path("ns/net");
+        meta.net_link =
+            Some(crate::backend::blocking(move || crate::network::attach(&netns)).await?);
+    }
+    meta.ns_init = Some(init.pid());
+    meta.ns_init_start = Some(init.start());
+    meta.ns_user = init.has_own_user_ns();
+    let written = dir.write_meta(meta);
+    if written.is_err() {
+        // Unrecorded, the veth would be left to the kernel and the host's rules to the
+        // next sandbox's destroy.
+        if let Some(link) = meta.net_link.take() {
+            crate::network::detach(&link);
+        }
+    }
+    written
 }

@@ -154,23 +154,26 @@ fn lock() -> Result<NetLock> {
     Ok(NetLock { _file: file })
 }
 
-/// Gives the namespaces of `init` (which has a network namespace of its own, with only
-/// loopback in it) a veth to the host; returns the host-side end as `name@ifindex`, to
-/// give [`detach`] at destroy or reset. Leaves nothing behind when it fails.
-pub(crate) fn attach(init: i32) -> Result<String> {
+/// Gives the network namespace at `netns` (a sandbox's own, with only loopback in it)
+/// a veth to the host; returns the host-side end as `name@ifindex`, to give [`detach`]
+/// at destroy or reset. Leaves nothing behind when it fails.
+///
+/// `netns` is a path through the sandbox's held init (see `crate::pinned`), never
+/// `/proc/<pid>`, which could name another process's namespace by the time `ip` opens
+/// it.
+pub(crate) fn attach(netns: &str) -> Result<String> {
     let tools = tools()?;
     let _lock = lock()?;
     ensure_host(&tools)?;
     let index = free_index(&tools)?;
     let name = format!("{PREFIX}{index}");
     let (host, sandbox) = addresses(index);
-    let netns = format!("/proc/{init}/ns/net");
     let result = (|| {
         run(
             &tools.ip,
             &["-batch", "-"],
             Some(&format!(
-                "link add {name} type veth peer name eth0 netns {init}\n\
+                "link add {name} type veth peer name eth0 netns {netns}\n\
                  addr add {host}/31 dev {name}\n\
                  link set {name} up\n"
             )),

@@ -28,9 +28,10 @@ pub(crate) const DEFAULT_PATH: &str =
 /// Everything needed to start one command.
 #[derive(Debug)]
 pub(crate) struct Launch {
-    /// Whether the group leader is a wrapper (`nsenter`) around the command, which
-    /// signals must pass by: it would die of them instead of reporting the command's exit.
-    pub(crate) wrapped: bool,
+    /// The sandbox's init when the leader is a wrapper (`nsenter`) around the command:
+    /// signals must pass the wrapper by (it would die of them rather than report the
+    /// command's exit), and it enters through the init, held until it is reaped.
+    pub(crate) wrapped: Option<crate::pinned::PinnedInit>,
     pub(crate) argv: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: PathBuf,
@@ -73,7 +74,7 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
             // takes the terminal inside (see `namespace::enter`) and the wrapper stays
             // without one.
             launch.setup.new_session = true;
-            launch.setup.controlling_terminal = !launch.wrapped;
+            launch.setup.controlling_terminal = launch.wrapped.is_none();
             (Some(terminal), None, [dup(&slave)?, dup(&slave)?, slave])
         }
         None => {
@@ -191,13 +192,15 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
     let (kill_tx, kill_rx) = mpsc::channel::<()>(1);
     let (status_tx, status_rx) = watch::channel::<Option<Result<ExitStatus, String>>>(None);
 
-    let wrapped_session = launch.wrapped && terminal.is_some();
+    let wrapped = launch.wrapped.is_some();
+    let wrapped_session = wrapped && terminal.is_some();
     tokio::spawn(supervise(
         child,
         Tree {
             pgid,
             subreaper,
             wrapped_session,
+            _init: launch.wrapped,
             cgroup: launch.cgroup.map(std::sync::Arc::new),
             recorded,
         },
@@ -212,7 +215,7 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
         kill: kill_tx,
         status: status_rx,
         pgid,
-        wrapped: launch.wrapped,
+        wrapped,
         terminal,
     };
     Ok(sandcell::raw::process(
@@ -282,6 +285,8 @@ struct Tree {
     /// Whether the leader is a wrapper whose command runs in a session of its own (a
     /// terminal inside the namespaces): its jobs are in groups of their own.
     wrapped_session: bool,
+    /// What the wrapper enters through, held until it is reaped ([`Launch::wrapped`]).
+    _init: Option<crate::pinned::PinnedInit>,
     cgroup: Option<std::sync::Arc<crate::cgroup::CommandCgroup>>,
     /// The group's entry where the sandbox records its groups, forgotten once the
     /// leader is reaped.

@@ -209,3 +209,24 @@ pub(crate) static NO_KEYRING: [libc::sock_filter; 16] = {
         /* 15 */ stmt(RET, REFUSE),
     ]
 };
+
+/// Refuses the calling process, and everything it starts from then on, the kernel's
+/// keyrings and the ioctls that type into a terminal (`TIOCSTI`, `TIOCLINUX`), as a
+/// confined sandbox's commands are refused them (ADVERSARIAL 37, 43). For a program
+/// that serves a sandbox it is itself inside, at `Isolation::None`: the Docker
+/// backend's in-container agent, whose engine's own seccomp profile may allow them
+/// (Podman's allows `keyctl`, and with it the user keyring the container's uid shares
+/// with the host's processes of that uid).
+///
+/// Sets no-new-privileges. Call it before starting any thread: a filter binds the
+/// calling thread and what it starts afterwards.
+pub fn confine_this_process() -> sandcell::Result<()> {
+    rustix::thread::set_no_new_privs(true)
+        .map_err(|e| sandcell::Error::io("setting no-new-privileges", e.into()))?;
+    for filter in [&NO_TERMINAL_INJECTION[..], &NO_KEYRING[..]] {
+        // SAFETY: a static filter, no-new-privileges set above.
+        unsafe { install(filter) }
+            .map_err(|e| sandcell::Error::io("installing a seccomp filter", e))?;
+    }
+    Ok(())
+}

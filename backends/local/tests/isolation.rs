@@ -432,3 +432,64 @@ async fn namespaced_background_processes_live_until_destroy() {
     assert_eq!(sleepers(&info), 0, "destroy ends everything, setsid or not");
     assert!(!std::path::Path::new(&info.details["cgroup"]).exists());
 }
+
+/// Every command enters all of its sandbox's namespaces, none of the host's; once the
+/// namespaces' init has ended (a sandbox can end it from inside, and its pid may then
+/// be any process's), a command is refused with `InvalidState` before anything starts,
+/// with or without a terminal, and destroy still cleans up (ADVERSARIAL 47).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commands_enter_only_their_own_sandbox_s_namespaces() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(backend) = namespaces_backend(root.path()) else {
+        return;
+    };
+    let backend = &backend;
+    conformance::with_sandbox(backend, SandboxSpec::default(), |id| async move {
+        let kinds = ["mnt", "pid", "net", "ipc", "uts", "user"];
+        let script = kinds
+            .map(|ns| format!("readlink /proc/self/ns/{ns}"))
+            .join("; ");
+        let out = backend.run_shell(&id, &script).await.unwrap();
+        assert!(out.success(), "{out:?}");
+        let inside: Vec<String> = out.stdout_str().lines().map(str::to_owned).collect();
+        assert_eq!(inside.len(), kinds.len(), "{out:?}");
+        for (ns, inside) in kinds.iter().zip(&inside) {
+            let host = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
+            assert_ne!(
+                host.to_string_lossy(),
+                inside.as_str(),
+                "a command is in the host's {ns} namespace"
+            );
+        }
+
+        // The init: the idle process in the sandbox's cgroup.
+        let info = backend.inspect(&id).await.unwrap();
+        let cgroup = std::path::Path::new(&info.details["cgroup"]).join("cgroup.procs");
+        let init: i32 = std::fs::read_to_string(cgroup)
+            .unwrap()
+            .lines()
+            .filter_map(|pid| pid.parse().ok())
+            .find(|pid: &i32| {
+                std::fs::read(format!("/proc/{pid}/cmdline"))
+                    .is_ok_and(|c| c == b"sleep\x00infinity\x00")
+            })
+            .expect("the namespaces' idle process is in the sandbox's cgroup");
+        rustix::process::kill_process(
+            rustix::process::Pid::from_raw(init).unwrap(),
+            rustix::process::Signal::KILL,
+        )
+        .unwrap();
+        assert!(
+            common::eventually(|| common::state(init).is_none_or(|s| s == 'Z')).await,
+            "the init ended"
+        );
+        for request in [
+            sandcell::ExecRequest::new(["true"]),
+            sandcell::ExecRequest::new(["sh"]).pty(sandcell::TerminalSize::new(24, 80)),
+        ] {
+            let refused = backend.exec(&id, request).await.map(|_| ()).unwrap_err();
+            assert_eq!(refused.kind(), ErrorKind::InvalidState, "{refused}");
+        }
+    })
+    .await;
+}

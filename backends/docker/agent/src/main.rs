@@ -95,6 +95,10 @@ fn serve(
     stdio: bool,
     egress: Option<&str>,
 ) -> Result<(), String> {
+    // Before the runtime's threads exist, so they and every command inherit it: the
+    // engine's seccomp profile may let a container use the kernel's keyrings or type
+    // into a terminal (Podman's allows `keyctl`); a sandbox's commands may do neither.
+    sandcell_local::confine_this_process().map_err(|e| format!("confining the agent: {e}"))?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
