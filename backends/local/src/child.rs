@@ -39,7 +39,7 @@ pub(crate) struct ChildSetup {
     /// sandbox's namespaces, which needs them and drops them itself.
     pub(crate) drop_capabilities: bool,
     /// Become this uid and gid, with no supplementary groups, before the exec: the
-    /// owner of a root backend's namespaced sandboxes (see [`crate::owner`]).
+    /// owner of a root backend's sandboxes (see [`crate::owner`]).
     pub(crate) run_as: Option<(u32, u32)>,
 }
 

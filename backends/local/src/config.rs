@@ -108,12 +108,14 @@ pub struct LocalConfig {
     /// proxy refuses private addresses whatever the rules (ADVERSARIAL 38). Loopback,
     /// link-local and the host's own addresses are refused either way.
     pub egress_private_ranges: bool,
-    /// At `Isolation::Namespaces` when the backend runs as root: the unprivileged host
-    /// uid (and gid) that owns every sandbox's files and runs its processes, which see
-    /// it as their root.
+    /// At `Isolation::Landlock` and `Isolation::Namespaces` when the backend runs as
+    /// root: the unprivileged host uid (and gid) that owns every sandbox's files and
+    /// runs its processes (which, at `Namespaces`, see it as their root). At
+    /// `Landlock` it must be able to reach the backend's root (see
+    /// [`LocalBackendBuilder::build`]).
     /// Default 1000000000, past the subordinate id ranges a distribution hands out;
     /// must not be 0. Unused otherwise: an unprivileged backend's sandboxes are its
-    /// own user.
+    /// own user, and at `Isolation::None` a root backend's commands are root.
     pub sandbox_uid: u32,
 }
 
@@ -178,8 +180,8 @@ impl LocalBackendBuilder {
         self
     }
 
-    /// Sets the unprivileged uid (and gid) that owns and runs namespaced sandboxes
-    /// when the backend runs as root ([`LocalConfig::sandbox_uid`]).
+    /// Sets the unprivileged uid (and gid) that owns and runs sandboxes when the
+    /// backend runs as root ([`LocalConfig::sandbox_uid`]).
     pub fn sandbox_uid(mut self, uid: u32) -> Self {
         self.config.sandbox_uid = uid;
         self
@@ -234,6 +236,13 @@ impl LocalBackendBuilder {
 
     /// Validates everything and creates the root directory (`0700`), refusing one that
     /// another user could change ([`LocalConfig::root`]).
+    ///
+    /// A root backend at `Isolation::Landlock` runs commands as
+    /// [`LocalConfig::sandbox_uid`], which reaches its workspace by host path: the root
+    /// and its `sandboxes/` are then `0710` with that uid's group (no other user may
+    /// pass), and a root it cannot reach, beneath a directory it may not search (such
+    /// as `/root`, or a `0700` temporary directory), fails with
+    /// `ErrorKind::PermissionDenied` naming that directory.
     pub fn build(self) -> Result<LocalBackend> {
         let mut config = self.config;
         let mut probed = crate::backend::Probed {
@@ -242,15 +251,7 @@ impl LocalBackendBuilder {
         };
         match config.isolation {
             Isolation::None => {}
-            Isolation::Landlock => {
-                probed.landlock_abi = Some(crate::landlock::abi()?);
-                // Root keeps its uid at this level: what only root may read is hidden.
-                let mut hidden = config.hidden.clone();
-                if rustix::process::geteuid().is_root() {
-                    hidden.extend(crate::landlock::not_world_readable(&config.readable));
-                }
-                probed.read_rules = crate::landlock::ReadRules::new(&config.readable, &hidden);
-            }
+            Isolation::Landlock => probed.landlock_abi = Some(crate::landlock::abi()?),
             Isolation::Namespaces => {
                 probed.namespace_tools = Some(crate::namespace::probe(
                     &config.hidden,
@@ -278,6 +279,21 @@ impl LocalBackendBuilder {
         }
         for (name, dir) in config.templates.iter_mut() {
             validate_template(name, dir)?;
+        }
+        if config.isolation == Isolation::Landlock {
+            // Commands reach their workspaces by host path, as the owner where there
+            // is one (`crate::root_dir`).
+            if let Some(owner) = &probed.owner {
+                crate::root_dir::open_to_owner(&config.root, owner)?;
+            }
+            // No read rule reaches into the root, where other sandboxes live, even
+            // one beneath a readable directory: its own workspace and tmp are granted
+            // by their own rules. (What other users may not read beneath the readable
+            // directories, the kernel keeps from a root backend's commands, which run
+            // as the owner: no list of such files is needed.)
+            let mut hidden = config.hidden.clone();
+            hidden.push(config.root.clone());
+            probed.read_rules = crate::landlock::ReadRules::new(&config.readable, &hidden);
         }
         Ok(LocalBackend::from_config(config, probed))
     }

@@ -70,63 +70,6 @@ pub const SYSTEM_HIDDEN: &[&str] = &[
     "/etc/krb5.keytab",
 ];
 
-/// Where [`not_world_readable`] looks: the configuration and add-on trees a root
-/// service keeps its secrets in (an engine's key, a server's tenants file). The
-/// programs and libraries beneath `/usr`, `/bin` and `/lib` are world-readable by
-/// convention, and `/proc` is the sandbox's own view.
-const SCANNED_FOR_ROOT_ONLY: &[&str] = &["/etc", "/opt"];
-
-/// How many entries [`not_world_readable`] looks at, at most, per tree: the walk runs
-/// at every `build`, and a tree past this is a sign of something unusual under `/opt`.
-const MAX_SCANNED: usize = 50_000;
-
-/// Entries beneath the scanned trees of `readable` that other users may not read: files
-/// without the "others may read" bit and directories without "others may read and
-/// search". A root backend's commands at `Isolation::Landlock` keep root's uid (without
-/// any capability), and as the owner of a root-only file root reads it whatever its
-/// mode: hiding these from the ruleset leaves such a sandbox what an unprivileged user
-/// could read there. Worked out when the backend is built, so a file made later is not
-/// covered; a tree larger than [`MAX_SCANNED`] entries is covered up to that many.
-pub(crate) fn not_world_readable(readable: &[PathBuf]) -> Vec<PathBuf> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut hidden = Vec::new();
-    for top in SCANNED_FOR_ROOT_ONLY.iter().map(Path::new) {
-        if !readable.iter().any(|r| top.starts_with(r)) {
-            continue;
-        }
-        let mut seen = 0;
-        let mut pending = vec![top.to_path_buf()];
-        while let Some(dir) = pending.pop() {
-            let Ok(entries) = std::fs::read_dir(&dir) else {
-                continue;
-            };
-            for entry in entries.flatten() {
-                seen += 1;
-                if seen > MAX_SCANNED {
-                    tracing::warn!(tree = %top.display(), "stopped looking for root-only files after {MAX_SCANNED} entries");
-                    pending.clear();
-                    break;
-                }
-                // A link is judged where it points, by the rules' own resolution.
-                let Ok(meta) = std::fs::symlink_metadata(entry.path()) else {
-                    continue;
-                };
-                let mode = meta.permissions().mode();
-                if meta.is_dir() {
-                    if mode & 0o005 != 0o005 {
-                        hidden.push(entry.path());
-                    } else {
-                        pending.push(entry.path());
-                    }
-                } else if meta.is_file() && mode & 0o004 == 0 {
-                    hidden.push(entry.path());
-                }
-            }
-        }
-    }
-    hidden
-}
-
 /// The kernel's Landlock ABI version, or why there is none.
 pub(crate) fn abi() -> Result<u32> {
     sys::landlock_abi().map_err(|errno| {

@@ -99,12 +99,16 @@ pub(crate) fn lock(root: &Path) -> Result<LayersLock> {
     let dir = layers_dir(root);
     let path = dir.join(".lock");
     let file = match open_lock_file(&path) {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => fs::create_dir_all(&dir)
-            .map_err(|e| Error::io(format_args!("creating {}", dir.display()), e))
-            .and_then(|()| {
-                open_lock_file(&path)
-                    .map_err(|e| Error::io(format_args!("opening {}", path.display()), e))
-            }),
+        // Only this process and the overlays it mounts (as root) read the layers: no
+        // sandbox owner may list or open them (`crate::root_dir`).
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            sandcell::raw::private_dir::create_private_dir_all(&dir)
+                .map_err(|e| Error::io(format_args!("creating {}", dir.display()), e))
+                .and_then(|()| {
+                    open_lock_file(&path)
+                        .map_err(|e| Error::io(format_args!("opening {}", path.display()), e))
+                })
+        }
         opened => opened.map_err(|e| Error::io(format_args!("opening {}", path.display()), e)),
     }?;
     rustix::fs::flock(&file, FlockOperation::LockExclusive)

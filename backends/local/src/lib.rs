@@ -32,6 +32,10 @@
 //!   `/etc/shadow`), cannot mount (so read-only mounts hold), and without a network
 //!   cannot open network sockets, the host's loopback included. A kernel without
 //!   Landlock fails `build()` with an error naming what is missing and the opt-out.
+//!   When the backend runs as root, commands run as an unprivileged owner uid
+//!   ([`LocalConfig::sandbox_uid`]) with no capability, so what other users may not
+//!   read (root-only files anywhere) they may not either; their workspace, its
+//!   template and host mounts are theirs through idmapped views, as at `Namespaces`.
 //! - [`Isolation::None`], the explicit opt-out: trust-based; processes run as the caller
 //!   with a clean environment, in their own process group and cgroup, and can read
 //!   and write whatever the caller can.
@@ -84,6 +88,7 @@ mod owner;
 mod pinned;
 mod process;
 mod quota;
+mod root_dir;
 mod seccomp;
 mod spawn;
 mod sys;

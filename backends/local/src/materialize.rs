@@ -14,7 +14,7 @@ use crate::owner::SandboxOwner;
 /// Creates the sandbox's workspace from `template` and returns the strategy used
 /// ("overlay" or "copy").
 ///
-/// With an `owner` (a root backend's namespaced sandboxes), the workspace is the
+/// With an `owner` (a root backend's sandboxes), the workspace is the
 /// owner's: an overlay's upper layer is, and its template is seen through an idmapped
 /// view; a copy is given to it.
 pub(crate) fn materialize(

@@ -1,14 +1,22 @@
-//! Who a namespaced sandbox is on the host when the backend runs as root: an
-//! unprivileged uid and gid that own its files and run its processes, the user
-//! namespace that maps the sandbox's root to them, and idmapped views that show the
-//! root-owned trees a sandbox is given (its template, its host mounts) as its own.
+//! Who a root backend's sandbox is on the host: an unprivileged uid and gid that own
+//! its files and run its processes, at `Isolation::Landlock` and `Isolation::Namespaces`
+//! alike; at `Namespaces`, the user namespace that maps the sandbox's root to them; and
+//! the idmapped views that show the root-owned trees a sandbox is given (its template,
+//! its host mounts) as its own.
 //!
-//! Without this a sandbox's root would be the host's root, and every root-owned file
-//! under the system directories it sees (`/etc`, `/opt`) readable by it (ADVERSARIAL
-//! 37). With it, the sandbox's processes are the owner's uid, with no capability in the
-//! host's user namespace; the files the host writes for the sandbox (uploads, imports,
-//! copies) are made as the owner too, on the thread that writes them
-//! ([`SandboxOwner::assume`]), so the sandbox can change them and nothing else.
+//! Without this a sandbox's processes would be the host's root (without capabilities,
+//! but still the owner of every root-owned file), and every root-only file under the
+//! system directories they may read (`/etc`, `/opt`, `/usr`) readable by them
+//! (ADVERSARIAL 37). With it, the sandbox's processes are the owner's uid, with no
+//! capability in the host's user namespace, and the kernel's own permission checks
+//! keep them out of what other users may not read; the files the host writes for the
+//! sandbox (uploads, imports, copies) are made as the owner too, on the thread that
+//! writes them ([`SandboxOwner::assume`]), so the sandbox can change them and nothing
+//! else.
+//!
+//! Every sandbox of a backend has the same owner: what keeps one sandbox out of
+//! another's files is its namespaces (`Namespaces`) or its Landlock ruleset
+//! (`Landlock`), not the uid.
 
 #![allow(unsafe_code)]
 
@@ -23,7 +31,7 @@ use sandcell::{Error, Result};
 /// account's containers share it.
 pub(crate) const DEFAULT_ID: u32 = 1_000_000_000;
 
-/// The owner of a root backend's namespaced sandboxes.
+/// The owner of a root backend's sandboxes.
 #[derive(Debug)]
 pub(crate) struct SandboxOwner {
     pub(crate) uid: u32,
@@ -36,39 +44,67 @@ pub(crate) struct SandboxOwner {
 }
 
 impl SandboxOwner {
-    /// The owner a backend at `isolation` needs: one at `Isolation::Namespaces` when
-    /// this process is root (`uid` for both ids), none otherwise. (At `Landlock` a
-    /// command reaches its workspace by host path, through directories a private root
-    /// keeps to root: its commands stay root's uid, with no capability.)
+    /// The owner a backend at `isolation` needs: one at `Isolation::Landlock` and
+    /// `Isolation::Namespaces` when this process is root (`uid` for both ids), none
+    /// otherwise (an unprivileged backend's sandboxes are its own user; at
+    /// `Isolation::None` a root backend's commands are root, as that level says).
+    ///
+    /// At `Namespaces` the user namespaces its views need are made at once, so a host
+    /// without them fails here. At `Landlock` they are made when a view is first
+    /// needed: where they cannot be, an overlay workspace falls back to a copy
+    /// (`WorkspaceStrategy::Auto`) or fails its create, and so does a host mount, but
+    /// commands still run as the owner. There the owner's ids must exist in this
+    /// process's user namespace, or no command could become them.
     pub(crate) fn for_backend(
         isolation: crate::Isolation,
         uid: u32,
     ) -> Result<Option<std::sync::Arc<SandboxOwner>>> {
-        if isolation != crate::Isolation::Namespaces || !rustix::process::geteuid().is_root() {
+        if isolation == crate::Isolation::None || !rustix::process::geteuid().is_root() {
             return Ok(None);
         }
         let sleep = crate::namespace::find("sleep").ok_or_else(|| {
             Error::unsupported("running sandboxes as an unprivileged owner needs `sleep`")
         })?;
-        SandboxOwner::new(uid, uid, &sleep).map(|owner| Some(std::sync::Arc::new(owner)))
+        let owner = if isolation == crate::Isolation::Namespaces {
+            SandboxOwner::new(uid, uid, &sleep)?
+        } else {
+            for (map, id) in [("uid_map", uid), ("gid_map", uid)] {
+                if !id_is_mapped(map, id) {
+                    return Err(Error::unsupported(format!(
+                        "a root backend at Isolation::Landlock runs its sandboxes as uid and \
+                         gid {id}, which this process's user namespace does not map (see \
+                         /proc/self/{map}); set LocalConfig::sandbox_uid to an id it maps \
+                         that no account uses"
+                    )));
+                }
+            }
+            SandboxOwner::unprobed(uid, uid, &sleep)?
+        };
+        Ok(Some(std::sync::Arc::new(owner)))
     }
 
     /// The owner `uid`:`gid`; fails where this host cannot make the user namespaces
     /// its views need.
     pub(crate) fn new(uid: u32, gid: u32, sleep: &Path) -> Result<SandboxOwner> {
+        let owner = SandboxOwner::unprobed(uid, gid, sleep)?;
+        owner.mapping(0, 0)?;
+        Ok(owner)
+    }
+
+    /// The owner `uid`:`gid`, its user namespaces left to be made when a view first
+    /// needs one.
+    fn unprobed(uid: u32, gid: u32, sleep: &Path) -> Result<SandboxOwner> {
         if uid == 0 || gid == 0 {
             return Err(Error::invalid_input(
                 "a sandbox's owner cannot be uid or gid 0: that is the host's root",
             ));
         }
-        let owner = SandboxOwner {
+        Ok(SandboxOwner {
             uid,
             gid,
             sleep: sleep.to_path_buf(),
             mappings: Default::default(),
-        };
-        owner.mapping(0, 0)?;
-        Ok(owner)
+        })
     }
 
     /// The user namespace that maps `from_uid`:`from_gid` to the owner, made by a
@@ -82,7 +118,9 @@ impl SandboxOwner {
         let failed = |e: std::io::Error| {
             Error::unsupported(format!(
                 "making the user namespace that maps a sandbox's root to uid {uid} failed ({e}); \
-                 isolation level Namespaces as root needs user namespaces"
+                 a root backend needs user namespaces for the idmapped views that show a \
+                 sandbox its template and host mounts as its own (at Isolation::Landlock, \
+                 WorkspaceStrategy::Copy needs no view)"
             ))
         };
         let mut cmd = std::process::Command::new(sleep);
@@ -215,6 +253,23 @@ impl SandboxOwner {
         )
         .map_err(|e| failed("move_mount", e))
     }
+}
+
+/// Whether `id` is inside a range of this process's `/proc/self/{map}` (`uid_map` or
+/// `gid_map`): lines of "inside outside count".
+fn id_is_mapped(map: &str, id: u32) -> bool {
+    let Ok(text) = std::fs::read_to_string(format!("/proc/self/{map}")) else {
+        return false;
+    };
+    text.lines().any(|line| {
+        let mut fields = line.split_whitespace().map(str::parse::<u64>);
+        match (fields.next(), fields.next(), fields.next()) {
+            (Some(Ok(inside)), Some(Ok(_)), Some(Ok(count))) => {
+                (inside..inside.saturating_add(count)).contains(&u64::from(id))
+            }
+            _ => false,
+        }
+    })
 }
 
 const MOUNT_ATTR_NOSUID: u64 = 0x0000_0002;

@@ -1,10 +1,11 @@
 //! ADVERSARIAL 37, sandbox identity: at every isolation level that claims a boundary, a
 //! sandbox's process holds no capability and cannot signal a host process, even when
-//! the backend runs as root. At `Isolation::Namespaces` it is never the host's root
-//! either, so root-only files under the system directories it sees stay unreadable,
-//! and its view of its own namespaces names no host path. (At `Landlock` a root
-//! backend's commands keep root's uid; its ruleset hides the root-only files under
-//! `/etc` and `/opt` instead.)
+//! the backend runs as root. When it does, a sandbox's processes are never the host's
+//! root either, at `Landlock` as at `Namespaces`: they run as the backend's owner uid,
+//! so root-only files under the system directories they may read stay unreadable
+//! (made after the backend was built, and under `/usr` too), and what the host writes
+//! for a sandbox and what it makes itself are the owner's on disk. At `Namespaces` its
+//! view of its own namespaces names no host path.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -38,6 +39,9 @@ impl Drop for Secret {
         let _ = std::fs::remove_file(&self.0);
     }
 }
+
+/// The uid and gid a root backend's sandboxes run as by default.
+const OWNER: u32 = 1_000_000_000;
 
 fn backend(root: &Path, isolation: Isolation) -> Option<LocalBackend> {
     common::build_at(LocalBackend::builder().root(root), isolation)
@@ -93,33 +97,48 @@ fn owners_of(dir: &Path, name: &str) -> Vec<u32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sandbox_processes_are_never_host_root() {
-    let in_etc = Secret::place(Path::new("/etc"));
-    let in_opt = Secret::place(&Path::new("/opt").join("sandcell-adversarial-37"));
     let mut checked = 0;
     for isolation in [Isolation::Landlock, Isolation::Namespaces] {
         let root = tempfile::tempdir().unwrap();
         let Some(backend) = backend(root.path(), isolation) else {
             continue;
         };
+        // Made after the backend was built, so nothing it worked out at `build` can
+        // know of them; `/usr` holds programs, not secrets, but nothing stops a host
+        // from putting one there.
+        let secrets = [
+            Secret::place(Path::new("/etc")),
+            Secret::place(&Path::new("/opt").join("sandcell-adversarial-37")),
+            Secret::place(&Path::new("/usr").join("local")),
+        ];
         let root_path = root.path().to_path_buf();
         let in_host_root = rustix::process::geteuid().is_root();
-        let (etc, opt) = (in_etc.0.clone(), in_opt.0.clone());
+        let paths: Vec<PathBuf> = secrets.iter().map(|s| s.0.clone()).collect();
         conformance::with_sandbox(&backend, SandboxSpec::default(), |id| {
             let backend = &backend;
             async move {
-                // At Landlock a root backend's commands keep root's uid (without any
-                // capability), so its ruleset hides what only root may read.
-                let owned = isolation == Isolation::Namespaces;
-                for secret in [&etc, &opt] {
+                // A root backend's sandboxes run as its owner at both levels. Every
+                // breach is listed before the test fails: one hides no other.
+                let owned = in_host_root;
+                let mut breaches = Vec::new();
+                for secret in &paths {
                     let out = backend
                         .run_shell(&id, &format!("cat {}", secret.display()))
                         .await
                         .unwrap();
-                    assert!(
-                        !out.stdout_str().contains("sandcell-host-secret"),
-                        "ADVERSARIAL 37 at {isolation:?}: a sandbox read the root-only {}",
-                        secret.display()
-                    );
+                    if out.stdout_str().contains("sandcell-host-secret") {
+                        breaches.push(format!("it read the root-only {}", secret.display()));
+                    }
+                }
+                if owned && isolation == Isolation::Landlock {
+                    // Without namespaces the command's ids are the host's: the owner's.
+                    let ids = backend.run_shell(&id, "id -u; id -g").await.unwrap();
+                    if ids.stdout_str() != format!("{OWNER}\n{OWNER}\n") {
+                        breaches.push(format!(
+                            "its command's uid and gid are {:?}",
+                            ids.stdout_str()
+                        ));
+                    }
                 }
                 let caps = backend
                     .run_shell(&id, "grep -E '^Cap(Eff|Prm|Bnd|Amb)' /proc/self/status")
@@ -168,10 +187,9 @@ async fn sandbox_processes_are_never_host_root() {
                     })
                     .await
                 );
-                assert!(
-                    !owned || !uids.contains(&0),
-                    "ADVERSARIAL 37 at {isolation:?}: a sandbox process is host root: {uids:?}"
-                );
+                if owned && uids.iter().any(|uid| *uid != OWNER) {
+                    breaches.push(format!("its processes are uids {uids:?} on the host"));
+                }
                 // What the host writes for the sandbox is the sandbox's to change.
                 backend
                     .write(&id, &"host.txt".parse().unwrap(), "host\n".into())
@@ -197,7 +215,7 @@ async fn sandbox_processes_are_never_host_root() {
                 let changed = backend
                     .run_shell(
                         &id,
-                        "echo more >> host.txt && echo more >> imported/host.txt && mkdir imported/sub && echo ok",
+                        "echo more >> host.txt && echo more >> imported/host.txt && mkdir imported/sub && echo made > made.txt && echo ok",
                     )
                     .await
                     .unwrap();
@@ -207,13 +225,19 @@ async fn sandbox_processes_are_never_host_root() {
                     "at {isolation:?} the sandbox could not change what the host wrote for it: {}",
                     changed.stderr_str()
                 );
-                if in_host_root && owned {
-                    let owners = owners_of(&root_path, "host.txt");
-                    assert!(
-                        !owners.is_empty() && !owners.contains(&0),
-                        "at {isolation:?} files the host wrote for a sandbox are root's: {owners:?}"
-                    );
+                if owned {
+                    // Written by the host (an upload, an import), and by the command.
+                    for name in ["host.txt", "made.txt"] {
+                        let owners = owners_of(&root_path, name);
+                        if owners.is_empty() || owners.iter().any(|uid| *uid != OWNER) {
+                            breaches.push(format!("its {name} is uid {owners:?}'s on disk"));
+                        }
+                    }
                 }
+                assert!(
+                    breaches.is_empty(),
+                    "ADVERSARIAL 37 at {isolation:?}: a sandbox is not its owner: {breaches:#?}"
+                );
                 if isolation == Isolation::Namespaces {
                     let seen = backend
                         .run_shell(&id, "tr '\\0' ' ' < /proc/1/cmdline")
@@ -228,57 +252,161 @@ async fn sandbox_processes_are_never_host_root() {
             }
         })
         .await;
+        drop(secrets);
         checked += 1;
     }
     assert!(checked > 0 || std::env::var_os("SANDCELL_REQUIRE_NAMESPACES").is_none());
 }
 
-/// A read-write host mount at `Isolation::Namespaces` under a root backend: refused
-/// for a directory root owns (what the sandbox made there would be root's on the host,
-/// a setuid program among them); for another user's directory, what the sandbox makes
-/// is that user's on disk, and no setuid bit takes effect through the mount.
+/// A read-write host mount under a root backend, at `Landlock` as at `Namespaces`:
+/// refused for a directory root owns (the owner could not write in it, and through a
+/// view what the sandbox made there would be root's on the host, a setuid program
+/// among them); for another user's directory, what the sandbox makes is that user's
+/// on disk, and no setuid bit takes effect through the mount.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn writable_host_mounts_never_make_root_files() {
     use std::os::unix::fs::MetadataExt;
     if !rustix::process::geteuid().is_root() {
         return;
     }
+    for isolation in [Isolation::Landlock, Isolation::Namespaces] {
+        let root = tempfile::tempdir().unwrap();
+        let Some(backend) = backend(root.path(), isolation) else {
+            continue;
+        };
+        let rooted = tempfile::tempdir().unwrap();
+        let spec = SandboxSpec::default().mount(sandcell::Mount::read_write(
+            rooted.path(),
+            "shared".parse().unwrap(),
+        ));
+        match backend.create(&spec).await {
+            Err(err) => assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}"),
+            Ok(info) => {
+                backend.destroy(&info.id).await.unwrap();
+                panic!("at {isolation:?} a writable mount of a directory root owns was accepted");
+            }
+        }
+        assert_eq!(
+            std::fs::read_dir(root.path().join("sandboxes"))
+                .unwrap()
+                .count(),
+            0,
+            "a refused create leaves nothing"
+        );
+
+        let users = tempfile::tempdir().unwrap();
+        std::os::unix::fs::chown(users.path(), Some(4242), Some(4242)).unwrap();
+        let spec = SandboxSpec::default().mount(sandcell::Mount::read_write(
+            users.path(),
+            "shared".parse().unwrap(),
+        ));
+        conformance::with_sandbox(&backend, spec, |id| {
+            let backend = &backend;
+            async move {
+                let out = backend
+                    .run_shell(
+                        &id,
+                        "cp /bin/true shared/suid && chmod 6755 shared/suid && echo made",
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    out.stdout_str(),
+                    "made\n",
+                    "at {isolation:?}: {}",
+                    out.stderr_str()
+                );
+            }
+        })
+        .await;
+        let made = std::fs::metadata(users.path().join("suid")).unwrap();
+        assert_eq!(
+            (made.uid(), made.gid()),
+            (4242, 4242),
+            "ADVERSARIAL 37 at {isolation:?}: a sandbox's file in a host mount belongs to \
+             the mount's owner"
+        );
+    }
+}
+
+/// At `Landlock` a root backend's commands reach their workspace by host path, as the
+/// owner: the owner may pass through the root to it, but list nothing there, and no
+/// other user may pass at all. A root the owner cannot reach is refused at `build`,
+/// naming the directory in the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_owner_passes_through_the_root_and_sees_nothing_else() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
     let root = tempfile::tempdir().unwrap();
-    let Some(backend) = backend(root.path(), Isolation::Namespaces) else {
+    let Some(backend) = backend(root.path(), Isolation::Landlock) else {
         return;
     };
-    let rooted = tempfile::tempdir().unwrap();
-    let spec = SandboxSpec::default().mount(sandcell::Mount::read_write(
-        rooted.path(),
-        "shared".parse().unwrap(),
-    ));
-    let err = backend.create(&spec).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
-
-    let users = tempfile::tempdir().unwrap();
-    std::os::unix::fs::chown(users.path(), Some(4242), Some(4242)).unwrap();
-    let spec = SandboxSpec::default().mount(sandcell::Mount::read_write(
-        users.path(),
-        "shared".parse().unwrap(),
-    ));
-    conformance::with_sandbox(&backend, spec, |id| {
+    let as_uid = |uid: u32, script: &str| {
+        std::process::Command::new("sh")
+            .args(["-c", script])
+            .current_dir("/")
+            .env_clear()
+            .env("PATH", "/usr/bin:/bin")
+            .uid(uid)
+            .gid(uid)
+            .output()
+            .unwrap()
+    };
+    conformance::with_sandbox(&backend, SandboxSpec::default(), |id| {
         let backend = &backend;
+        let root = root.path().to_path_buf();
         async move {
-            let out = backend
-                .run_shell(
-                    &id,
-                    "cp /bin/true shared/suid && chmod 6755 shared/suid && echo made",
-                )
+            backend
+                .write(&id, &"mine.txt".parse().unwrap(), "mine\n".into())
                 .await
                 .unwrap();
-            assert_eq!(out.stdout_str(), "made\n", "{}", out.stderr_str());
+            let sandbox = root.join("sandboxes").join(id.as_str());
+            let workspace = backend.inspect(&id).await.unwrap().details["host_path"].clone();
+            // Outside any sandbox (no Landlock): only the file modes answer.
+            let out = as_uid(OWNER, &format!("cat {workspace}/mine.txt"));
+            assert_eq!(out.stdout, b"mine\n", "{out:?}");
+            for dir in [&root, &root.join("sandboxes"), &sandbox] {
+                let out = as_uid(OWNER, &format!("ls {}", dir.display()));
+                assert!(!out.status.success(), "the owner listed {}", dir.display());
+                let meta = std::fs::metadata(dir).unwrap();
+                assert_eq!(
+                    (meta.mode() & 0o7777, meta.gid()),
+                    (0o710, OWNER),
+                    "{}",
+                    dir.display()
+                );
+            }
+            for private in ["templates", "sandboxes/../templates/default"] {
+                let out = as_uid(OWNER, &format!("ls {}", root.join(private).display()));
+                assert!(!out.status.success(), "the owner listed {private}");
+            }
+            let out = as_uid(common::NOBODY, &format!("cat {workspace}/mine.txt"));
+            assert!(!out.status.success(), "another user read a workspace");
         }
     })
     .await;
-    let made = std::fs::metadata(users.path().join("suid")).unwrap();
-    assert_eq!(
-        (made.uid(), made.gid()),
-        (4242, 4242),
-        "ADVERSARIAL 37: a sandbox's file in a host mount belongs to the mount's owner"
+
+    let scratch = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+    let nested = scratch.path().join("root");
+    let err = LocalBackend::builder()
+        .root(&nested)
+        .isolation(Isolation::Landlock)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+    assert!(
+        err.to_string()
+            .contains(&format!("pass through {}", scratch.path().display())),
+        "{err}"
     );
+    std::fs::set_permissions(scratch.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+    LocalBackend::builder()
+        .root(&nested)
+        .isolation(Isolation::Landlock)
+        .build()
+        .unwrap();
 }

@@ -26,12 +26,23 @@ fn mounts_under(root: &Path) -> usize {
         .count()
 }
 
+/// A host directory a sandbox may write in: as root, another user's, since a root
+/// backend's sandboxes (which run as its owner uid) may not write in one root owns
+/// (see `identity.rs`).
+fn writable_host_dir() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    if rustix::process::geteuid().is_root() {
+        std::os::unix::fs::chown(dir.path(), Some(4242), Some(4242)).unwrap();
+    }
+    dir
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn knowledge_dirs_are_read_only_and_survive_destroy() {
     let root = tempfile::tempdir().unwrap();
     let knowledge = tempfile::tempdir().unwrap();
     std::fs::write(knowledge.path().join("facts.md"), "the sky is blue").unwrap();
-    let output = tempfile::tempdir().unwrap();
+    let output = writable_host_dir();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
     assert!(backend.capabilities().host_mounts);
     let spec = SandboxSpec::default()
@@ -127,7 +138,7 @@ async fn a_missing_mount_source_fails_create_and_leaves_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replacing_restore_leaves_a_writable_mount_alone() {
     let root = tempfile::tempdir().unwrap();
-    let output = tempfile::tempdir().unwrap();
+    let output = writable_host_dir();
     std::fs::write(output.path().join("host-data.txt"), "the host's").unwrap();
     let backend = LocalBackend::builder().root(root.path()).build().unwrap();
     let spec = SandboxSpec::default().mount(Mount::read_write(output.path(), p("work/out")));

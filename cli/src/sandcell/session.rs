@@ -67,6 +67,36 @@ fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
     Ok(sandcell_remote::RemoteConfig::new(url, token))
 }
 
+/// Run as root, the local backend's sandboxes (at its default level, Landlock) run as
+/// an unprivileged owner uid that reaches its workspace by host path, through the data
+/// directory, and `build` refuses a root it cannot reach. So a private data directory
+/// (created so here if missing) lets that uid's group pass through it (`0710`), which
+/// lets no one else do anything new. A data directory others may already enter is
+/// left as it is; so is everything for a user other than root.
+fn let_sandbox_owner_pass(data_dir: &Path) -> Result<(), CliError> {
+    use std::os::unix::fs::{MetadataExt, PermissionsExt};
+    if !rustix::process::geteuid().is_root() {
+        return Ok(());
+    }
+    let failed = |err: std::io::Error| {
+        CliError::failure(
+            format_args!(
+                "cannot let sandboxes pass through {}: {err}",
+                data_dir.display()
+            ),
+            "check the data directory's permissions",
+        )
+    };
+    sandcell::raw::private_dir::create_private_dir_all(data_dir).map_err(failed)?;
+    let meta = std::fs::symlink_metadata(data_dir).map_err(failed)?;
+    if !meta.is_dir() || meta.uid() != 0 || meta.mode() & 0o077 != 0 {
+        return Ok(());
+    }
+    let owner = sandcell_local::LocalConfig::default().sandbox_uid;
+    std::os::unix::fs::lchown(data_dir, None, Some(owner)).map_err(failed)?;
+    std::fs::set_permissions(data_dir, std::fs::Permissions::from_mode(0o710)).map_err(failed)
+}
+
 /// Opens the manager over the data directory. Sessions outlive the process: shutdown keeps
 /// their sandboxes, and reconcile runs only in `gc`, where the user asked for it.
 pub(crate) async fn open_manager(
@@ -94,6 +124,7 @@ pub(crate) async fn open_manager(
             Box::new(docker.build()?)
         }
         _ => {
+            let_sandbox_owner_pass(data_dir)?;
             let mut local = LocalBackend::builder().root(data_dir.join("local"));
             for (name, dir) in templates.of(kind) {
                 local = local.template(name, dir);
