@@ -70,10 +70,19 @@ def purge_all(data_dir):
 
 
 @pytest.fixture
-def data_dir(tmp_path):
+def data_dir(tmp_path, tmp_path_factory):
     """A data directory of the test's own; every session in it is purged afterwards,
     and nothing of it may stay mounted."""
     path = tmp_path / "data"
+    # Run as root, the local backend's commands (at Landlock, the CLI's default) are
+    # its unprivileged sandbox owner, who must pass through every directory above
+    # the backend's root: pytest makes its temporary directories 0700.
+    if os.geteuid() == 0:
+        top = tmp_path_factory.getbasetemp()
+        for parent in [tmp_path, *tmp_path.parents]:
+            parent.chmod(parent.stat().st_mode & 0o777 | 0o001)
+            if parent == top:
+                break
     yield path
     left = purge_all(path)
     assert not left, f"mounts left behind: {left}"
