@@ -63,8 +63,10 @@ async fn a_sandbox_cannot_touch_a_neighbours_files_by_path() {
         return;
     }
     let root = tempfile::tempdir().unwrap();
-    let Some(backend) = common::build_at(LocalBackend::builder().root(root.path()), Isolation::Landlock)
-    else {
+    let Some(backend) = common::build_at(
+        LocalBackend::builder().root(root.path()),
+        Isolation::Landlock,
+    ) else {
         return;
     };
     let victim = backend.create(&SandboxSpec::default()).await.unwrap();
