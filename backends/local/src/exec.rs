@@ -113,8 +113,20 @@ impl LocalBackend {
             // A kind of network this backend does not know yet gets none.
             (_, None) => SocketFilter::NoNetwork,
         };
+        // The root its terminal's multiplexer is looked up beneath, opened through the
+        // held init.
+        let ptmx = match (&init, request.pty) {
+            (Some(init), Some(_)) => Some(
+                init.open_at(
+                    "root",
+                    rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                )
+                .map_err(|e| Error::io("opening the sandbox's root", e))?,
+            ),
+            _ => None,
+        };
         let process = process::spawn(Launch {
-            ptmx: init.as_ref().map(|init| init.path("root/dev/pts/ptmx")),
+            ptmx,
             wrapped: init,
             argv,
             env,

@@ -20,7 +20,6 @@
 //! command itself (ADVERSARIAL 44).
 
 use std::os::fd::{AsRawFd, OwnedFd};
-use std::path::PathBuf;
 
 use rustix::fs::{Mode, OFlags};
 use rustix::io::Errno;
@@ -142,10 +141,12 @@ impl PinnedInit {
         )?)
     }
 
-    /// `rel` beneath the process's `/proc` directory, as a path for this process (to
-    /// open what lies beneath a link there, such as `root/dev/pts/ptmx`).
-    pub(crate) fn path(&self, rel: &str) -> PathBuf {
-        PathBuf::from(format!("/proc/self/fd/{}/{rel}", self.dir.as_raw_fd()))
+    /// `rel` beneath the process's `/proc` directory, as a path for this process. Not
+    /// for what lies beneath `root`, whose links would be followed from this process's
+    /// root: open `root` with [`PinnedInit::open_at`] and look beneath it in that root.
+    #[cfg(test)]
+    pub(crate) fn path(&self, rel: &str) -> std::path::PathBuf {
+        std::path::PathBuf::from(format!("/proc/self/fd/{}/{rel}", self.dir.as_raw_fd()))
     }
 
     /// `rel` beneath the process's `/proc` directory, as a path for a helper this

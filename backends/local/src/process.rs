@@ -38,9 +38,9 @@ pub(crate) struct Launch {
     pub(crate) stdin: Option<Bytes>,
     /// Run on a terminal of this size (stdin, stdout and stderr all the terminal).
     pub(crate) terminal: Option<sandcell::TerminalSize>,
-    /// The multiplexer a terminal comes from, where not the host's (see
-    /// [`crate::terminal::open`]).
-    pub(crate) ptmx: Option<PathBuf>,
+    /// The root directory of the sandbox whose multiplexer a terminal comes from,
+    /// where not the host's (see [`crate::terminal::open`]).
+    pub(crate) ptmx: Option<std::os::fd::OwnedFd>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) grace: Duration,
     /// What the child does before it execs (cgroups, Landlock).
@@ -64,7 +64,7 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
     // `pipes`.
     let (terminal, pipes, child_ends) = match launch.terminal {
         Some(size) => {
-            let (terminal, slave) = crate::terminal::open(size, launch.ptmx.as_deref())?;
+            let (terminal, slave) = crate::terminal::open(size, launch.ptmx.as_ref())?;
             let dup = |fd: &std::os::fd::OwnedFd| {
                 fd.try_clone()
                     .map_err(|e| Error::io("duplicating a terminal descriptor", e))

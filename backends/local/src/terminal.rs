@@ -4,7 +4,6 @@
 
 use std::io;
 use std::os::fd::OwnedFd;
-use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -32,17 +31,23 @@ impl std::fmt::Debug for Terminal {
 /// Opens a terminal of `size`: the master, registered with the reactor of the current
 /// runtime, and the slave for the command.
 ///
-/// `ptmx` is the multiplexer to open it from: the host's (`None`), or the one of the
-/// `devpts` instance a sandbox's namespaces mount at `/dev/pts`, whose terminals the
-/// command can name from inside (`tty` finds `/dev/pts/N` there).
-pub(crate) fn open(size: TerminalSize, ptmx: Option<&Path>) -> Result<(Terminal, OwnedFd)> {
+/// `sandbox_root` says where the multiplexer is: the host's (`None`), or the one of the
+/// `devpts` instance a sandbox's namespaces mount at `/dev/pts`, beneath their root
+/// directory, whose terminals the command can name from inside (`tty` finds
+/// `/dev/pts/N` there).
+pub(crate) fn open(
+    size: TerminalSize,
+    sandbox_root: Option<&OwnedFd>,
+) -> Result<(Terminal, OwnedFd)> {
     let failed = |step: &str, e: rustix::io::Errno| {
         Error::io(format_args!("opening a terminal ({step})"), e.into())
     };
-    let master = match ptmx {
+    let master = match sandbox_root {
         None => rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC)
             .map_err(|e| failed("posix_openpt", e))?,
-        Some(path) => open_ptmx(path).map_err(|e| failed("opening the sandbox's ptmx", e))?,
+        Some(root) => {
+            open_ptmx(root, "dev/pts/ptmx").map_err(|e| failed("opening the sandbox's ptmx", e))?
+        }
     };
     rustix::pty::grantpt(&master).map_err(|e| failed("grantpt", e))?;
     rustix::pty::unlockpt(&master).map_err(|e| failed("unlockpt", e))?;
@@ -67,15 +72,20 @@ pub(crate) fn open(size: TerminalSize, ptmx: Option<&Path>) -> Result<(Terminal,
     ))
 }
 
-/// Opens `path` if it is a pseudo-terminal multiplexer (character device 5:2): the
-/// path is beneath a tree the sandbox can see, so whatever is there is checked before
-/// it is used, and a FIFO put in its place cannot block the open.
-fn open_ptmx(path: &Path) -> rustix::io::Result<OwnedFd> {
-    use rustix::fs::{FileType, Mode, OFlags};
-    let fd = rustix::fs::open(
-        path,
+/// Opens `rel` beneath the directory `root` if it is a pseudo-terminal multiplexer
+/// (character device 5:2): the path is beneath a tree the sandbox can see, so whatever
+/// is there is checked before it is used, and a FIFO put in its place cannot block the
+/// open. It is looked up as if `root` were `/`: the sandbox can make its init chroot
+/// into a directory of its own (it can trace the init), and an absolute link there
+/// (`dev` -> `/dev`) would otherwise lead this process, as root, to the host's files.
+fn open_ptmx(root: &OwnedFd, rel: &str) -> rustix::io::Result<OwnedFd> {
+    use rustix::fs::{FileType, Mode, OFlags, ResolveFlags};
+    let fd = rustix::fs::openat2(
+        root,
+        rel,
         OFlags::RDWR | OFlags::NOCTTY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
         Mode::empty(),
+        ResolveFlags::IN_ROOT | ResolveFlags::NO_MAGICLINKS,
     )?;
     let stat = rustix::fs::fstat(&fd)?;
     let is_ptmx = FileType::from_raw_mode(stat.st_mode) == FileType::CharacterDevice
@@ -164,11 +174,20 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use std::path::Path;
 
     /// What stands at a sandbox's `/dev/pts/ptmx` is checked before it is used: another
     /// device is refused, and a FIFO put there neither blocks the open nor is taken.
     #[test]
     fn only_a_real_multiplexer_is_opened() {
+        let open_dir = |path: &Path| {
+            rustix::fs::open(
+                path,
+                rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY,
+                rustix::fs::Mode::empty(),
+            )
+            .unwrap()
+        };
         let dir = tempfile::tempdir().unwrap();
         let fifo = dir.path().join("ptmx");
         rustix::fs::mknodat(
@@ -179,14 +198,28 @@ mod tests {
             0,
         )
         .unwrap();
-        assert_eq!(open_ptmx(&fifo).unwrap_err(), rustix::io::Errno::NODEV);
+        let sandbox = open_dir(dir.path());
         assert_eq!(
-            open_ptmx(Path::new("/dev/null")).unwrap_err(),
+            open_ptmx(&sandbox, "ptmx").unwrap_err(),
             rustix::io::Errno::NODEV
         );
-        let link = dir.path().join("link");
-        std::os::unix::fs::symlink("/dev/ptmx", &link).unwrap();
-        assert!(open_ptmx(&link).is_err(), "a symlink is not followed");
-        assert!(open_ptmx(Path::new("/dev/ptmx")).is_ok());
+        let host = open_dir(Path::new("/"));
+        assert_eq!(
+            open_ptmx(&host, "dev/null").unwrap_err(),
+            rustix::io::Errno::NODEV
+        );
+        std::os::unix::fs::symlink("/dev/ptmx", dir.path().join("link")).unwrap();
+        assert!(
+            open_ptmx(&sandbox, "link").is_err(),
+            "a symlink is not followed"
+        );
+        // An absolute link on the way stays beneath the sandbox's root.
+        // (Followed from this process's root, `up/ptmx` would be the host's `/dev/ptmx`.)
+        std::os::unix::fs::symlink("/dev", dir.path().join("up")).unwrap();
+        assert_eq!(
+            open_ptmx(&sandbox, "up/ptmx").unwrap_err(),
+            rustix::io::Errno::NOENT
+        );
+        assert!(open_ptmx(&host, "dev/ptmx").is_ok());
     }
 }
