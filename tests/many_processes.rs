@@ -323,7 +323,19 @@ async fn three_processes_share_one_database_through_kills_and_restarts() {
         if running == 0 {
             break;
         }
-        assert!(elapsed < Duration::from_secs(600), "the run took too long");
+        if elapsed >= Duration::from_secs(600) {
+            // Say where each worker stopped, and leave none running.
+            let mut tails = String::new();
+            for (worker, child) in children.iter_mut().enumerate() {
+                let running = child.try_wait().ok().flatten().is_none();
+                let _ = child.kill();
+                let _ = child.wait();
+                let events = read_log(&run.base.join(format!("worker-{worker}.log")));
+                let last: Vec<String> = events.iter().rev().take(3).map(Value::to_string).collect();
+                tails.push_str(&format!("\nworker {worker} (running: {running}): {last:?}"));
+            }
+            panic!("the run took too long; the workers' last events:{tails}");
+        }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(kills.len(), 2, "the run ended before both kills");
