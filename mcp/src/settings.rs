@@ -45,6 +45,6 @@ impl Default for ToolSettings {
 
 /// The tenant an HTTP request acts for: the server in front authenticates the caller
 /// and puts this in the request's extensions (see
-/// [`SandboxTools::per_request_tenant`]).
+/// [`SandboxTools::per_request_tenant`](crate::SandboxTools::per_request_tenant)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tenant(pub String);
