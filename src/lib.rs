@@ -75,6 +75,7 @@ mod exec;
 mod ext;
 mod fs;
 pub mod json_lines;
+mod limits;
 pub mod manager;
 mod metrics;
 mod path;
@@ -99,6 +100,7 @@ pub use ext::{
     GREP_MAX_FILE_BYTES, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES,
 };
 pub use fs::{DirEntry, FileInfo, FileKind};
+pub use limits::Limits;
 pub use manager::{
     EventKind, ManagerBuilder, ManagerEvent, ManagerSettings, ReleaseMode, SandboxHandle,
     SandboxManager,
@@ -107,7 +109,7 @@ pub use metrics::SandboxMetrics;
 pub use path::{SandboxPath, MAX_NAME_LEN, MAX_PATH_LEN};
 pub use process::{Process, ProcessEvent, ProcessStdin};
 pub use sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
-pub use spec::{Limits, Mount, Network, SandboxSpec};
+pub use spec::{Mount, Network, SandboxSpec};
 pub use store::SessionKey;
 pub use watch::{WatchEvent, WatchEventKind, WatchOptions, WatchSender, WatchStream};
 
