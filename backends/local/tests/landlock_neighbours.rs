@@ -4,6 +4,11 @@
 //! attributes, stat, readlink; connecting to a path-named Unix socket) the uid then
 //! allows, so a sandbox that learns a neighbour's id (the host's mount table and every
 //! process's `/proc/<pid>/cgroup` list them) reaches into it (ADVERSARIAL 37, 46).
+//!
+//! This pins what the ruleset does keep out (reading, listing, truncating, extended
+//! attributes). The metadata and socket gaps are open (SECURITY.md, "does not
+//! promise"): they are printed, and become assertions with the fix (a group per
+//! sandbox).
 
 #![allow(clippy::unwrap_used)]
 
@@ -36,6 +41,8 @@ attempt('chmod of tmp', lambda: os.chmod(tmp, 0))
 attempt('utime', lambda: os.utime(ws + '/secret.txt', (0, 0)))
 attempt('setxattr', lambda: os.setxattr(ws + '/secret.txt', 'user.neighbour', b'1'))
 attempt('read', lambda: open(ws + '/secret.txt').read())
+attempt('list', lambda: os.listdir(ws))
+attempt('truncate', lambda: os.truncate(ws + '/secret.txt', 0))
 def connect():
     s = socket.socket(socket.AF_UNIX)
     s.settimeout(5)
@@ -56,9 +63,7 @@ c.send(b'hello, neighbour')
 "#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "unfixed: Landlock does not mediate metadata or Unix socket connects, and \
-            all sandboxes share the owner uid (SECURITY.md, 'does not promise')"]
-async fn a_sandbox_cannot_touch_a_neighbours_files_by_path() {
+async fn a_sandbox_cannot_read_or_change_a_neighbours_files_by_path() {
     if !rustix::process::geteuid().is_root() || !common::python_available() {
         return;
     }
@@ -100,22 +105,29 @@ async fn a_sandbox_cannot_touch_a_neighbours_files_by_path() {
         )
         .await
         .unwrap();
-    let after = backend
-        .run_shell(&victim.id, "cat secret.txt")
-        .await
-        .unwrap();
     backend.destroy(&attacker.id).await.unwrap();
     backend.destroy(&victim.id).await.unwrap();
     let stdout = out.stdout_str();
     let reached: Vec<&str> = stdout
         .lines()
-        .filter(|line| line.starts_with("reached"))
+        .filter_map(|line| line.strip_prefix("reached: "))
+        .collect();
+    // Open, and known (see the module's doc): metadata and path-named sockets.
+    let known_gaps = [
+        "stat",
+        "readlink",
+        "chmod",
+        "chmod of tmp",
+        "utime",
+        "unix socket",
+    ];
+    eprintln!("open gaps a neighbour reached: {reached:?}");
+    let broken: Vec<&&str> = reached
+        .iter()
+        .filter(|what| !known_gaps.contains(what))
         .collect();
     assert!(
-        reached.is_empty(),
-        "a sandbox reached its neighbour's files: {reached:?} ({}); the neighbour now \
-         reads its own file: {:?}",
-        stdout,
-        after.stdout_str()
+        broken.is_empty(),
+        "a sandbox reached its neighbour's files: {broken:?} ({stdout})"
     );
 }
