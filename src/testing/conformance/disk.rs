@@ -24,6 +24,10 @@ pub async fn disk_limit_is_enforced(b: &dyn SandboxBackend) {
         return;
     }
     with_sandbox(b, capped, |id| async move {
+        // Where the backend reports metrics, they name the limit.
+        if let Ok(reading) = b.metrics(&id).await {
+            assert_eq!(reading.disk_limit_bytes, Some(LIMIT), "metrics' disk limit");
+        }
         if b.capabilities().shell {
             let out = b
                 .run_shell(
