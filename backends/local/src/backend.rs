@@ -82,6 +82,8 @@ pub(crate) struct Probed {
     /// Who owns and runs the sandboxes when this process is root (see
     /// [`crate::owner`]).
     pub(crate) owner: Option<Arc<crate::owner::SandboxOwner>>,
+    /// At `Isolation::Landlock` with an owner: each sandbox's group of its own.
+    pub(crate) sandbox_groups: Option<Arc<crate::sandbox_group::SandboxGroups>>,
 }
 
 impl LocalBackend {
@@ -209,7 +211,7 @@ impl LocalBackend {
         blocking(move || {
             let workspace = inner.open_workspace(&dir)?;
             // What the host writes for the sandbox is the sandbox's.
-            let _owner = inner.owner().map(|owner| owner.assume());
+            let _owner = inner.owner().map(|owner| owner.assume(meta.group));
             op(&workspace).map_err(|e| crate::quota::full_disk(e, meta.disk_bytes, None))
         })
         .await
@@ -265,6 +267,7 @@ impl LocalBackend {
         let dir = self.dir(&id).with_disk(disk_bytes.is_some());
         let roots = self.inner.cgroups.clone();
         let owner = self.inner.owner();
+        let groups = self.inner.probed.sandbox_groups.clone();
         let (dir, mut meta) = blocking(move || {
             let mut cgroups = None;
             let result = (|| {
@@ -274,17 +277,25 @@ impl LocalBackend {
                 }
                 std::fs::create_dir_all(dir.tmp())
                     .map_err(|e| Error::io("creating the sandbox directory", e))?;
-                // No other local user reads a sandbox's files through its directory; the
-                // owner's group may pass through it (the host's writes for the sandbox
-                // are made with the owner's ids).
-                let private = match &owner {
-                    Some(owner) => {
+                // No other local user reads a sandbox's files through its directory. At
+                // Landlock only the sandbox's own group may pass through it (no other
+                // sandbox, though all share the owner); at Namespaces the owner's group
+                // may (its namespaces mount the workspace; nothing else reaches it).
+                let mut group = None;
+                let private = match (&owner, &groups) {
+                    (Some(owner), Some(groups)) => {
+                        let sandboxes = dir.path().parent().unwrap_or(dir.path());
+                        group = Some(groups.assign(&id, sandboxes, dir.path())?);
+                        owner.chown(&dir.tmp())?;
+                        0o710
+                    }
+                    (Some(owner), None) => {
                         std::os::unix::fs::chown(dir.path(), None, Some(owner.gid))
                             .map_err(|e| Error::io("making the sandbox directory private", e))?;
                         owner.chown(&dir.tmp())?;
                         0o710
                     }
-                    None => 0o700,
+                    (None, _) => 0o700,
                 };
                 std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(private))
                     .map_err(|e| Error::io("making the sandbox directory private", e))?;
@@ -292,7 +303,7 @@ impl LocalBackend {
                     let what = "the workspace does not fit on the sandbox's disk";
                     crate::quota::full_disk(e, disk_bytes, Some(what))
                 })?;
-                materialize::attach_mounts(&dir, &spec.mounts, owner.as_deref())?;
+                materialize::attach_mounts(&dir, &spec.mounts, owner.as_deref(), group)?;
                 let meta = SandboxMeta {
                     id: id.clone(),
                     spec,
@@ -306,6 +317,7 @@ impl LocalBackend {
                     egress_port: None,
                     net_link: None,
                     disk_bytes,
+                    group,
                 };
                 dir.write_meta(&meta)?;
                 Ok((dir.clone(), meta))
@@ -964,7 +976,7 @@ impl SandboxBackend for LocalBackend {
         blocking(move || {
             // Open, the workspace pins its mount (see `Inner::workspace_gate`).
             let workspace = inner.open_workspace(&dir)?;
-            let _owner = inner.owner().map(|owner| owner.assume());
+            let _owner = inner.owner().map(|owner| owner.assume(meta.group));
             crate::import::import(&workspace, &path, reader, options)
                 .map_err(|e| crate::quota::full_disk(e, meta.disk_bytes, None))
         })

@@ -38,9 +38,19 @@ pub(crate) struct ChildSetup {
     /// host's user namespace (ADVERSARIAL 37). Not for the helper that joins a
     /// sandbox's namespaces, which needs them and drops them itself.
     pub(crate) drop_capabilities: bool,
-    /// Become this uid and gid, with no supplementary groups, before the exec: the
-    /// owner of a root backend's sandboxes (see [`crate::owner`]).
-    pub(crate) run_as: Option<(u32, u32)>,
+    /// Become this identity before the exec: the owner of a root backend's sandboxes
+    /// (see [`crate::owner`]).
+    pub(crate) run_as: Option<RunAs>,
+}
+
+/// Who a command of a root backend's sandbox runs as.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RunAs {
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    /// Its one supplementary group, if any: at `Isolation::Landlock`, the sandbox's
+    /// own ([`crate::sandbox_group`]).
+    pub(crate) group: Option<u32>,
 }
 
 /// Makes the child join the sandbox's cgroups, drop core dumps and enforce its Landlock
@@ -96,12 +106,16 @@ impl ChildSetup {
             // Before the uid changes, while this process still may.
             drop_bounding_set();
         }
-        if let Some((uid, gid)) = self.run_as {
+        if let Some(RunAs { uid, gid, group }) = self.run_as {
+            let groups: &[libc::gid_t] = match &group {
+                Some(group) => std::slice::from_ref(group),
+                None => &[],
+            };
             // Raw calls: C libraries broadcast their wrappers to every thread.
-            // SAFETY: setgroups(2), setresgid(2) and setresuid(2) with integer
-            // arguments and an empty list.
+            // SAFETY: setgroups(2) with a list of `groups.len()` ids, setresgid(2) and
+            // setresuid(2) with integer arguments.
             unsafe {
-                if libc::syscall(libc::SYS_setgroups, 0, std::ptr::null::<libc::gid_t>()) < 0
+                if libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr()) < 0
                     || libc::syscall(libc::SYS_setresgid, gid, gid, gid) < 0
                     || libc::syscall(libc::SYS_setresuid, uid, uid, uid) < 0
                 {

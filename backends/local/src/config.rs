@@ -112,7 +112,10 @@ pub struct LocalConfig {
     /// root: the unprivileged host uid (and gid) that owns every sandbox's files and
     /// runs its processes (which, at `Namespaces`, see it as their root). At
     /// `Landlock` it must be able to reach the backend's root (see
-    /// [`LocalBackendBuilder::build`]).
+    /// [`LocalBackendBuilder::build`]), and the 65536 group ids after it are its
+    /// sandboxes' (each sandbox holds one of its own, the only group that may pass
+    /// through its directory, so no sandbox reaches another's files): none of them may
+    /// be a group `/etc/group` names.
     /// Default 1000000000, past the subordinate id ranges a distribution hands out;
     /// must not be 0. Unused otherwise: an unprivileged backend's sandboxes are its
     /// own user, and at `Isolation::None` a root backend's commands are root.
@@ -249,6 +252,11 @@ impl LocalBackendBuilder {
             owner: crate::owner::SandboxOwner::for_backend(config.isolation, config.sandbox_uid)?,
             ..Default::default()
         };
+        if let (Some(owner), Isolation::Landlock) = (&probed.owner, config.isolation) {
+            probed.sandbox_groups = Some(std::sync::Arc::new(
+                crate::sandbox_group::SandboxGroups::after(owner.gid)?,
+            ));
+        }
         match config.isolation {
             Isolation::None => {}
             Isolation::Landlock => probed.landlock_abi = Some(crate::landlock::abi()?),

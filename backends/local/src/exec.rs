@@ -152,7 +152,11 @@ impl LocalBackend {
                     .inner
                     .owner()
                     .filter(|_| meta.ns_init.is_none())
-                    .map(|owner| (owner.uid, owner.gid)),
+                    .map(|owner| crate::child::RunAs {
+                        uid: owner.uid,
+                        gid: owner.gid,
+                        group: meta.group,
+                    }),
                 // `process::spawn` sets the session up.
                 ..Default::default()
             },

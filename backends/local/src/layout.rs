@@ -64,6 +64,10 @@ pub(crate) struct SandboxMeta {
     /// holds everything it writes (`crate::quota`), mounted at `disk/`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub(crate) disk_bytes: Option<u64>,
+    /// At `Isolation::Landlock` under root: the sandbox's own group, the only one that
+    /// may pass through its directory (`crate::sandbox_group`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) group: Option<u32>,
 }
 
 impl SandboxMeta {

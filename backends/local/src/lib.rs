@@ -89,6 +89,7 @@ mod pinned;
 mod process;
 mod quota;
 mod root_dir;
+mod sandbox_group;
 mod seccomp;
 mod spawn;
 mod sys;

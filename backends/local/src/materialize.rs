@@ -110,11 +110,13 @@ pub(crate) fn with_view<T>(
 /// Bind-mounts the spec's host directories into the workspace, read-only where asked.
 /// Runs at create time, before any sandbox process exists, with targets resolved
 /// inside the workspace by the contained file operations. With an `owner`, each is an
-/// idmapped view, so what root owns in it is the sandbox's.
+/// idmapped view, so what root owns in it is the sandbox's; `group` is the sandbox's
+/// own (`crate::sandbox_group`).
 pub(crate) fn attach_mounts(
     dir: &SandboxDir,
     mounts: &[sandcell::Mount],
     owner: Option<&SandboxOwner>,
+    group: Option<u32>,
 ) -> Result<()> {
     if mounts.is_empty() {
         return Ok(());
@@ -132,7 +134,7 @@ pub(crate) fn attach_mounts(
         let target = {
             // The mount point is made as the owner: the workspace may be a view that
             // shows nothing as root's. (The view itself is made as root.)
-            let _owner = owner.map(SandboxOwner::assume);
+            let _owner = owner.map(|owner| owner.assume(group));
             ws.mkdir(&m.target)?;
             ws.resolve_dir(&m.target)?
         };

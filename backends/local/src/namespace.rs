@@ -460,7 +460,11 @@ pub(crate) async fn start(
             cgroup_procs,
             landlock: None,
             max_file_bytes: None,
-            run_as: tools.owner.as_ref().map(|owner| (owner.uid, owner.gid)),
+            run_as: tools.owner.as_ref().map(|owner| crate::child::RunAs {
+                uid: owner.uid,
+                gid: owner.gid,
+                group: None,
+            }),
             // Its pid 1 and idle process are the sandbox's too (it can trace them).
             confined: true,
             ..Default::default()

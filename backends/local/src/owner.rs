@@ -69,7 +69,7 @@ impl SandboxOwner {
             SandboxOwner::new(uid, uid, &sleep)?
         } else {
             for (map, id) in [("uid_map", uid), ("gid_map", uid)] {
-                if !id_is_mapped(map, id) {
+                if !range_is_mapped(map, id, id) {
                     return Err(Error::unsupported(format!(
                         "a root backend at Isolation::Landlock runs its sandboxes as uid and \
                          gid {id}, which this process's user namespace does not map (see \
@@ -187,10 +187,26 @@ impl SandboxOwner {
 
     /// Makes the calling thread's file system identity the owner's until the guard
     /// drops: what it creates is the owner's, and it can open only what the owner can.
-    pub(crate) fn assume(&self) -> Assumed {
-        // SAFETY: setfsuid(2)/setfsgid(2) change this thread's file system ids only
-        // (raw calls: no library broadcasts them to other threads); the guard puts
-        // the previous ones back.
+    /// With a `group` (a sandbox's own, `crate::sandbox_group`) it is the thread's one
+    /// supplementary group meanwhile, as it is its commands', so the thread passes
+    /// through that sandbox's directory and no other.
+    pub(crate) fn assume(&self, group: Option<u32>) -> Assumed {
+        // SAFETY: getgroups(2) into a buffer of its length, setgroups(2) with a list of
+        // its length, setfsuid(2)/setfsgid(2) with integers: all change this thread's
+        // credentials only (raw calls: no library broadcasts them to other threads);
+        // the guard puts the previous ones back.
+        let groups = group.and_then(|group| unsafe {
+            let mut saved = vec![0 as libc::gid_t; 256];
+            let n = libc::syscall(libc::SYS_getgroups, saved.len(), saved.as_mut_ptr());
+            if n < 0 || libc::syscall(libc::SYS_setgroups, 1, &group as *const u32) < 0 {
+                // Without it the thread is the owner alone: it passes through no
+                // sandbox's directory, and the operation fails, as it should.
+                return None;
+            }
+            saved.truncate(n as usize);
+            Some(saved)
+        });
+        // SAFETY: as above.
         let (gid, uid) = unsafe {
             let gid = libc::syscall(libc::SYS_setfsgid, self.gid) as u32;
             let uid = libc::syscall(libc::SYS_setfsuid, self.uid) as u32;
@@ -199,6 +215,7 @@ impl SandboxOwner {
         Assumed {
             uid,
             gid,
+            groups,
             _thread: std::marker::PhantomData,
         }
     }
@@ -255,9 +272,10 @@ impl SandboxOwner {
     }
 }
 
-/// Whether `id` is inside a range of this process's `/proc/self/{map}` (`uid_map` or
-/// `gid_map`): lines of "inside outside count".
-fn id_is_mapped(map: &str, id: u32) -> bool {
+/// Whether this process's user namespace maps every id from `first` to `last`: one
+/// line of `/proc/self/{map}` (`uid_map` or `gid_map`, lines of "inside outside
+/// count") holds them all.
+pub(crate) fn range_is_mapped(map: &str, first: u32, last: u32) -> bool {
     let Ok(text) = std::fs::read_to_string(format!("/proc/self/{map}")) else {
         return false;
     };
@@ -265,7 +283,8 @@ fn id_is_mapped(map: &str, id: u32) -> bool {
         let mut fields = line.split_whitespace().map(str::parse::<u64>);
         match (fields.next(), fields.next(), fields.next()) {
             (Some(Ok(inside)), Some(Ok(_)), Some(Ok(count))) => {
-                (inside..inside.saturating_add(count)).contains(&u64::from(id))
+                let mapped = inside..inside.saturating_add(count);
+                mapped.contains(&u64::from(first)) && mapped.contains(&u64::from(last))
             }
             _ => false,
         }
@@ -390,6 +409,8 @@ pub(crate) fn move_into_namespace(
 pub(crate) struct Assumed {
     uid: u32,
     gid: u32,
+    /// The thread's supplementary groups before, where they were changed.
+    groups: Option<Vec<libc::gid_t>>,
     /// Not `Send`: the identity belongs to the thread that took it.
     _thread: std::marker::PhantomData<*const ()>,
 }
@@ -400,6 +421,9 @@ impl Drop for Assumed {
         unsafe {
             libc::syscall(libc::SYS_setfsuid, self.uid);
             libc::syscall(libc::SYS_setfsgid, self.gid);
+            if let Some(groups) = &self.groups {
+                libc::syscall(libc::SYS_setgroups, groups.len(), groups.as_ptr());
+            }
         }
     }
 }

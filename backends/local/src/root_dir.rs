@@ -4,13 +4,14 @@
 //!
 //! At `Landlock` a command reaches its workspace and temp directory by host path
 //! (`<root>/sandboxes/<id>/workspace`, `HOME` and `TMPDIR` name them), as the owner's
-//! uid. So the root and `sandboxes/` are `0710` with the owner's group, as each
-//! sandbox's directory is (`LocalBackend::provision`): the owner may pass through them
-//! but not list them, so no sandbox finds another's id there; other local users pass
-//! nowhere, as with a root of `0700`. What the owner never needs, the frozen layers and
-//! the default template (which only root reads, through views and copies), stays
-//! `0700`. All sandboxes share the owner, so this keeps other users out, not other
-//! sandboxes: each sandbox's Landlock ruleset grants it its own directories only.
+//! uid. So the root and `sandboxes/` are `0710` with the owner's group: the owner may
+//! pass through them but not list them, so no sandbox finds another's id there; other
+//! local users pass nowhere, as with a root of `0700`. What the owner never needs, the
+//! frozen layers and the default template (which only root reads, through views and
+//! copies), stays `0700`. All sandboxes share the owner, so this keeps other users
+//! out, not other sandboxes: each sandbox's directory is `0710` with a group of that
+//! sandbox's own (`crate::sandbox_group`), and its Landlock ruleset grants it its own
+//! directories only.
 //!
 //! The directories above the root are the operator's: checked, never changed. At
 //! `Namespaces` none of this is needed (the workspace is mounted into the sandbox's
@@ -25,7 +26,7 @@ use crate::owner::SandboxOwner;
 
 /// The mode of the directories the owner passes through: search for the owner's
 /// group, nothing for other users.
-const PASSAGE: u32 = 0o710;
+pub(crate) const PASSAGE: u32 = 0o710;
 
 /// Opens the canonical `root` (already checked private) to `owner` as the module says,
 /// then checks, as the owner, that it can reach `<root>/sandboxes`; fails with

@@ -330,13 +330,13 @@ async fn writable_host_mounts_never_make_root_files() {
 }
 
 /// At `Landlock` a root backend's commands reach their workspace by host path, as the
-/// owner: the owner may pass through the root to it, but list nothing there, and no
-/// other user may pass at all. A root the owner cannot reach is refused at `build`,
-/// naming the directory in the way.
+/// owner with the sandbox's own group: the owner may pass through the root, but list
+/// nothing there, and only with that group into the sandbox's directory; no other user
+/// may pass at all. A root the owner cannot reach is refused at `build`, naming the
+/// directory in the way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_owner_passes_through_the_root_and_sees_nothing_else() {
     use std::os::unix::fs::MetadataExt;
-    use std::os::unix::process::CommandExt;
     if !rustix::process::geteuid().is_root() {
         return;
     }
@@ -344,17 +344,23 @@ async fn the_owner_passes_through_the_root_and_sees_nothing_else() {
     let Some(backend) = backend(root.path(), Isolation::Landlock) else {
         return;
     };
-    let as_uid = |uid: u32, script: &str| {
-        std::process::Command::new("sh")
-            .args(["-c", script])
+    // `setpriv` (util-linux, which namespaces need too) sets the supplementary groups.
+    let as_ids = |uid: u32, groups: &[u32], script: &str| {
+        let groups: Vec<String> = groups.iter().map(u32::to_string).collect();
+        let groups = match groups.is_empty() {
+            true => "--clear-groups".to_owned(),
+            false => format!("--groups={}", groups.join(",")),
+        };
+        std::process::Command::new("setpriv")
+            .args([format!("--reuid={uid}"), format!("--regid={uid}"), groups])
+            .args(["sh", "-c", script])
             .current_dir("/")
             .env_clear()
             .env("PATH", "/usr/bin:/bin")
-            .uid(uid)
-            .gid(uid)
             .output()
             .unwrap()
     };
+    let as_uid = |uid: u32, script: &str| as_ids(uid, &[], script);
     conformance::with_sandbox(&backend, SandboxSpec::default(), |id| {
         let backend = &backend;
         let root = root.path().to_path_buf();
@@ -366,15 +372,29 @@ async fn the_owner_passes_through_the_root_and_sees_nothing_else() {
             let sandbox = root.join("sandboxes").join(id.as_str());
             let workspace = backend.inspect(&id).await.unwrap().details["host_path"].clone();
             // Outside any sandbox (no Landlock): only the file modes answer.
-            let out = as_uid(OWNER, &format!("cat {workspace}/mine.txt"));
+            let group = std::fs::metadata(&sandbox).unwrap().gid();
+            assert!(
+                group > OWNER && group <= OWNER + 65_536,
+                "the sandbox's directory has group {group}, not one of its own"
+            );
+            let out = as_ids(OWNER, &[group], &format!("cat {workspace}/mine.txt"));
             assert_eq!(out.stdout, b"mine\n", "{out:?}");
-            for dir in [&root, &root.join("sandboxes"), &sandbox] {
-                let out = as_uid(OWNER, &format!("ls {}", dir.display()));
+            let out = as_uid(OWNER, &format!("cat {workspace}/mine.txt"));
+            assert!(
+                !out.status.success(),
+                "the owner without the sandbox's group (another sandbox) read its file"
+            );
+            for (dir, gid) in [
+                (&root, OWNER),
+                (&root.join("sandboxes"), OWNER),
+                (&sandbox, group),
+            ] {
+                let out = as_ids(OWNER, &[group], &format!("ls {}", dir.display()));
                 assert!(!out.status.success(), "the owner listed {}", dir.display());
                 let meta = std::fs::metadata(dir).unwrap();
                 assert_eq!(
                     (meta.mode() & 0o7777, meta.gid()),
-                    (0o710, OWNER),
+                    (0o710, gid),
                     "{}",
                     dir.display()
                 );
