@@ -279,8 +279,20 @@ pub struct DockerConfig {
     pub default_limits: Limits,
     /// The Docker network a spec asking for `Network::Full` joins.
     pub network: String,
-    /// Run commands as this user (`name`, `uid` or `uid:gid`); unset: the image's user.
+    /// Run commands as this user (`name`, `uid` or `uid:gid`); unset: the image's user,
+    /// unless that is root on an engine where root is the host's (see
+    /// [`DockerConfig::allow_host_root`]).
     pub user: Option<String>,
+    /// Let a sandbox's processes be uid 0 on an engine that maps a container's root to
+    /// the host's root (a rootful engine without `userns-remap`). Off by default: there
+    /// a container whose image's user is root runs as [`UNPRIVILEGED_USER`]
+    /// (`1000000000:1000000000`) instead, and a spec, configuration or exec request
+    /// naming a user that is uid 0 is refused with `PermissionDenied` (ADVERSARIAL 37).
+    /// On a rootless engine, or one remapping user namespaces, a container's root is an
+    /// unprivileged host uid and is allowed either way.
+    ///
+    /// [`UNPRIVILEGED_USER`]: crate::UNPRIVILEGED_USER
+    pub allow_host_root: bool,
     /// An OCI runtime other than the engine's default, e.g. `runsc`.
     pub runtime: Option<String>,
     /// The statically linked `sandcell-agent` binary to run in each container; unset:
@@ -314,6 +326,7 @@ impl Default for DockerConfig {
             default_limits: Limits::default(),
             network: "bridge".to_owned(),
             user: None,
+            allow_host_root: false,
             runtime: None,
             agent: None,
             workspace: "/workspace".to_owned(),
@@ -417,6 +430,14 @@ impl DockerBackendBuilder {
     /// Runs commands as this user instead of the image's.
     pub fn user(mut self, user: impl Into<String>) -> Self {
         self.config.user = Some(user.into());
+        self
+    }
+
+    /// Lets a sandbox's processes be the host's root where the engine makes a
+    /// container's root the host's ([`DockerConfig::allow_host_root`]): the explicit
+    /// opt-out of running root images as [`UNPRIVILEGED_USER`](crate::UNPRIVILEGED_USER).
+    pub fn allow_host_root(mut self, allow: bool) -> Self {
+        self.config.allow_host_root = allow;
         self
     }
 

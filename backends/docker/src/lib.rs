@@ -40,6 +40,7 @@ mod ulimits;
 mod user;
 
 pub use backend::DockerBackend;
+pub use user::UNPRIVILEGED_USER;
 
 /// Locks a mutex, recovering the data if a panicking holder poisoned it: every value kept
 /// under these locks stays consistent between statements.

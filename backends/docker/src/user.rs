@@ -110,3 +110,113 @@ async fn read_file(docker: &Docker, container: &str, path: &str) -> Result<Strin
     }
     Err(Error::not_found(format!("{path} is not a file")))
 }
+
+/// The uid and gid a sandbox runs as where its image's user would be the host's root
+/// (see [`DockerConfig::allow_host_root`](crate::DockerConfig::allow_host_root)): as the
+/// local backend's sandbox owner, past the subordinate ranges a distribution hands out,
+/// so no host account shares it.
+pub const UNPRIVILEGED_USER: &str = "1000000000:1000000000";
+
+/// Whether uid 0 in a container may be the host's root, read from the engine once.
+#[derive(Debug, Default)]
+pub(crate) struct RootGuard {
+    /// The operator's opt-out ([`crate::DockerConfig::allow_host_root`]).
+    allowed: bool,
+    /// Whether the engine maps a container's root to the host's root: neither
+    /// rootless nor remapping user namespaces (`userns-remap`).
+    host_root: tokio::sync::OnceCell<bool>,
+}
+
+impl RootGuard {
+    pub(crate) fn new(allowed: bool) -> RootGuard {
+        RootGuard {
+            allowed,
+            host_root: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// Whether a container's uid 0 must be refused here.
+    pub(crate) async fn forbids_root(&self, docker: &Docker) -> Result<bool> {
+        if self.allowed {
+            return Ok(false);
+        }
+        let host_root =
+            self.host_root
+                .get_or_try_init(|| async {
+                    let info = docker.info().await.map_err(|e| {
+                        crate::error::engine("asking the engine how it maps users", e)
+                    })?;
+                    let options = info.security_options.unwrap_or_default();
+                    let remapped = options.iter().any(|option| {
+                        option
+                            .split(',')
+                            .any(|part| part == "name=rootless" || part == "name=userns")
+                    });
+                    Ok::<bool, Error>(!remapped)
+                })
+                .await?;
+        Ok(*host_root)
+    }
+
+    /// The user a container of `image` runs as unless a spec names one: the
+    /// `configured` one, else the image's own, unless that is root where root is the
+    /// host's: then [`UNPRIVILEGED_USER`] (`None`: the image's user, as it is).
+    pub(crate) async fn default_user(
+        &self,
+        docker: &Docker,
+        image: &str,
+        configured: Option<&str>,
+    ) -> Result<Option<String>> {
+        if let Some(user) = configured {
+            return Ok(Some(user.to_owned()));
+        }
+        if !self.forbids_root(docker).await? {
+            return Ok(None);
+        }
+        let user = docker
+            .inspect_image(image)
+            .await
+            .map_err(|e| crate::error::engine(format_args!("inspecting image {image}"), e))?
+            .config
+            .and_then(|c| c.user)
+            .unwrap_or_default();
+        Ok(names_root(&user).then(|| UNPRIVILEGED_USER.to_owned()))
+    }
+
+    /// Refuses to run `user` (a spec's, the configuration's or an exec request's) in
+    /// `container` where it is uid 0 and that is the host's root.
+    pub(crate) async fn check(&self, docker: &Docker, container: &str, user: &str) -> Result<()> {
+        if user == UNPRIVILEGED_USER || !self.forbids_root(docker).await? {
+            return Ok(());
+        }
+        let (uid, _) = resolve(docker, container, Some(user)).await?;
+        if uid == 0 {
+            return Err(Error::permission_denied(format!(
+                "user {user:?} is uid 0 in the container, which this engine maps to the \
+                 host's root (it is neither rootless nor remapping user namespaces); run \
+                 sandboxes as another user, or set DockerConfig::allow_host_root"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Whether an image's `User` is root without looking it up: unset, `root` or `0`,
+/// with or without a group.
+fn names_root(user: &str) -> bool {
+    let name = user.split_once(':').map_or(user, |(name, _)| name);
+    matches!(name.trim(), "" | "root" | "0")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn root_is_named_with_or_without_a_group() {
+        for user in ["", "root", "0", "root:root", "0:1000", " root "] {
+            assert!(super::names_root(user), "{user:?}");
+        }
+        for user in ["sandbox", "1000", "1000:0", "rooty", "00x"] {
+            assert!(!super::names_root(user), "{user:?}");
+        }
+    }
+}

@@ -87,6 +87,8 @@ struct Inner {
     ulimits: tokio::sync::OnceCell<Option<Vec<bollard::models::ResourcesUlimits>>>,
     /// Set once this process swept host workspaces a crash left without a container.
     swept: tokio::sync::OnceCell<()>,
+    /// Whether a container's root may be the host's (`crate::user`).
+    root: crate::user::RootGuard,
 }
 
 impl std::fmt::Debug for DockerBackend {
@@ -134,6 +136,7 @@ impl DockerBackend {
         .map_err(|e| engine(format_args!("connecting to {host}"), e))?;
         let socket = local_engine
             .then(|| std::path::PathBuf::from(host.strip_prefix("unix://").unwrap_or(&host)));
+        let root = crate::user::RootGuard::new(config.allow_host_root);
         let agent_hash = match &config.agent {
             Some(agent) => Some(file_sha256(agent)?),
             None => None,
@@ -154,6 +157,7 @@ impl DockerBackend {
                 socket,
                 ulimits: tokio::sync::OnceCell::new(),
                 swept: tokio::sync::OnceCell::new(),
+                root,
             }),
         })
     }
@@ -190,9 +194,14 @@ impl DockerBackend {
         })?;
         let image = self.inner.images.prepare(spec).await?;
         let config = &self.inner.config;
+        let (docker, configured) = (&self.inner.docker, config.user.as_deref());
         let layer = crate::image::Layer {
             agent: config.agent.clone().zip(self.inner.agent_hash.clone()),
-            user: config.user.clone(),
+            user: self
+                .inner
+                .root
+                .default_user(docker, &image, configured)
+                .await?,
             workspace: config.workspace.clone(),
         };
         let prepared = self.inner.images.derive(&image, &layer).await?;
@@ -395,9 +404,17 @@ impl DockerBackend {
             egress_dir.as_deref(),
             ulimits,
         );
+        let mut body = body;
+        if body.user.is_none() {
+            let docker = &self.inner.docker;
+            body.user = self
+                .inner
+                .root
+                .default_user(docker, &body.image.clone().unwrap_or_default(), None)
+                .await?;
+        }
         // The user the container runs as, as the hardening chose it.
         let user = body.user.clone();
-        let mut body = body;
         let host_workspace = match config.host_workspaces.get(&spec.template) {
             Some(_) if !self.inner.local_engine => {
                 crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
@@ -447,6 +464,12 @@ impl DockerBackend {
             return Err(e);
         }
         let started = async {
+            if let Some(user) = spec.user.as_ref().or(config.user.as_ref()) {
+                self.inner
+                    .root
+                    .check(&self.inner.docker, id.as_str(), user)
+                    .await?;
+            }
             // The overlay goes on the mount point before start, which binds it.
             if let Some((ws, lower)) = &host_workspace {
                 let owner =
@@ -782,6 +805,12 @@ impl SandboxBackend for DockerBackend {
         }
         if request.timeout.is_none() {
             request.timeout = settings.command_timeout;
+        }
+        if let Some(user) = &request.user {
+            self.inner
+                .root
+                .check(&self.inner.docker, id.as_str(), user)
+                .await?;
         }
         let process = if settings.agent && request.user.is_none() {
             self.client(id).await?.exec(request).await?
