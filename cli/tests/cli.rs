@@ -762,3 +762,46 @@ fn two_hosts_share_one_postgres_and_one_bucket() {
     let purged = b.json(&[&["release", "chat", "--purge"][..], &t].concat());
     assert_eq!(purged["status"], "purged");
 }
+
+/// A new session gets the recommended limits where the backend enforces them (512 MiB
+/// of memory among them), and the flags set others.
+#[test]
+fn acquire_applies_recommended_limits_and_the_flags() {
+    if !rustix::process::geteuid().is_root() || !std::path::Path::new("/usr/bin/python3").exists() {
+        // Memory limits need cgroups, which this backend has as root.
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let cli = Cli::new(dir.path());
+    let allocate = |session: &str, mib: u32| {
+        cli.run(&[
+            "exec",
+            session,
+            "--",
+            "python3",
+            "-c",
+            &format!("x = b'a' * ({mib} << 20); print(len(x) >> 20)"),
+        ])
+    };
+    cli.json(&["acquire", "recommended"]);
+    let out = allocate("recommended", 100);
+    assert_eq!(out.stdout, b"100\n", "{out:?}");
+    let out = allocate("recommended", 700);
+    assert!(!out.status.success(), "700 MiB fit in the default: {out:?}");
+
+    cli.json(&["acquire", "small", "--memory-mb", "64", "--pids", "32"]);
+    let out = allocate("small", 100);
+    assert!(!out.status.success(), "100 MiB fit in 64: {out:?}");
+    let out = cli.run(&[
+        "exec",
+        "small",
+        "--",
+        "sh",
+        "-c",
+        "for i in $(seq 40); do sleep 5 & done; wait",
+    ]);
+    assert!(!out.status.success(), "40 processes fit in 32: {out:?}");
+    for session in ["recommended", "small"] {
+        cli.ok(&["release", session, "--destroy"]);
+    }
+}

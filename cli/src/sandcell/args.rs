@@ -142,6 +142,8 @@ pub(crate) enum SessionCommand {
         /// An environment variable for every command in the sandbox.
         #[arg(long = "env", value_name = "K=V", value_parser = parse_key_value)]
         env: Vec<(String, String)>,
+        #[command(flatten)]
+        limits: LimitArgs,
     },
     /// Run a command; its stdout and stderr pass through and its exit status is ours.
     Exec {
@@ -289,6 +291,38 @@ pub(crate) struct SessionArgs {
 impl SessionArgs {
     pub(crate) fn key(&self) -> Result<SessionKey, CliError> {
         Ok(SessionKey::new(&self.tenant, &self.session)?)
+    }
+}
+
+/// A new session's resource limits. Where a flag is left out, the library's
+/// recommended limit applies (one CPU, 512 MiB of memory, 1024 processes, 10 GiB of
+/// disk), where the backend enforces that kind of limit.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub(crate) struct LimitArgs {
+    /// CPU time, in thousandths of a core (1000: one core).
+    #[arg(long, value_name = "MILLICORES")]
+    pub(crate) cpu_millis: Option<u32>,
+    /// Memory, in MiB.
+    #[arg(long, value_name = "MIB")]
+    pub(crate) memory_mb: Option<u64>,
+    /// Processes and threads.
+    #[arg(long, value_name = "N")]
+    pub(crate) pids: Option<u32>,
+    /// Disk the workspace may fill, in MiB.
+    #[arg(long, value_name = "MIB")]
+    pub(crate) disk_mb: Option<u64>,
+}
+
+impl LimitArgs {
+    /// The limits the flags name, the recommended ones the backend enforces filling
+    /// the rest; an explicit limit the backend cannot enforce is kept (and refused).
+    pub(crate) fn resolve(&self, caps: &sandcell::Capabilities) -> sandcell::Limits {
+        let mut given = sandcell::Limits::new();
+        given.cpu_millis = self.cpu_millis;
+        given.memory_bytes = self.memory_mb.map(|mb| mb.saturating_mul(1 << 20));
+        given.pids = self.pids;
+        given.disk_bytes = self.disk_mb.map(|mb| mb.saturating_mul(1 << 20));
+        given.with_enforced_defaults(&sandcell::Limits::recommended(), caps)
     }
 }
 

@@ -99,6 +99,7 @@ pub(crate) async fn run_session_command(
             session,
             template,
             env,
+            limits,
         } => {
             let key = session.key()?;
             if let Some(template) = &template {
@@ -117,7 +118,8 @@ pub(crate) async fn run_session_command(
                 None => {
                     let template = template.as_deref().unwrap_or("default");
                     Templates::require(data_dir, backend, template)?;
-                    SandboxSpec::new(template)
+                    let caps = manager.backend().capabilities();
+                    SandboxSpec::new(template).limits(limits.resolve(&caps))
                 }
             };
             spec.env.extend(env);
