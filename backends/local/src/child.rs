@@ -38,6 +38,12 @@ pub(crate) struct ChildSetup {
     /// host's user namespace (ADVERSARIAL 37). Not for the helper that joins a
     /// sandbox's namespaces, which needs them and drops them itself.
     pub(crate) drop_capabilities: bool,
+    /// Give the command an IPC namespace of its own (while it still may, as root):
+    /// at `Isolation::Landlock` under root every sandbox is the same owner uid in the
+    /// host's IPC namespace, which neither Landlock nor the uid keeps apart, so without
+    /// it one sandbox could attach another's System V shared memory, queues and
+    /// semaphores (their ids are listed in `/proc/sysvipc`).
+    pub(crate) ipc_namespace: bool,
     /// Become this identity before the exec: the owner of a root backend's sandboxes
     /// (see [`crate::owner`]).
     pub(crate) run_as: Option<RunAs>,
@@ -75,8 +81,8 @@ impl ChildSetup {
     /// nothing may be written but its own stack): it makes raw syscalls only —
     /// setsid(2), ioctl(2) TIOCSCTTY on fd 0, write(2) of a static buffer to descriptors
     /// the parent opened, setrlimit(2), prctl(2) (no-new-privs, subreaper, capability
-    /// sets), landlock_restrict_self(2), seccomp(2) with a static filter, capset(2) and
-    /// close_range(2) — and allocates
+    /// sets), landlock_restrict_self(2), seccomp(2) with a static filter, capset(2),
+    /// unshare(2) of the IPC namespace and close_range(2) — and allocates
     /// nothing; errors convert from an errno without allocating.
     pub(crate) unsafe fn apply(&self) -> std::io::Result<()> {
         let no_core = rustix::process::Rlimit {
@@ -101,6 +107,9 @@ impl ChildSetup {
                 maximum: Some(bytes),
             };
             rustix::process::setrlimit(rustix::process::Resource::Fsize, limit)?;
+        }
+        if self.ipc_namespace {
+            rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWIPC)?;
         }
         if self.drop_capabilities {
             // Before the uid changes, while this process still may.

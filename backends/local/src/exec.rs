@@ -147,6 +147,8 @@ impl LocalBackend {
                 // drops them itself before the command.
                 drop_capabilities: self.inner.config.isolation != Isolation::None
                     && meta.ns_init.is_none(),
+                // Sandboxes sharing the owner uid outside namespaces share no IPC.
+                ipc_namespace: meta.group.is_some(),
                 // The namespaces' helper becomes the owner itself, inside them.
                 run_as: self
                     .inner

@@ -4,7 +4,9 @@
 //! ruleset alone does not mediate file metadata (chmod, utime, extended attributes,
 //! stat, readlink) or connecting to a path-named Unix socket, which the shared uid
 //! would then allow to a sandbox that learned a neighbour's id (the host's mount table
-//! and every process's `/proc/<pid>/cgroup` list them) (ADVERSARIAL 37, 46).
+//! and every process's `/proc/<pid>/cgroup` list them) (ADVERSARIAL 37, 46). Nor does
+//! it mediate System V IPC, which the shared uid would open to every sandbox: each
+//! command has an IPC namespace of its own.
 //!
 //! This checks that none of those reach a neighbour's files.
 
@@ -47,6 +49,30 @@ def connect():
     s.connect(base + '/workspace/sock')
     s.recv(16)
 attempt('unix socket', connect)
+def shared_memory():
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.shmat.restype = ctypes.c_void_p
+    for line in open('/proc/sysvipc/shm').read().splitlines()[1:]:
+        shmid = int(line.split()[1])
+        at = libc.shmat(shmid, None, 0o10000)  # SHM_RDONLY
+        if at not in (None, ctypes.c_void_p(-1).value) and ctypes.string_at(at, 6) == b'secret':
+            return
+    raise OSError('no neighbour segment attached')
+attempt('sysv shared memory', shared_memory)
+"#;
+
+/// Holds a System V shared memory segment with a secret in it, as a server would.
+const SHARE: &str = r#"
+import ctypes, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+shmid = libc.shmget(0, 4096, 0o1000 | 0o600)  # IPC_PRIVATE, IPC_CREAT
+at = libc.shmat(shmid, None, 0)
+ctypes.memmove(at, b'secret', 6)
+open('shared', 'w').write(str(shmid))
+time.sleep(30)
+libc.shmctl(shmid, 0, None)  # IPC_RMID
 "#;
 
 /// Listens on a Unix socket in the workspace, answering the first connection.
@@ -96,6 +122,20 @@ async fn a_sandbox_cannot_read_or_change_a_neighbours_files_by_path() {
         .await
         .unwrap();
     assert!(listen.success(), "{listen:?}");
+    let share = backend
+        .run(
+            &victim.id,
+            ExecRequest::new([
+                "sh",
+                "-c",
+                "python3 -c \"$0\" > /dev/null 2>&1 & \
+                 for i in $(seq 50); do [ -s shared ] && exit 0; sleep 0.1; done; exit 1",
+                SHARE,
+            ]),
+        )
+        .await
+        .unwrap();
+    assert!(share.success(), "{share:?}");
     let out = backend
         .run(
             &attacker.id,
