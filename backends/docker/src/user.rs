@@ -183,21 +183,58 @@ impl RootGuard {
         Ok(names_root(&user).then(|| UNPRIVILEGED_USER.to_owned()))
     }
 
-    /// Refuses to run `user` (a spec's, the configuration's or an exec request's) in
-    /// `container` where it is uid 0 and that is the host's root.
-    pub(crate) async fn check(&self, docker: &Docker, container: &str, user: &str) -> Result<()> {
-        if user == UNPRIVILEGED_USER || !self.forbids_root(docker).await? {
-            return Ok(());
+    /// Refuses to run `user` (a spec's, the configuration's or an exec request's; `None`:
+    /// the image's) in `container` where it is uid 0 or gid 0 and those are the host's
+    /// root; answers it as numbers (`uid:gid`), which an exec passes to the engine so
+    /// that no name is looked up again in a file the sandbox may have changed.
+    pub(crate) async fn check(
+        &self,
+        docker: &Docker,
+        container: &str,
+        user: Option<&str>,
+    ) -> Result<Option<String>> {
+        if let Some(user) = user {
+            check_syntax(user)?;
         }
-        let (uid, _) = resolve(docker, container, Some(user)).await?;
-        if uid == 0 {
+        if user == Some(UNPRIVILEGED_USER) || !self.forbids_root(docker).await? {
+            return Ok(user.map(str::to_owned));
+        }
+        let (uid, gid) = resolve(docker, container, user).await?;
+        if uid == 0 || gid == 0 {
+            let user = user.unwrap_or("the image's user");
             return Err(Error::permission_denied(format!(
-                "user {user:?} is uid 0 in the container, which this engine maps to the \
-                 host's root (it is neither rootless nor remapping user namespaces); run \
-                 sandboxes as another user, or set DockerConfig::allow_host_root"
+                "user {user:?} is uid {uid} and gid {gid} in the container, and this engine \
+                 maps id 0 to the host's root (it is neither rootless nor remapping user \
+                 namespaces); run sandboxes as another user and group, or set \
+                 DockerConfig::allow_host_root"
             )));
         }
+        Ok(Some(format!("{uid}:{gid}")))
+    }
+}
+
+/// Refuses a user the engine might read otherwise than [`resolve`] does: only
+/// `user` or `user:group`, each letters, digits, `_`, `.` and `-`, not starting with
+/// `-` (the engine reads `-0` as the number 0).
+fn check_syntax(user: &str) -> Result<()> {
+    let part_ok = |part: &str| {
+        !part.is_empty()
+            && !part.starts_with('-')
+            && part
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'))
+    };
+    let ok = match user.split_once(':') {
+        Some((name, group)) => part_ok(name) && part_ok(group),
+        None => part_ok(user),
+    };
+    if ok {
         Ok(())
+    } else {
+        Err(Error::invalid_input(format!(
+            "user {user:?}: expected NAME, UID, NAME:GROUP or UID:GID (letters, digits, `_`, \
+             `.` and `-`, not starting with `-`)"
+        )))
     }
 }
 
@@ -217,6 +254,18 @@ mod tests {
         }
         for user in ["sandbox", "1000", "1000:0", "rooty", "00x"] {
             assert!(!super::names_root(user), "{user:?}");
+        }
+    }
+
+    #[test]
+    fn users_the_engine_could_read_otherwise_are_refused() {
+        for user in [
+            "-0", "+0", " 0", "0 ", "a:b:c", ":0", "0:", "a b", "-x:1", "1:-0", "",
+        ] {
+            assert!(super::check_syntax(user).is_err(), "{user:?}");
+        }
+        for user in ["0", "root", "1000:1000", "sandbox:users", "a.b-c_d"] {
+            assert!(super::check_syntax(user).is_ok(), "{user:?}");
         }
     }
 }

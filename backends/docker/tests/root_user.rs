@@ -78,6 +78,40 @@ async fn a_root_image_runs_as_an_unprivileged_user_unless_allowed() {
             .unwrap_err();
         assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{user}: {err}");
     }
+    // Nor in a group that is root's, nor spelt as the engine would read as 0.
+    for (user, kind) in [
+        ("1234:0", ErrorKind::PermissionDenied),
+        ("-0", ErrorKind::InvalidInput),
+        (" 0", ErrorKind::InvalidInput),
+    ] {
+        let err = backend
+            .create(&spec("root-user").user(user))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), kind, "{user}: {err}");
+        let err = backend
+            .run(&sandbox.id, ExecRequest::shell("id -u").user(user))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), kind, "{user}: {err}");
+    }
+    // An image whose user is root by another spelling is refused, not run.
+    let context = tempfile::tempdir().unwrap();
+    std::fs::write(
+        context.path().join("Dockerfile"),
+        format!("FROM {}\nUSER 00\n", common::BASE_IMAGE),
+    )
+    .unwrap();
+    let spelt = DockerBackend::builder()
+        .template(
+            "root",
+            ImageSpec::build(context.path(), "sandcell-test/busybox-user-00:latest"),
+        )
+        .agent(common::agent_binary())
+        .build()
+        .unwrap();
+    let err = spelt.create(&spec("root-user")).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
     // Another user of the image is not root: allowed.
     let out = backend
         .run(&sandbox.id, ExecRequest::shell("id -u").user("1234"))

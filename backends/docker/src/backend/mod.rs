@@ -464,12 +464,12 @@ impl DockerBackend {
             return Err(e);
         }
         let started = async {
-            if let Some(user) = spec.user.as_ref().or(config.user.as_ref()) {
-                self.inner
-                    .root
-                    .check(&self.inner.docker, id.as_str(), user)
-                    .await?;
-            }
+            // As created (the image's files, no command has run yet): the user's ids.
+            let docker = &self.inner.docker;
+            self.inner
+                .root
+                .check(docker, id.as_str(), user.as_deref())
+                .await?;
             // The overlay goes on the mount point before start, which binds it.
             if let Some((ws, lower)) = &host_workspace {
                 let owner =
@@ -806,10 +806,12 @@ impl SandboxBackend for DockerBackend {
         if request.timeout.is_none() {
             request.timeout = settings.command_timeout;
         }
-        if let Some(user) = &request.user {
-            self.inner
+        if let Some(user) = request.user.take() {
+            let docker = &self.inner.docker;
+            request.user = self
+                .inner
                 .root
-                .check(&self.inner.docker, id.as_str(), user)
+                .check(docker, id.as_str(), Some(&user))
                 .await?;
         }
         let process = if settings.agent && request.user.is_none() {
