@@ -50,7 +50,11 @@ static void files(const char *secret) {
     snprintf(dir, sizeof dir, "%s", secret);
     if (symlink(dirname(dir), "dl") < 0) {}
     put("swapping-files", "");
-    for (;;) {
+    /* Quiet for 20 ms after every 2,000 rounds of swaps (some 80 ms): a backend whose
+       snapshot is a tar made inside the sandbox fails every one taken mid-swap, and
+       the case needs some to succeed, or it checks nothing. */
+    for (unsigned long n = 1;; n++) {
+        if (n % 2000 == 0) usleep(20000);
         for (int i = 0; i < 20; i++) {
             snprintf(a, sizeof a, "f%d", i); snprintf(b, sizeof b, "l%d", i);
             exchange(a, b);
