@@ -15,10 +15,50 @@ const CHUNK: usize = 256 * 1024;
 
 /// Turns an async byte stream into a blocking reader, for use inside `spawn_blocking`.
 /// A stream error surfaces as an `io::Error` that [`Error::io`] turns back into the
-/// original error.
+/// original error. Must be called inside a tokio runtime.
+///
+/// The stream is polled by a task of the runtime, never on the thread that reads: a
+/// backend's blocking thread may hold an identity of a sandbox's while it reads (the
+/// local backend's owner), and a thread the stream's own work started from it (the
+/// blocking pool grows from the thread that asks) would keep that identity.
 pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
-    let stream = stream.map(|r| r.map_err(Error::into_io));
-    tokio_util::io::SyncIoBridge::new(tokio_util::io::StreamReader::new(stream))
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
+    tokio::spawn(async move {
+        let mut stream = stream;
+        while let Some(item) = stream.next().await {
+            let item = item.map_err(Error::into_io);
+            let last = item.is_err();
+            // A reader that went away wants no more.
+            if tx.send(item).await.is_err() || last {
+                break;
+            }
+        }
+    });
+    ChannelReader {
+        rx,
+        current: Bytes::new(),
+    }
+}
+
+/// The reading end of [`stream_to_reader`].
+struct ChannelReader {
+    rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+    current: Bytes,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        while self.current.is_empty() {
+            match self.rx.blocking_recv() {
+                Some(Ok(bytes)) => self.current = bytes,
+                Some(Err(e)) => return Err(e),
+                None => return Ok(0),
+            }
+        }
+        let n = buf.len().min(self.current.len());
+        buf[..n].copy_from_slice(&self.current.split_to(n));
+        Ok(n)
+    }
 }
 
 /// Turns a blocking reader into an async byte stream, reading on a blocking thread.

@@ -149,6 +149,9 @@ impl ChildSetup {
             if unsafe { libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) } < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // Outside namespaces other processes of this uid are in reach by pid.
+            // SAFETY: a static filter, no-new-privileges set above.
+            unsafe { crate::seccomp::install(&crate::seccomp::NO_NEIGHBOUR_TUNING)? };
         }
         if !filter.is_empty() {
             // SAFETY: a static filter, no-new-privileges set above.

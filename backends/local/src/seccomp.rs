@@ -1,7 +1,11 @@
 //! The seccomp filters a sandbox's commands run under, in classic BPF: which sockets
-//! they may open, and the terminal ioctls that would type into another terminal.
+//! they may open, the terminal ioctls that would type into another terminal, the
+//! kernel's keyrings, and (`neighbours`) other processes' scheduling and limits.
 
 #![allow(unsafe_code)]
+
+mod neighbours;
+pub(crate) use neighbours::NO_NEIGHBOUR_TUNING;
 
 // The seccomp filter of `no_network`, in classic BPF over `struct seccomp_data`
 // (`nr` at offset 0, `arch` at 4, the first argument's low half at 16 on these

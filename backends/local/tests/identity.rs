@@ -430,3 +430,65 @@ async fn the_owner_passes_through_the_root_and_sees_nothing_else() {
         .build()
         .unwrap();
 }
+
+/// A host thread that writes for a sandbox holds its owner's identity, and threads the
+/// blocking pool starts from it would keep that identity (and the sandbox's group) for
+/// good: the client's stream an import reads is polled elsewhere, so work the stream
+/// does on the blocking pool starts no thread from there, and every later file
+/// operation, on any sandbox, runs as the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_import_leaves_no_host_thread_as_the_sandbox() {
+    use futures::StreamExt;
+    if !rustix::process::geteuid().is_root() {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let Some(backend) = backend(root.path(), Isolation::Landlock) else {
+        return;
+    };
+    let a = backend.create(&SandboxSpec::default()).await.unwrap();
+    let b = backend.create(&SandboxSpec::default()).await.unwrap();
+    backend
+        .write(&b.id, &"b.txt".parse().unwrap(), "b\n".into())
+        .await
+        .unwrap();
+    let mut tar = tar::Builder::new(Vec::new());
+    let mut header = tar::Header::new_gnu();
+    header.set_size(2);
+    header.set_mode(0o644);
+    header.set_cksum();
+    tar.append_data(&mut header, "a.txt", &b"a\n"[..]).unwrap();
+    let tar = bytes::Bytes::from(tar.into_inner().unwrap());
+    // As a stream reading a file through tokio::fs would: each chunk made on the
+    // blocking pool, several at once, so the pool grows while the import reads.
+    let chunks: Vec<bytes::Bytes> = tar.chunks(512).map(bytes::Bytes::copy_from_slice).collect();
+    let stream = futures::stream::iter(chunks).then(|chunk| async move {
+        let work = (0..4).map(|_| {
+            tokio::task::spawn_blocking(|| std::thread::sleep(std::time::Duration::from_millis(5)))
+        });
+        futures::future::join_all(work).await;
+        Ok(chunk)
+    });
+    backend
+        .import_tar(
+            &a.id,
+            &sandcell::SandboxPath::root(),
+            Box::pin(stream),
+            sandcell::archive::ImportOptions::merge(),
+        )
+        .await
+        .unwrap();
+    let mut failed = Vec::new();
+    for _ in 0..16 {
+        if let Err(e) = backend.read(&b.id, &"b.txt".parse().unwrap()).await {
+            failed.push(e.to_string());
+        }
+    }
+    backend.destroy(&a.id).await.unwrap();
+    backend.destroy(&b.id).await.unwrap();
+    assert!(
+        failed.is_empty(),
+        "host threads kept sandbox {}'s identity: {failed:?}",
+        a.id
+    );
+}

@@ -6,7 +6,8 @@
 //! would then allow to a sandbox that learned a neighbour's id (the host's mount table
 //! and every process's `/proc/<pid>/cgroup` list them) (ADVERSARIAL 37, 46). Nor does
 //! it mediate System V IPC, which the shared uid would open to every sandbox: each
-//! command has an IPC namespace of its own.
+//! command has an IPC namespace of its own; nor the calls that change another
+//! process's scheduling and limits by pid, which seccomp refuses.
 //!
 //! This checks that none of those reach a neighbour's files.
 
@@ -60,6 +61,22 @@ def shared_memory():
             return
     raise OSError('no neighbour segment attached')
 attempt('sysv shared memory', shared_memory)
+def neighbour_pid():
+    marker = b'IPC_' + b'RMID'
+    for name in os.listdir('/proc'):
+        try:
+            if name.isdigit() and marker in open('/proc/' + name + '/cmdline', 'rb').read():
+                return int(name)
+        except OSError:
+            pass
+pid = neighbour_pid()
+if pid:
+    print('found: a neighbour process')
+    import resource
+    attempt('setpriority', lambda: os.setpriority(os.PRIO_PROCESS, pid, 19))
+    attempt('sched_setaffinity', lambda: os.sched_setaffinity(pid, {0}))
+    attempt('prlimit', lambda: resource.prlimit(pid, resource.RLIMIT_CPU, (0, 0)))
+attempt('setpriority of the whole uid', lambda: os.setpriority(os.PRIO_USER, 0, 19))
 "#;
 
 /// Holds a System V shared memory segment with a secret in it, as a server would.
@@ -153,6 +170,10 @@ async fn a_sandbox_cannot_read_or_change_a_neighbours_files_by_path() {
     assert!(
         stdout.contains("learned: the mount table names the neighbour"),
         "the attack no longer learns its neighbour's id as the test assumes: {out:?}"
+    );
+    assert!(
+        stdout.contains("found: a neighbour process"),
+        "the attack no longer finds its neighbour's process as the test assumes: {out:?}"
     );
     assert!(
         reached.is_empty(),

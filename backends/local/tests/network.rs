@@ -494,13 +494,14 @@ for _ in range(int(sys.argv[1])):
 print("sent")
 "#;
 
-/// Counts the distinct senders of the datagrams it gets on `argv[1]`:9999 until none
-/// has come for two seconds, and prints the count.
+/// Says when it listens, then counts the distinct senders of the datagrams it gets on
+/// `argv[1]`:9999 until none has come for two seconds, and prints the count.
 const UDP_COUNTER: &str = r#"
 import socket, sys
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
 s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 22)
 s.bind((sys.argv[1], 9999))
+print("listening", flush=True)
 s.settimeout(15)
 seen = set()
 try:
@@ -524,7 +525,7 @@ async fn a_sandbox_holds_a_bounded_share_of_connection_tracking() {
     };
     let host = Host::new();
     let outside = Host::outside_of(host.tag).to_string();
-    let counter = Command::new("ip")
+    let mut counter = Command::new("ip")
         .args([
             "netns",
             "exec",
@@ -536,8 +537,12 @@ async fn a_sandbox_holds_a_bounded_share_of_connection_tracking() {
         .stdout(std::process::Stdio::piped())
         .spawn()
         .unwrap();
+    // Nothing is sent before it listens (on a loaded host its start can take seconds).
+    let mut counts = std::io::BufReader::new(counter.stdout.take().unwrap());
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut counts, &mut line).unwrap();
+    assert_eq!(line, "listening\n");
     let id = full(&b).await;
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let sent = b
         .exec(
             &id,
@@ -548,13 +553,12 @@ async fn a_sandbox_holds_a_bounded_share_of_connection_tracking() {
         .collect(1 << 16)
         .await
         .unwrap();
-    let counted = counter.wait_with_output().unwrap();
+    let mut counted = String::new();
+    std::io::Read::read_to_string(&mut counts, &mut counted).unwrap();
+    counter.wait().unwrap();
     b.destroy(&id).await.unwrap();
     assert_eq!(sent.stdout_str().trim(), "sent", "{sent:?}");
-    let flows: usize = String::from_utf8_lossy(&counted.stdout)
-        .trim()
-        .parse()
-        .unwrap();
+    let flows: usize = counted.trim().parse().unwrap();
     assert!(
         (1900..=2048).contains(&flows),
         "{flows} of 3000 flows reached the world"
