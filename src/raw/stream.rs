@@ -22,37 +22,58 @@ const CHUNK: usize = 256 * 1024;
 /// local backend's owner), and a thread the stream's own work started from it (the
 /// blocking pool grows from the thread that asks) would keep that identity.
 pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
-    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Bytes>>(4);
+    // `Ok(None)` marks the end: a channel that closes without it (the task cancelled
+    // at a runtime's shutdown, or a panicking stream) is a truncated stream, not EOF.
+    let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Option<Bytes>>>(4);
     tokio::spawn(async move {
         let mut stream = stream;
-        while let Some(item) = stream.next().await {
-            let item = item.map_err(Error::into_io);
-            let last = item.is_err();
-            // A reader that went away wants no more.
+        loop {
+            let item = tokio::select! {
+                item = stream.next() => item,
+                // A reader that went away wants no more, even of a stream that never
+                // yields again.
+                () = tx.closed() => return,
+            };
+            let (item, last) = match item {
+                Some(Ok(bytes)) => (Ok(Some(bytes)), false),
+                Some(Err(e)) => (Err(e.into_io()), true),
+                None => (Ok(None), true),
+            };
             if tx.send(item).await.is_err() || last {
-                break;
+                return;
             }
         }
     });
     ChannelReader {
         rx,
         current: Bytes::new(),
+        ended: false,
     }
 }
 
 /// The reading end of [`stream_to_reader`].
 struct ChannelReader {
-    rx: tokio::sync::mpsc::Receiver<io::Result<Bytes>>,
+    rx: tokio::sync::mpsc::Receiver<io::Result<Option<Bytes>>>,
     current: Bytes,
+    ended: bool,
 }
 
 impl Read for ChannelReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.current.is_empty() {
+            if self.ended {
+                return Ok(0);
+            }
             match self.rx.blocking_recv() {
-                Some(Ok(bytes)) => self.current = bytes,
+                Some(Ok(Some(bytes))) => self.current = bytes,
+                Some(Ok(None)) => self.ended = true,
                 Some(Err(e)) => return Err(e),
-                None => return Ok(0),
+                None => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::UnexpectedEof,
+                        "the stream stopped before its end",
+                    ))
+                }
             }
         }
         let n = buf.len().min(self.current.len());
@@ -122,6 +143,48 @@ impl Write for ChannelWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_stream_that_stops_short_is_not_read_as_complete() {
+        let stream: ByteStream = Box::pin(
+            futures::stream::iter([Ok(Bytes::from_static(b"some"))]).chain(
+                futures::stream::poll_fn(|_| -> std::task::Poll<Option<Result<Bytes>>> {
+                    panic!("the stream's producer failed")
+                }),
+            ),
+        );
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = Vec::new();
+            stream_to_reader(stream).read_to_end(&mut buf).map(|_| buf)
+        })
+        .await
+        .unwrap();
+        assert_eq!(read.unwrap_err().kind(), io::ErrorKind::UnexpectedEof);
+    }
+
+    #[tokio::test]
+    async fn a_dropped_reader_lets_go_of_a_stream_that_never_yields() {
+        struct Dropped(Option<tokio::sync::oneshot::Sender<()>>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                if let Some(tx) = self.0.take() {
+                    let _ = tx.send(());
+                }
+            }
+        }
+        let (tx, dropped) = tokio::sync::oneshot::channel();
+        let guard = Dropped(Some(tx));
+        let stream: ByteStream =
+            Box::pin(futures::stream::pending().map(move |x: Result<Bytes>| {
+                let _held = &guard;
+                x
+            }));
+        drop(stream_to_reader(stream));
+        tokio::time::timeout(std::time::Duration::from_secs(5), dropped)
+            .await
+            .expect("the stream outlived its reader")
+            .unwrap();
+    }
 
     #[tokio::test]
     async fn errors_cross_the_bridge_with_their_kind() {

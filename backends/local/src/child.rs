@@ -149,9 +149,17 @@ impl ChildSetup {
             if unsafe { libc::syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset.as_raw_fd(), 0u32) } < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // Outside namespaces other processes of this uid are in reach by pid.
-            // SAFETY: a static filter, no-new-privileges set above.
-            unsafe { crate::seccomp::install(&crate::seccomp::NO_NEIGHBOUR_TUNING)? };
+            // Outside namespaces other processes of this uid are in reach by pid, by
+            // System V IPC (unless the command has an IPC namespace of its own) and,
+            // where the uid may write cgroups, by starting children in theirs.
+            // SAFETY: static filters, no-new-privileges set above.
+            unsafe {
+                crate::seccomp::install(&crate::seccomp::NO_NEIGHBOUR_TUNING)?;
+                crate::seccomp::install(&crate::seccomp::NO_CLONE3)?;
+                if !self.ipc_namespace {
+                    crate::seccomp::install(&crate::seccomp::NO_SYSV_IPC)?;
+                }
+            }
         }
         if !filter.is_empty() {
             // SAFETY: a static filter, no-new-privileges set above.

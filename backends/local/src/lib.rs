@@ -36,6 +36,13 @@
 //!   ([`LocalConfig::sandbox_uid`]) with no capability, so what other users may not
 //!   read (root-only files anywhere) they may not either; their workspace, its
 //!   template and host mounts are theirs through idmapped views, as at `Namespaces`.
+//!   Sandboxes outside namespaces share their uid, so what only the uid guards is
+//!   closed to them: each sandbox's directory has a group of its own (as root), each
+//!   command an IPC namespace of its own (as root; System V IPC is refused
+//!   otherwise), and a seccomp filter refuses changing another process's scheduling or
+//!   limits by its id (`renice -p`, `taskset -p`, `prlimit --pid`, and so
+//!   `pthread_setaffinity_np` on a thread, fail with `EPERM`; id 0, the caller, works)
+//!   and answers `clone3` with `ENOSYS` (C libraries fall back to `clone`).
 //! - [`Isolation::None`], the explicit opt-out: trust-based; processes run as the caller
 //!   with a clean environment, in their own process group and cgroup, and can read
 //!   and write whatever the caller can.

@@ -13,7 +13,8 @@
 //! reaches a sandbox's files as root, or through descriptors it opened as root.
 //!
 //! The groups are the [`GROUPS`] ids after the owner's gid. A group is free when no
-//! directory in `sandboxes/` has it; the backend picks one while holding a lock, so
+//! directory in `sandboxes/` has it and no process holds it (one that outlived its
+//! sandbox, where no cgroup ended it); the backend picks one while holding a lock, so
 //! its own concurrent creates never share one.
 
 use std::os::unix::fs::MetadataExt;
@@ -83,6 +84,9 @@ impl SandboxGroups {
                 taken.insert(meta.gid());
             }
         }
+        // A process of a destroyed sandbox that outlived it (without cgroups, one that
+        // left its session is not killed) still holds that sandbox's group.
+        taken.extend(held_by_processes());
         // Start where the (random) id points, so picks rarely meet.
         let start = id
             .as_str()
@@ -107,6 +111,31 @@ impl SandboxGroups {
         std::fs::set_permissions(dir, passage).map_err(failed)?;
         Ok(group)
     }
+}
+
+/// The supplementary groups of every process on the host (`/proc/<pid>/status`).
+fn held_by_processes() -> std::collections::HashSet<u32> {
+    let mut held = std::collections::HashSet::new();
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return held;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(entry.path().join("status")) else {
+            continue;
+        };
+        if let Some(groups) = status.lines().find_map(|l| l.strip_prefix("Groups:")) {
+            held.extend(
+                groups
+                    .split_whitespace()
+                    .filter_map(|g| g.parse::<u32>().ok()),
+            );
+        }
+    }
+    held
 }
 
 /// The name of a group in `/etc/group` whose id is between `first` and `last`.

@@ -5,7 +5,9 @@
 #![allow(unsafe_code)]
 
 mod neighbours;
+mod shared_uid;
 pub(crate) use neighbours::NO_NEIGHBOUR_TUNING;
+pub(crate) use shared_uid::{NO_CLONE3, NO_SYSV_IPC};
 
 // The seccomp filter of `no_network`, in classic BPF over `struct seccomp_data`
 // (`nr` at offset 0, `arch` at 4, the first argument's low half at 16 on these

@@ -193,3 +193,56 @@ async fn namespaces_work_for_an_unprivileged_user() {
     );
     b.destroy(&info.id).await.unwrap();
 }
+
+/// What an unprivileged backend's Landlock sandboxes would share with each other and
+/// with the user's own programs as one uid, and Landlock does not mediate: System V
+/// IPC is refused (the host's segment stays out of reach), and `clone3`, which could
+/// start a child in a cgroup of the user's delegated tree, answers `ENOSYS`.
+#[tokio::test]
+async fn landlock_sandboxes_share_no_ipc_and_pick_no_cgroup() {
+    if !common::unprivileged("landlock_sandboxes_share_no_ipc_and_pick_no_cgroup")
+        || !common::python_available()
+    {
+        return;
+    }
+    let root = tempfile::tempdir().unwrap();
+    let builder = LocalBackend::builder().root(root.path().join("root"));
+    let Some(b) = common::build_at(builder, Isolation::Landlock) else {
+        return;
+    };
+    // A segment of the user's own, outside any sandbox.
+    // SAFETY: shmget(2) with integer arguments.
+    let shmid = unsafe { libc::shmget(libc::IPC_PRIVATE, 4096, libc::IPC_CREAT | 0o600) };
+    assert!(shmid >= 0, "{}", std::io::Error::last_os_error());
+    let info = b.create(&SandboxSpec::default()).await.unwrap();
+    let script = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+libc.shmat.restype = ctypes.c_void_p
+def errno_of(r):
+    return ctypes.get_errno() if r in (-1, ctypes.c_void_p(-1).value, None) else 0
+print('shmget', errno_of(libc.shmget(0, 4096, 0o1000 | 0o600)))
+print('shmat', errno_of(libc.shmat(int(sys.argv[1]), None, 0o10000)))
+print('msgget', errno_of(libc.msgget(0, 0o1000 | 0o600)))
+print('clone3', errno_of(libc.syscall(435, None, 0)))
+"#;
+    let out = b
+        .run(
+            &info.id,
+            ExecRequest::new(["python3", "-c", script, &shmid.to_string()]),
+        )
+        .await
+        .unwrap();
+    b.destroy(&info.id).await.unwrap();
+    // SAFETY: shmctl(2) IPC_RMID of the segment made above.
+    unsafe { libc::shmctl(shmid, libc::IPC_RMID, std::ptr::null_mut()) };
+    assert_eq!(
+        out.stdout_str(),
+        format!(
+            "shmget {eperm}\nshmat {eperm}\nmsgget {eperm}\nclone3 {enosys}\n",
+            eperm = libc::EPERM,
+            enosys = libc::ENOSYS
+        ),
+        "{out:?}"
+    );
+}
