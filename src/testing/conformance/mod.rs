@@ -22,6 +22,7 @@ mod ext;
 mod files;
 mod fixture;
 mod host;
+mod identity;
 mod kernel;
 mod lifecycle;
 mod manager;
@@ -59,6 +60,7 @@ pub use files::{
 };
 pub use fixture::{run_case, CaseFuture, Fixture, SharedBackend};
 pub use host::{commands_inherit_no_descriptors, host_helpers_ignore_loader_variables};
+pub use identity::processes_are_never_host_root;
 pub use kernel::{kernel_keyrings_are_refused, terminal_injection_is_refused};
 pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
@@ -236,6 +238,7 @@ macro_rules! __conformance_cases {
             walks_never_follow_a_racing_sandbox_out
             terminal_injection_is_refused
             kernel_keyrings_are_refused
+            processes_are_never_host_root
         }
     };
 }
