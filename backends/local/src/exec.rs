@@ -147,8 +147,9 @@ impl LocalBackend {
                 // drops them itself before the command.
                 drop_capabilities: self.inner.config.isolation != Isolation::None
                     && meta.ns_init.is_none(),
-                // Sandboxes sharing the owner uid outside namespaces share no IPC.
-                ipc_namespace: meta.group.is_some(),
+                // Sandboxes sharing the owner uid outside namespaces share no IPC
+                // (those an earlier version made, without a group, included).
+                ipc_namespace: self.inner.owner().is_some() && meta.ns_init.is_none(),
                 // The namespaces' helper becomes the owner itself, inside them.
                 run_as: self
                     .inner
