@@ -232,9 +232,10 @@ async fn main() -> ExitCode {
 fn server_config(args: &Args) -> sandcell::Result<ServerConfig> {
     match (&args.tenants, &args.token) {
         (Some(file), _) => {
-            let text = std::fs::read_to_string(file).map_err(|e| {
+            let bytes = sandcell::raw::secret_file::read(file, "--tenants")?;
+            let text = String::from_utf8(bytes).map_err(|_| {
                 sandcell::Error::invalid_input(format!(
-                    "--tenants {}: cannot be read ({e})",
+                    "--tenants {}: not UTF-8 text",
                     file.display()
                 ))
             })?;

@@ -45,6 +45,11 @@ async fn start(work: &Path, args: &[String]) -> (Server, String) {
         ),
     )
     .unwrap();
+    std::fs::set_permissions(
+        &tenants,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let port = free_port();
     let log = std::fs::File::create(work.join("server.log")).unwrap();
     let child = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))

@@ -27,6 +27,11 @@ fn start_server(work: &Path) -> (Server, String) {
         format!("tenants:\n  - name: a\n    token: {TOKEN_A}\n  - name: b\n    token: {TOKEN_B}\n"),
     )
     .unwrap();
+    std::fs::set_permissions(
+        &tenants,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let port = common::free_port();
     let child = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
         .args(["--listen", &format!("127.0.0.1:{port}"), "--tenants"])

@@ -283,6 +283,19 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
          \x20 - {name: beta, token: token-beta, max_memory_mb: 768}\n",
     )
     .unwrap();
+    // A secret file every user may read is refused: sandboxes would read it too.
+    let out = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
+        .arg("--tenants")
+        .arg(&file)
+        .env_remove("SANDCELL_SERVER_TOKEN")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("chmod o-r"),
+        "{out:?}"
+    );
+    std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let data = root.path().join("data");
     let (server, url) = start_with_token(&data, &["--tenants", file.to_str().unwrap()], None).await;
     let alpha = RemoteBackend::connect(RemoteConfig::new(&url, "token-alpha"))
@@ -461,6 +474,8 @@ fn a_tenants_file_with_a_shared_or_empty_token_is_refused() {
     ] {
         let file = dir.path().join("tenants.yaml");
         std::fs::write(&file, body).unwrap();
+        std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
         let out = Command::new(env!("CARGO_BIN_EXE_sandcell-server"))
             .arg("--tenants")
             .arg(&file)
@@ -484,6 +499,11 @@ async fn tls_flags_serve_https() {
     let key_file = root.path().join("key.pem");
     std::fs::write(&cert_file, cert.cert.pem()).unwrap();
     std::fs::write(&key_file, cert.key_pair.serialize_pem()).unwrap();
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let (server, url) = start(
         &root.path().join("data"),
         &[

@@ -10,6 +10,7 @@
 //! | [`changes`] | assembling the [`Changes`] of `export_changes` |
 //! | [`overlay`] | overlay workspaces on this host: mount, and the changes of an upper layer (Linux) |
 //! | [`private_dir`] | default host-state directories, created `0700` and checked to be this user's alone |
+//! | [`secret_file`] | a server's secret files (tokens, private keys), refused when other users may read them |
 //! | [`tree`] | directory trees walked through descriptors without following links: list, remove, copy, move (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
 //! | [`read_at_most`] | a read with a byte cap, the file sized before it is read (servers facing untrusted callers) |
@@ -21,6 +22,7 @@ mod bounded;
 #[cfg(target_os = "linux")]
 pub mod overlay;
 pub mod private_dir;
+pub mod secret_file;
 pub mod stream;
 #[cfg(target_os = "linux")]
 pub mod tree;

@@ -29,6 +29,14 @@ async fn a_client_trusting_the_certificate_works_over_tls_and_others_do_not() {
     let key_file = dir.path().join("key.pem");
     std::fs::write(&cert_file, &cert).unwrap();
     std::fs::write(&key_file, &key).unwrap();
+    // A key every user may read is refused: sandboxes would read it too.
+    let err = Tls::from_pem_files(&cert_file, &key_file).unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let tls = Tls::from_pem_files(&cert_file, &key_file).unwrap();
 
     let local = LocalBackend::builder()
@@ -135,6 +143,11 @@ async fn the_e2b_provider_reaches_sandboxes_by_their_own_host_names_over_tls() {
     let key_file = dir.path().join("key.pem");
     std::fs::write(&cert_file, cert.cert.pem()).unwrap();
     std::fs::write(&key_file, cert.key_pair.serialize_pem()).unwrap();
+    std::fs::set_permissions(
+        &key_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
     let tls = Tls::from_pem_files(&cert_file, &key_file).unwrap();
     let local = LocalBackend::builder()
         .root(dir.path().join("data"))

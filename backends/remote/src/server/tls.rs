@@ -38,14 +38,16 @@ impl std::fmt::Debug for Tls {
 
 impl Tls {
     /// The certificate chain (leaf first) and private key in the PEM files at
-    /// `cert` and `key`; `InvalidInput` naming the file that cannot be used.
+    /// `cert` and `key`; `InvalidInput` naming the file that cannot be used, and
+    /// `PermissionDenied` for a key file every user may read (a sandbox would read
+    /// it: see [`sandcell::raw::secret_file`]).
     pub fn from_pem_files(cert: impl AsRef<Path>, key: impl AsRef<Path>) -> Result<Self> {
-        let read = |path: &Path| {
-            std::fs::read(path).map_err(|e| {
-                Error::invalid_input(format!("{} cannot be read ({e})", path.display()))
-            })
-        };
-        Self::from_pem(&read(cert.as_ref())?, &read(key.as_ref())?)
+        let cert = cert.as_ref();
+        let cert = std::fs::read(cert).map_err(|e| {
+            Error::invalid_input(format!("{} cannot be read ({e})", cert.display()))
+        })?;
+        let key = sandcell::raw::secret_file::read(key.as_ref(), "the TLS key")?;
+        Self::from_pem(&cert, &key)
     }
 
     /// The certificate chain (leaf first) and private key in PEM text.
