@@ -493,3 +493,39 @@ async fn commands_enter_only_their_own_sandbox_s_namespaces() {
     })
     .await;
 }
+
+/// ADVERSARIAL 41: whether a program exists is looked up in the sandbox's own view of
+/// the file system, never the host's, so an exec of a host file the sandbox cannot see
+/// answers exactly as one of a file that exists nowhere.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_answers_alike_whether_a_host_file_exists_or_not() {
+    use sandcell::ExecRequest;
+    use std::os::unix::fs::PermissionsExt;
+    let root = tempfile::tempdir().unwrap();
+    let Some(backend) = namespaces_backend(root.path()) else {
+        return;
+    };
+    // A file on the host, beside the backend's root, which no sandbox mounts.
+    let host = root
+        .path()
+        .join(format!("host-program-{}", std::process::id()));
+    std::fs::write(&host, "#!/bin/sh\necho ran\n").unwrap();
+    std::fs::set_permissions(&host, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let missing = root.path().join("no-such-program");
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let mut answers = Vec::new();
+    for program in [&host, &missing] {
+        let err = backend
+            .run(&sandbox.id, ExecRequest::new([program.to_str().unwrap()]))
+            .await
+            .unwrap_err();
+        let path = program.to_str().unwrap();
+        answers.push((err.kind(), err.to_string().replace(path, "PROGRAM")));
+    }
+    backend.destroy(&sandbox.id).await.unwrap();
+    assert_eq!(answers[0].0, sandcell::ErrorKind::NotFound, "{answers:?}");
+    assert_eq!(
+        answers[0], answers[1],
+        "the answer shows whether a host file exists"
+    );
+}
