@@ -125,6 +125,10 @@ pub(crate) struct RootGuard {
     /// Whether the engine maps a container's root to the host's root: neither
     /// rootless nor remapping user namespaces (`userns-remap`).
     host_root: tokio::sync::OnceCell<bool>,
+    /// Per image, the user its containers run as unless told otherwise (the image's
+    /// configuration does not change under its name's prepared tag): read once, not at
+    /// every create.
+    defaults: std::sync::Mutex<std::collections::HashMap<String, Option<String>>>,
 }
 
 impl RootGuard {
@@ -132,6 +136,7 @@ impl RootGuard {
         RootGuard {
             allowed,
             host_root: tokio::sync::OnceCell::new(),
+            defaults: Default::default(),
         }
     }
 
@@ -173,6 +178,9 @@ impl RootGuard {
         if !self.forbids_root(docker).await? {
             return Ok(None);
         }
+        if let Some(known) = crate::lock(&self.defaults).get(image) {
+            return Ok(known.clone());
+        }
         let user = docker
             .inspect_image(image)
             .await
@@ -180,7 +188,9 @@ impl RootGuard {
             .config
             .and_then(|c| c.user)
             .unwrap_or_default();
-        Ok(names_root(&user).then(|| UNPRIVILEGED_USER.to_owned()))
+        let user = names_root(&user).then(|| UNPRIVILEGED_USER.to_owned());
+        crate::lock(&self.defaults).insert(image.to_owned(), user.clone());
+        Ok(user)
     }
 
     /// Refuses to run `user` (a spec's, the configuration's or an exec request's; `None`:

@@ -22,6 +22,43 @@ const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 const DENY: u32 = SECCOMP_RET_ERRNO | libc::EACCES as u32;
 
+/// The x32 number of a native call (none on aarch64, which has no x32).
+const fn x32(native: u32) -> u32 {
+    if cfg!(target_arch = "x86_64") {
+        X32_SYSCALL_BIT | native
+    } else {
+        u32::MAX
+    }
+}
+
+/// Runs `program` the way the kernel would on system call `nr` of `arch` with the low
+/// halves of its first two arguments `args`: the verdict it returns. For the filters'
+/// tests (`LD|W|ABS`, `JEQ|K` and `RET|K` only, the instructions they use).
+#[cfg(test)]
+fn verdict(program: &[libc::sock_filter], arch: u32, nr: u32, args: [u64; 2]) -> u32 {
+    let mut data = [0u8; 64];
+    data[0..4].copy_from_slice(&nr.to_le_bytes());
+    data[4..8].copy_from_slice(&arch.to_le_bytes());
+    data[16..24].copy_from_slice(&args[0].to_le_bytes());
+    data[24..32].copy_from_slice(&args[1].to_le_bytes());
+    let (mut pc, mut acc) = (0usize, 0u32);
+    loop {
+        let op = program[pc];
+        match op.code as u32 {
+            c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
+                let at = op.k as usize;
+                acc = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
+                pc += 1;
+            }
+            c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
+                pc += 1 + usize::from(if acc == op.k { op.jt } else { op.jf });
+            }
+            c if c == libc::BPF_RET | libc::BPF_K => return op.k,
+            other => panic!("unexpected instruction {other:#x}"),
+        }
+    }
+}
+
 const fn stmt(code: u32, k: u32) -> libc::sock_filter {
     libc::sock_filter {
         code: code as u16,

@@ -109,6 +109,25 @@ c, _ = s.accept()
 c.send(b'hello, neighbour')
 "#;
 
+/// Starts `script` in the background in sandbox `id`, waiting (five seconds at most)
+/// until the `test` condition on what it makes holds.
+async fn serve_in_background(
+    backend: &LocalBackend,
+    id: &sandcell::SandboxId,
+    script: &str,
+    test: &str,
+) {
+    let wait = format!(
+        "python3 -c \"$0\" > /dev/null 2>&1 & \
+         for i in $(seq 50); do [ {test} ] && exit 0; sleep 0.1; done; exit 1"
+    );
+    let started = backend
+        .run(id, ExecRequest::new(["sh", "-c", &wait, script]))
+        .await
+        .unwrap();
+    assert!(started.success(), "{script}: {started:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sandbox_cannot_read_or_change_a_neighbours_files_by_path() {
     if !rustix::process::geteuid().is_root() || !common::python_available() {
@@ -130,35 +149,9 @@ async fn a_sandbox_cannot_read_or_change_a_neighbours_files_by_path() {
         )
         .await
         .unwrap();
-    // The listener outlives the command that starts it, as a background server would.
-    let listen = backend
-        .run(
-            &victim.id,
-            ExecRequest::new([
-                "sh",
-                "-c",
-                "python3 -c \"$0\" > /dev/null 2>&1 & \
-                 for i in $(seq 50); do [ -S sock ] && exit 0; sleep 0.1; done; exit 1",
-                LISTEN,
-            ]),
-        )
-        .await
-        .unwrap();
-    assert!(listen.success(), "{listen:?}");
-    let share = backend
-        .run(
-            &victim.id,
-            ExecRequest::new([
-                "sh",
-                "-c",
-                "python3 -c \"$0\" > /dev/null 2>&1 & \
-                 for i in $(seq 50); do [ -s shared ] && exit 0; sleep 0.1; done; exit 1",
-                SHARE,
-            ]),
-        )
-        .await
-        .unwrap();
-    assert!(share.success(), "{share:?}");
+    // Both outlive the command that starts them, as background servers would.
+    serve_in_background(&backend, &victim.id, LISTEN, "-S sock").await;
+    serve_in_background(&backend, &victim.id, SHARE, "-s shared").await;
     let out = backend
         .run(
             &attacker.id,

@@ -9,7 +9,7 @@
 //! time limit to 0, which kills a busy process whatever the signal scoping says. So a
 //! command may make them on itself (`0`) only, never for a whole user.
 
-use super::{jump, stmt, AUDIT_ARCH_NATIVE, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT};
+use super::{jump, stmt, x32, AUDIT_ARCH_NATIVE, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO};
 
 /// How a call names the process it changes.
 #[derive(Clone, Copy)]
@@ -56,15 +56,6 @@ const CALLS: [(u32, u32, Names); 7] = [
         Names::Which(IOPRIO_WHO_USER),
     ),
 ];
-
-/// The x32 number of a native call (none on aarch64).
-const fn x32(native: u32) -> u32 {
-    if cfg!(target_arch = "x86_64") {
-        X32_SYSCALL_BIT | native
-    } else {
-        u32::MAX
-    }
-}
 
 const N: usize = CALLS.len();
 /// Where the parts of the program start.
@@ -139,30 +130,10 @@ const fn build() -> [libc::sock_filter; LEN] {
 
 #[cfg(test)]
 mod tests {
-    /// Runs the filter the way the kernel would, on `nr` with `args` in the native ABI.
+    /// The filter's verdict on `nr` with `args` in the native ABI.
     fn verdict(nr: u32, args: [u64; 2]) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_le_bytes());
-        data[4..8].copy_from_slice(&super::AUDIT_ARCH_NATIVE.to_le_bytes());
-        data[16..24].copy_from_slice(&args[0].to_le_bytes());
-        data[24..32].copy_from_slice(&args[1].to_le_bytes());
-        let program = &super::NO_NEIGHBOUR_TUNING;
-        let (mut pc, mut acc) = (0usize, 0u32);
-        loop {
-            let op = program[pc];
-            match op.code as u32 {
-                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
-                    let at = op.k as usize;
-                    acc = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
-                    pc += 1;
-                }
-                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
-                    pc += 1 + usize::from(if acc == op.k { op.jt } else { op.jf });
-                }
-                c if c == libc::BPF_RET | libc::BPF_K => return op.k,
-                other => panic!("unexpected instruction {other:#x}"),
-            }
-        }
+        let native = super::AUDIT_ARCH_NATIVE;
+        crate::seccomp::verdict(&super::NO_NEIGHBOUR_TUNING, native, nr, args)
     }
 
     #[test]

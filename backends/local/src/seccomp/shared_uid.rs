@@ -16,16 +16,7 @@
 //! its limits. `clone3` answers `ENOSYS`, and C libraries fall back to `clone`, which
 //! cannot name a cgroup.
 
-use super::{jump, stmt, AUDIT_ARCH_NATIVE, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO, X32_SYSCALL_BIT};
-
-/// The x32 number of a native call (none on aarch64).
-const fn x32(native: libc::c_long) -> u32 {
-    if cfg!(target_arch = "x86_64") {
-        X32_SYSCALL_BIT | native as u32
-    } else {
-        u32::MAX
-    }
-}
+use super::{jump, stmt, x32, AUDIT_ARCH_NATIVE, SECCOMP_RET_ALLOW, SECCOMP_RET_ERRNO};
 
 /// The System V IPC calls and `mq_unlink`, native and x32 (x86_64) or native only.
 const SYSV_NATIVE: [u32; 24] = {
@@ -47,7 +38,7 @@ const SYSV_NATIVE: [u32; 24] = {
     let mut i = 0;
     while i < 12 {
         all[2 * i] = calls[i] as u32;
-        all[2 * i + 1] = x32(calls[i]);
+        all[2 * i + 1] = x32(calls[i] as u32);
         i += 1;
     }
     all
@@ -69,7 +60,7 @@ pub(crate) static NO_SYSV_IPC: [libc::sock_filter; 7 + 24 + 13] =
 
 /// Answers `clone3` with `ENOSYS` in every ABI (it is 435 in each).
 pub(crate) static NO_CLONE3: [libc::sock_filter; 7 + 2 + 1] = refuse(
-    &[libc::SYS_clone3 as u32, x32(libc::SYS_clone3)],
+    &[libc::SYS_clone3 as u32, x32(libc::SYS_clone3 as u32)],
     &[435],
     libc::ENOSYS as u32,
 );
@@ -113,27 +104,8 @@ const fn refuse<const L: usize>(
 
 #[cfg(test)]
 mod tests {
-    /// Runs `program` the way the kernel would on `nr` in `arch`.
     fn verdict(program: &[libc::sock_filter], arch: u32, nr: u32) -> u32 {
-        let mut data = [0u8; 64];
-        data[0..4].copy_from_slice(&nr.to_le_bytes());
-        data[4..8].copy_from_slice(&arch.to_le_bytes());
-        let (mut pc, mut acc) = (0usize, 0u32);
-        loop {
-            let op = program[pc];
-            match op.code as u32 {
-                c if c == libc::BPF_LD | libc::BPF_W | libc::BPF_ABS => {
-                    let at = op.k as usize;
-                    acc = u32::from_le_bytes(data[at..at + 4].try_into().unwrap());
-                    pc += 1;
-                }
-                c if c == libc::BPF_JMP | libc::BPF_JEQ | libc::BPF_K => {
-                    pc += 1 + usize::from(if acc == op.k { op.jt } else { op.jf });
-                }
-                c if c == libc::BPF_RET | libc::BPF_K => return op.k,
-                other => panic!("unexpected instruction {other:#x}"),
-            }
-        }
+        crate::seccomp::verdict(program, arch, nr, [0, 0])
     }
 
     #[test]
