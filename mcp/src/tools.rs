@@ -25,7 +25,7 @@ use crate::args::{
     Restore, RunCommand, SessionOnly, WriteFile,
 };
 use crate::output::HeadTail;
-use crate::settings::{Manager, Tenant, ToolSettings};
+use crate::settings::{Manager, ToolSettings};
 
 /// The most a `read_file` answers in one call.
 const READ_LIMIT: u64 = 256 * 1024;
@@ -45,7 +45,7 @@ const MAX_ITEMS: usize = 1000;
 #[derive(Clone)]
 pub struct SandboxTools {
     manager: Arc<Manager>,
-    /// The tenant every call acts for; `None`: each request's [`Tenant`], set by the
+    /// The tenant every call acts for; `None`: each request's [`Tenant`](crate::Tenant), set by the
     /// HTTP server in front.
     tenant: Option<String>,
     settings: Arc<ToolSettings>,
@@ -108,7 +108,7 @@ impl SandboxTools {
         }
     }
 
-    /// Tools over `manager` acting for each request's [`Tenant`], which the server in
+    /// Tools over `manager` acting for each request's [`Tenant`](crate::Tenant), which the server in
     /// front sets once it has authenticated the caller; a request without one is
     /// refused.
     pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
@@ -140,7 +140,7 @@ impl SandboxTools {
         if let Some(tenant) = ctx
             .extensions
             .get::<http::request::Parts>()
-            .and_then(|parts| parts.extensions.get::<Tenant>())
+            .and_then(|parts| parts.extensions.get::<crate::Tenant>())
         {
             return Ok(tenant.0.clone());
         }
