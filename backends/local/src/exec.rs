@@ -1,9 +1,12 @@
 //! Starting a sandbox's command: where it runs (a host directory, or the sandbox's
 //! namespaces through `crate::namespace::enter`), with what environment, and under
-//! which restrictions (`crate::child::ChildSetup`).
+//! which restrictions (`crate::child::ChildSetup`), among them the Landlock ruleset
+//! cached per sandbox and per mount of its workspace.
 
 use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use sandcell::{
     Error, ErrorKind, ExecRequest, Process, Result, SandboxBackend, SandboxId, SandboxPath,
@@ -12,6 +15,7 @@ use sandcell::{
 
 use super::LocalBackend;
 use crate::config::Isolation;
+use crate::layout::SandboxDir;
 use crate::pinned::PinnedInit;
 use crate::process::{self, Launch, DEFAULT_PATH};
 use crate::sys::SocketFilter;
@@ -175,4 +179,57 @@ impl LocalBackend {
             meta.spec.limits.output_bytes,
         ))
     }
+
+    /// The sandbox's Landlock ruleset, built on first use: one ruleset can be enforced
+    /// by any number of children. Its rules hold the directories they name, so a
+    /// workspace remounted by a clone gets a new one.
+    fn ruleset(
+        &self,
+        id: &SandboxId,
+        abi: u32,
+        dir: &SandboxDir,
+        egress_port: Option<u16>,
+    ) -> Result<Arc<OwnedFd>> {
+        let generation = mount_generation(dir);
+        if let Some((built_for, fd)) = self.inner.lock_rulesets().get(id) {
+            if *built_for == generation {
+                return Ok(fd.clone());
+            }
+        }
+        let fd = Arc::new(crate::landlock::ruleset(
+            abi,
+            &self.inner.probed.read_rules,
+            &[dir.workspace(), dir.tmp()],
+            egress_port,
+        )?);
+        self.inner
+            .lock_rulesets()
+            .insert(id.clone(), (generation, fd.clone()));
+        Ok(fd)
+    }
+}
+
+/// Which mount of its workspace a sandbox is on, so a ruleset cached for an earlier
+/// one is rebuilt: a clone that freezes the workspace remounts it, in this process or
+/// another. The kernel's unique mount id where it has one (6.8); before, the inode of
+/// the upper layer (a new directory at each remount, made while the old one still
+/// exists, so never the number of the mount just replaced). Not the mount's device:
+/// the kernel hands the new mount the number the old one freed. Copied workspaces,
+/// never remounted, are on the mount they are on.
+fn mount_generation(dir: &SandboxDir) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    /// `STATX_MNT_ID_UNIQUE`, which rustix does not name.
+    const MNT_ID_UNIQUE: u32 = 0x4000;
+    let unique = rustix::fs::StatxFlags::from_bits_retain(MNT_ID_UNIQUE);
+    if let Ok(stat) = rustix::fs::statx(
+        rustix::fs::CWD,
+        dir.workspace(),
+        rustix::fs::AtFlags::SYMLINK_NOFOLLOW | rustix::fs::AtFlags::STATX_DONT_SYNC,
+        unique,
+    ) {
+        if stat.stx_mask & MNT_ID_UNIQUE != 0 {
+            return stat.stx_mnt_id;
+        }
+    }
+    std::fs::symlink_metadata(dir.upper()).map_or(0, |m| m.ino())
 }
