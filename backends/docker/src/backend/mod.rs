@@ -5,10 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
-use bollard::query_parameters::{
-    CreateContainerOptions, ListContainersOptions, RemoveContainerOptions, RestartContainerOptions,
-    UploadToContainerOptions,
-};
+use bollard::query_parameters::RestartContainerOptions;
 use bollard::{ClientVersion, Docker};
 use bytes::Bytes;
 use sandcell::archive::ImportOptions;
@@ -20,11 +17,13 @@ use sandcell::{
 };
 
 use crate::config::{DockerBackendBuilder, DockerConfig};
-use crate::error::{engine, is_not_found};
-mod clone;
-
-use crate::hardening::{info_of, ContainerSettings, LABEL_EXEC, LABEL_TEMPLATE};
+use crate::error::engine;
+use crate::hardening::ContainerSettings;
 use crate::image::Images;
+
+mod clone;
+mod containers;
+mod describe;
 
 /// The API version requested: old enough for Debian's engine (20.10), accepted by new ones.
 const API_VERSION: ClientVersion = ClientVersion {
@@ -255,31 +254,6 @@ impl DockerBackend {
             .as_deref()
     }
 
-    /// Once per process, at its first create or list: removes the host workspaces of
-    /// containers that no longer exist (a crash between mount and create, or a
-    /// container removed behind this backend's back). Failures are logged; the next
-    /// process tries again.
-    async fn sweep_host_workspaces(&self) {
-        self.inner
-            .swept
-            .get_or_init(|| async {
-                let runtime = self.inner.config.runtime_dir.clone();
-                for (id, ws) in crate::host_workspace::sweep_candidates(&runtime) {
-                    match self.inner.docker.inspect_container(id.as_str(), None).await {
-                        Err(e) if is_not_found(&e) => {
-                            if let Err(e) = ws.remove() {
-                                tracing::warn!(sandbox = %id, error = %e, "could not remove a stale host workspace");
-                            } else {
-                                tracing::info!(sandbox = %id, "removed a host workspace whose container is gone");
-                            }
-                        }
-                        _ => {}
-                    }
-                }
-            })
-            .await;
-    }
-
     /// The agent connection of container `id`, opened on first use.
     async fn client(&self, id: &SandboxId) -> Result<WireClient> {
         let settings = self.settings(id).await?;
@@ -327,194 +301,6 @@ impl DockerBackend {
         lock(&self.inner.paused).remove(id);
         self.inner.ports.forget(id);
     }
-
-    /// Removes a container and whatever it holds; gone already is fine.
-    async fn remove_container(&self, id: &str) -> Result<()> {
-        match self
-            .inner
-            .docker
-            .remove_container(
-                id,
-                Some(RemoveContainerOptions {
-                    force: true,
-                    v: true,
-                    ..Default::default()
-                }),
-            )
-            .await
-        {
-            Ok(()) => Ok(()),
-            Err(e) if is_not_found(&e) => Ok(()),
-            Err(e) if e.to_string().contains("already in progress") => Ok(()),
-            Err(e) => Err(engine(format_args!("removing sandbox {id}"), e)),
-        }
-    }
-
-    /// Makes the workspace directory, owned by the container's user, before start.
-    async fn prepare_workspace(&self, id: &SandboxId, user: Option<&str>) -> Result<()> {
-        let owner = crate::user::resolve(&self.inner.docker, id.as_str(), user).await?;
-        let layer = crate::image::Layer {
-            agent: None,
-            user: user.map(str::to_owned),
-            workspace: self.workspace().to_owned(),
-        };
-        let tar = crate::image::layer_tar(&layer, owner)?;
-        self.inner
-            .docker
-            .upload_to_container(
-                id.as_str(),
-                Some(UploadToContainerOptions {
-                    path: "/".to_owned(),
-                    ..Default::default()
-                }),
-                bollard::body_full(tar.into()),
-            )
-            .await
-            .map_err(|e| engine("creating the workspace", e))
-    }
-
-    async fn create_container(
-        &self,
-        id: &SandboxId,
-        spec: &SandboxSpec,
-        image: String,
-        task_network: Option<&str>,
-    ) -> Result<()> {
-        let config = &self.inner.config;
-        let agent = config.agent.is_some();
-        let egress_dir = match &spec.network {
-            sandcell::Network::Allowlist(entries) => {
-                crate::egress::serve(
-                    &self.inner.egress,
-                    &config.runtime_dir,
-                    id,
-                    entries,
-                    &config.egress_hosts,
-                )?;
-                Some(crate::egress::host_dir(&config.runtime_dir, id))
-            }
-            _ => None,
-        };
-        let ulimits = self.ulimits().await;
-        let body = crate::hardening::container_body(
-            spec,
-            config,
-            image,
-            task_network,
-            egress_dir.as_deref(),
-            ulimits,
-        );
-        let mut body = body;
-        if body.user.is_none() {
-            let docker = &self.inner.docker;
-            body.user = self
-                .inner
-                .root
-                .default_user(docker, &body.image.clone().unwrap_or_default(), None)
-                .await?;
-        }
-        // The user the container runs as, as the hardening chose it.
-        let user = body.user.clone();
-        let host_workspace = match config.host_workspaces.get(&spec.template) {
-            Some(_) if !self.inner.local_engine => {
-                crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
-                return Err(Error::unsupported(format!(
-                    "template {:?} has a host-directory workspace, which needs the engine on this host (a unix socket), not over TCP",
-                    spec.template
-                )));
-            }
-            Some(lower) => {
-                let ws = crate::host_workspace::HostWorkspace::of(&config.runtime_dir, id);
-                if let Err(e) = std::fs::create_dir_all(ws.merged()) {
-                    crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
-                    return Err(Error::io("creating the workspace's mount point", e));
-                }
-                if let Some(labels) = body.labels.as_mut() {
-                    labels.insert(
-                        crate::host_workspace::LABEL_WORKSPACE.to_owned(),
-                        "overlay".to_owned(),
-                    );
-                }
-                if let Some(host) = body.host_config.as_mut() {
-                    host.binds
-                        .get_or_insert_with(Vec::new)
-                        .push(ws.bind(&config.workspace));
-                }
-                Some((ws, lower.clone()))
-            }
-            None => None,
-        };
-        let created = self
-            .inner
-            .docker
-            .create_container(
-                Some(CreateContainerOptions {
-                    name: Some(id.as_str().to_owned()),
-                    ..Default::default()
-                }),
-                body,
-            )
-            .await
-            .map_err(|e| engine(format_args!("creating sandbox {id}"), e));
-        if let Err(e) = created {
-            crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
-            if let Some((ws, _)) = &host_workspace {
-                let _ = ws.remove();
-            }
-            return Err(e);
-        }
-        let started = async {
-            // As created (the image's files, no command has run yet): the user's ids.
-            let docker = &self.inner.docker;
-            self.inner
-                .root
-                .check(docker, id.as_str(), user.as_deref())
-                .await?;
-            // The overlay goes on the mount point before start, which binds it.
-            if let Some((ws, lower)) = &host_workspace {
-                let owner =
-                    crate::user::resolve(&self.inner.docker, id.as_str(), user.as_deref()).await?;
-                let (ws, lower) = (ws.clone(), lower.clone());
-                tokio::task::spawn_blocking(move || ws.mount(&lower, owner))
-                    .await
-                    .map_err(|e| {
-                        Error::with_source(ErrorKind::Backend, "mounting the workspace failed", e)
-                    })??;
-            }
-            // The image's layer made the workspace for the configured user; a spec
-            // asking for another user gets it re-owned before start.
-            if spec.user.is_some() && spec.user != config.user {
-                self.prepare_workspace(id, user.as_deref()).await?;
-            }
-            // Attach before start, never beside it: Podman readies a created container
-            // for an attach itself, and a start racing that fails with "container state
-            // improper". The protocol is client-first, so nothing is missed meanwhile.
-            let attached = match agent {
-                true => Some(crate::agent::attach(&self.inner.docker, id).await?),
-                false => None,
-            };
-            self.inner
-                .docker
-                .start_container(id.as_str(), None)
-                .await
-                .map_err(|e| engine(format_args!("starting sandbox {id}"), e))?;
-            if let Some(client) = attached {
-                let cell = Arc::new(tokio::sync::Mutex::new(Some(client)));
-                lock(&self.inner.clients).insert(id.clone(), cell);
-            }
-            Ok(())
-        }
-        .await;
-        if let Err(e) = started {
-            let _ = self.remove_container(id.as_str()).await;
-            crate::egress::remove(&self.inner.egress, &config.runtime_dir, id);
-            if let Some((ws, _)) = &host_workspace {
-                let _ = ws.remove();
-            }
-            return Err(e);
-        }
-        Ok(())
-    }
 }
 
 /// sha256 of a file, hex.
@@ -525,15 +311,6 @@ fn file_sha256(path: &std::path::Path) -> Result<String> {
     Ok(hex::encode(Sha256::digest(&data)))
 }
 
-fn status_of(state: Option<&str>, paused: bool) -> SandboxStatus {
-    match state {
-        _ if paused => SandboxStatus::Paused,
-        Some("paused") => SandboxStatus::Paused,
-        Some("running") | Some("restarting") | Some("created") => SandboxStatus::Running,
-        _ => SandboxStatus::Failed,
-    }
-}
-
 #[async_trait]
 impl SandboxBackend for DockerBackend {
     fn name(&self) -> &str {
@@ -541,52 +318,7 @@ impl SandboxBackend for DockerBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        let mut caps = Capabilities::none();
-        caps.shell = true;
-        caps.pause = true;
-        caps.reset = true;
-        // Only a host-directory workspace has a change set; claimed when every template
-        // has one (a sandbox of another template answers `Unsupported`).
-        let config = &self.inner.config;
-        caps.incremental_snapshot = !config.templates.is_empty()
-            && config
-                .templates
-                .keys()
-                .all(|t| config.host_workspaces.contains_key(t));
-        caps.host_mounts = true;
-        caps.read_only_mounts_enforced = true;
-        caps.network_isolation = true;
-        caps.network_full = true;
-        // The agent relays to the egress proxy through a socket mounted from this host.
-        caps.network_allowlist = self.inner.config.agent.is_some() && self.inner.local_engine;
-        caps.network_update = caps.network_allowlist;
-        caps.cpu_limit = true;
-        caps.memory_limit = true;
-        caps.pids_limit = true;
-        caps.choose_user = true;
-        caps.symlinks = true;
-        // A paused container's agent is frozen: file operations need it running, so
-        // the manager thaws a paused session around its snapshots.
-        caps.files_while_paused = false;
-        caps.interactive_exec = true;
-        caps.port_exposure = true;
-        caps.clone = true;
-        // On a terminal the agent allocates inside the container, or the engine's TTY exec.
-        caps.pty = true;
-        // Watches and the workspace's bytes come from the agent.
-        caps.watch = self.inner.config.agent.is_some();
-        caps.metrics = self.inner.config.agent.is_some();
-        // Known once every template's image is prepared (`prepare_images`, or the
-        // creates that needed them): true when each has python3 on its PATH.
-        let python = lock(&self.inner.python);
-        caps.python = !self.inner.config.templates.is_empty()
-            && self
-                .inner
-                .config
-                .templates
-                .keys()
-                .all(|t| python.get(t) == Some(&true));
-        caps
+        self.capabilities_now()
     }
 
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
@@ -639,97 +371,11 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
-        let container = self
-            .inner
-            .docker
-            .inspect_container(id.as_str(), None)
-            .await
-            .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?;
-        let labels = container
-            .config
-            .as_ref()
-            .and_then(|c| c.labels.clone())
-            .unwrap_or_default();
-        if !labels.contains_key(LABEL_TEMPLATE) {
-            return Err(Error::not_found(format!(
-                "container {id} is not a sandbox of this backend"
-            )));
-        }
-        let state = container.state.as_ref();
-        let status = status_of(
-            state
-                .and_then(|s| s.status)
-                .map(|s| s.to_string())
-                .as_deref(),
-            state.and_then(|s| s.paused).unwrap_or(false),
-        );
-        let created_at = container
-            .created
-            .as_deref()
-            .and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok())
-            .map(|c| c.with_timezone(&chrono::Utc));
-        let mut details = BTreeMap::new();
-        if let Some(cid) = container.id {
-            details.insert("container_id".to_owned(), cid);
-        }
-        if let Some(image) = container.config.and_then(|c| c.image) {
-            details.insert("image".to_owned(), image);
-        }
-        details.insert(
-            "exec".to_owned(),
-            labels.get(LABEL_EXEC).cloned().unwrap_or_default(),
-        );
-        details.insert(
-            "workspace".to_owned(),
-            labels
-                .get(crate::host_workspace::LABEL_WORKSPACE)
-                .cloned()
-                .unwrap_or_else(|| "image".to_owned()),
-        );
-        Ok(self.with_allowlist(info_of(id.clone(), labels, status, created_at, details)))
+        self.describe(id).await
     }
 
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
-        self.sweep_host_workspaces().await;
-        let mut label_filters = vec![LABEL_TEMPLATE.to_owned()];
-        label_filters.extend(selector.equals.iter().map(|(k, v)| format!("{k}={v}")));
-        label_filters.extend(selector.exists.iter().cloned());
-        let options = ListContainersOptions {
-            all: true,
-            filters: Some(HashMap::from([("label".to_owned(), label_filters)])),
-            ..Default::default()
-        };
-        let containers = self
-            .inner
-            .docker
-            .list_containers(Some(options))
-            .await
-            .map_err(|e| engine("listing sandboxes", e))?;
-        let mut out = Vec::new();
-        for c in containers {
-            let Some(name) = c.names.as_ref().and_then(|n| n.first()) else {
-                continue;
-            };
-            let Ok(id) = SandboxId::new(name.trim_start_matches('/')) else {
-                continue;
-            };
-            let labels = c.labels.clone().unwrap_or_default();
-            if !selector.matches(&labels.clone().into_iter().collect()) {
-                continue;
-            }
-            let state = c.state.map(|s| s.to_string());
-            let status = status_of(state.as_deref(), false);
-            let created_at = c
-                .created
-                .and_then(|secs| chrono::DateTime::from_timestamp(secs, 0));
-            let mut details = BTreeMap::new();
-            if let Some(cid) = c.id {
-                details.insert("container_id".to_owned(), cid);
-            }
-            out.push(self.with_allowlist(info_of(id, labels, status, created_at, details)));
-        }
-        out.sort_by(|a, b| a.id.as_str().cmp(b.id.as_str()));
-        Ok(out)
+        self.list_matching(selector).await
     }
 
     async fn destroy(&self, id: &SandboxId) -> Result<()> {
@@ -905,40 +551,7 @@ impl SandboxBackend for DockerBackend {
     /// container's own keep-alive process, the agent, is counted), the memory limit
     /// from its host config, and the workspace's bytes from the agent.
     async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {
-        let client = self.client(id).await?;
-        let docker = &self.inner.docker;
-        let options = bollard::query_parameters::StatsOptions {
-            stream: false,
-            one_shot: true,
-        };
-        let stats = futures::StreamExt::next(&mut docker.stats(id.as_str(), Some(options)))
-            .await
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Backend,
-                    format!("the engine sent no stats for {id}"),
-                )
-            })?
-            .map_err(|e| engine(format_args!("reading the stats of {id}"), e))?;
-        let host = docker
-            .inspect_container(id.as_str(), None)
-            .await
-            .map_err(|e| engine(format_args!("inspecting sandbox {id}"), e))?
-            .host_config;
-        let mut metrics = client.metrics().await?;
-        metrics.egress = self.inner.egress.counts(id);
-        metrics.cpu_time = stats
-            .cpu_stats
-            .and_then(|c| c.cpu_usage)
-            .and_then(|u| u.total_usage)
-            .map(std::time::Duration::from_nanos);
-        metrics.memory_bytes = stats.memory_stats.and_then(|m| m.usage);
-        metrics.processes = stats.pids_stats.and_then(|p| p.current);
-        metrics.memory_limit_bytes = host
-            .and_then(|h| h.memory)
-            .filter(|m| *m > 0)
-            .and_then(|m| u64::try_from(m).ok());
-        Ok(metrics)
+        self.measure(id).await
     }
 
     async fn import_tar(
