@@ -149,7 +149,8 @@ struct Args {
 }
 
 /// The local backend at the isolation `options` asks for, or the strongest this host
-/// offers; `none` only with `--unsafe-no-isolation`.
+/// offers; `none` only with `--unsafe-no-isolation`. Its sandboxes never share this
+/// host's network unless `options` asks for it.
 fn local_backend(
     mut options: serde_json::Value,
     unsafe_no_isolation: bool,
@@ -158,6 +159,13 @@ fn local_backend(
         .get("isolation")
         .and_then(|v| v.as_str())
         .map(str::to_owned);
+    // At Landlock a full network would be this host's, shared by every client's
+    // sandboxes (ADVERSARIAL 38): refused unless --options says otherwise.
+    if let Some(options) = options.as_object_mut() {
+        options
+            .entry("share_host_network")
+            .or_insert(serde_json::json!(false));
+    }
     match asked.as_deref() {
         Some("none") if !unsafe_no_isolation => Err(sandcell::Error::invalid_input(
             "--options asks for \"isolation\": \"none\", which gives every client this \

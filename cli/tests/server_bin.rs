@@ -533,3 +533,69 @@ async fn tls_flags_serve_https() {
         .unwrap();
     assert_eq!(status.code(), Some(2));
 }
+
+/// At `Isolation::Landlock` a full network would be this host's, shared by every
+/// client's sandboxes: the server refuses it (ADVERSARIAL 38), and a sandbox without
+/// one reaches no loopback service of the host's; `--options` may say otherwise.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_landlock_server_never_shares_the_hosts_network() {
+    let root = tempfile::tempdir().unwrap();
+    let landlock = serde_json::json!({"root": root.path(), "isolation": "landlock"}).to_string();
+    let (server, url) = start(root.path(), &["--options", &landlock]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    let full = SandboxSpec::new("default").network(sandcell::Network::Full);
+    let refused = backend.create(&full).await.unwrap_err();
+    assert_eq!(
+        refused.kind(),
+        sandcell::ErrorKind::Unsupported,
+        "{refused}"
+    );
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    assert_eq!(sandbox.network, sandcell::Network::None);
+    let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    tcp.set_nonblocking(true).unwrap();
+    let port = tcp.local_addr().unwrap().port();
+    let out = backend
+        .run_shell(
+            &sandbox.id,
+            &format!("bash -c 'echo hi > /dev/tcp/127.0.0.1/{port}'"),
+        )
+        .await
+        .unwrap();
+    assert!(!out.success(), "reached the host's loopback: {out:?}");
+    assert!(
+        tcp.accept().is_err(),
+        "nothing connected to the host's loopback"
+    );
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
+
+    let shared = serde_json::json!({
+        "root": root.path(), "isolation": "landlock", "share_host_network": true
+    })
+    .to_string();
+    let (server, url) = start(root.path(), &["--options", &shared]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    let sandbox = backend.create(&full).await.unwrap();
+    assert_eq!(sandbox.network, sandcell::Network::Full);
+    backend.destroy(&sandbox.id).await.unwrap();
+    drop(server);
+}
+
+/// ADVERSARIAL 36 through the binary as operators run it (here at namespaces, as CI
+/// installs bubblewrap): loader variables a client sets on a command reach the command
+/// and no helper the server starts on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_served_command_s_loader_variables_reach_no_host_helper() {
+    let root = tempfile::tempdir().unwrap();
+    let (server, url) = start(root.path(), &[]).await;
+    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+        .await
+        .unwrap();
+    sandcell::testing::conformance::host_helpers_ignore_loader_variables(&backend).await;
+    drop(server);
+}

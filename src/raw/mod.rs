@@ -19,6 +19,8 @@
 //! small.
 
 mod bounded;
+#[cfg(unix)]
+pub mod host_tool;
 #[cfg(target_os = "linux")]
 pub mod overlay;
 pub mod private_dir;

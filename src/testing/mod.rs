@@ -39,6 +39,7 @@ pub mod fuzz;
 mod hostile;
 pub mod measure;
 mod mock;
+pub mod outside;
 pub mod portable;
 mod require;
 pub mod stores;

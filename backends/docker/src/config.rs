@@ -277,8 +277,14 @@ pub struct DockerConfig {
     pub host_workspaces: BTreeMap<String, PathBuf>,
     /// Limits applied where a spec leaves one unset.
     pub default_limits: Limits,
-    /// The Docker network a spec asking for `Network::Full` joins.
-    pub network: String,
+    /// Unset (the default): a spec asking for `Network::Full` gets a network of its
+    /// own, on a bridge this host's rules keep from the host's addresses and from
+    /// every other sandbox (needs root on the engine's host, and nftables).
+    ///
+    /// Set: such sandboxes join this existing network instead, shared with whatever
+    /// else is on it, the host's addresses reachable through its gateway. An opt-out
+    /// for an operator whose network guards itself, or who accepts that.
+    pub network: Option<String>,
     /// Run commands as this user (`name`, `uid` or `uid:gid`); unset: the image's user,
     /// unless that is root on an engine where root is the host's (see
     /// [`DockerConfig::allow_host_root`]).
@@ -324,7 +330,7 @@ impl Default for DockerConfig {
             sidecars: BTreeMap::new(),
             host_workspaces: BTreeMap::new(),
             default_limits: Limits::default(),
-            network: "bridge".to_owned(),
+            network: None,
             user: None,
             allow_host_root: false,
             runtime: None,
@@ -421,9 +427,10 @@ impl DockerBackendBuilder {
         self
     }
 
-    /// The network `Network::Full` sandboxes join (default `bridge`).
+    /// Lets `Network::Full` sandboxes share `network`, an existing network, instead of
+    /// each getting a guarded one of its own: see [`DockerConfig::network`].
     pub fn network(mut self, network: impl Into<String>) -> Self {
-        self.config.network = network.into();
+        self.config.network = Some(network.into());
         self
     }
 

@@ -148,7 +148,9 @@ pub(crate) fn container_body(
     // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
     let network_mode = match (&spec.network, task_network) {
         (_, Some(network)) => network.to_owned(),
-        (Network::Full, None) => config.network.clone(),
+        // Only where the operator named a network to share: otherwise a full network
+        // is the sandbox's own (`task_network`).
+        (Network::Full, None) => config.network.clone().unwrap_or_else(|| "none".to_owned()),
         (_, None) => "none".to_owned(),
     };
     let mut binds: Vec<String> = spec

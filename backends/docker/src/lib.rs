@@ -28,6 +28,7 @@ mod config;
 mod egress;
 mod engine;
 mod error;
+mod firewall;
 mod hardening;
 mod host_workspace;
 mod image;

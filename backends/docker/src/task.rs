@@ -20,6 +20,8 @@ use crate::error::{engine, is_not_found};
 pub(crate) const LABEL_TASK: &str = "sandcell.docker.task";
 /// On service containers: the service's name.
 const LABEL_SERVICE: &str = "sandcell.docker.service";
+/// The engines' option naming a bridge network's host interface.
+const BRIDGE_NAME_OPTION: &str = "com.docker.network.bridge.name";
 /// On clone images: the sandbox they were made for.
 const CLONE_REPO: &str = "sandcell-clone";
 
@@ -32,23 +34,46 @@ fn service_container(id: &SandboxId, service: &str) -> String {
     format!("{id}-{service}")
 }
 
-/// Creates the task network; internal (no route out) unless the sandbox asked for one.
+/// Creates the sandbox's network, on a bridge of its own that the host's rules guard
+/// (`crate::firewall`); internal (no route out) unless the sandbox asked for one. On
+/// failure nothing is left.
 pub(crate) async fn create_network(
     docker: &Docker,
     id: &SandboxId,
     internal: bool,
 ) -> Result<String> {
+    crate::firewall::require()?;
     let name = network_name(id);
+    let bridge = crate::firewall::bridge_name(id);
     docker
         .create_network(NetworkCreateRequest {
             name: name.clone(),
             driver: Some("bridge".to_owned()),
             internal: Some(internal),
+            options: Some(HashMap::from([(
+                BRIDGE_NAME_OPTION.to_owned(),
+                bridge.clone(),
+            )])),
             labels: Some(HashMap::from([(LABEL_TASK.to_owned(), id.to_string())])),
             ..Default::default()
         })
         .await
         .map_err(|e| engine(format_args!("creating the network of sandbox {id}"), e))?;
+    // Guarded before any container joins it.
+    let guarded = tokio::task::spawn_blocking(move || crate::firewall::guard(&bridge))
+        .await
+        .map_err(|e| {
+            sandcell::Error::with_source(
+                sandcell::ErrorKind::Backend,
+                "guarding the network failed",
+                e,
+            )
+        })
+        .and_then(|r| r);
+    if let Err(e) = guarded {
+        let _ = teardown(docker, id).await;
+        return Err(e);
+    }
     Ok(name)
 }
 
@@ -168,7 +193,11 @@ pub(crate) async fn teardown(docker: &Docker, id: &SandboxId) -> Result<()> {
                 e,
             ))
         }
-        _ => {}
+        Err(_) => {}
+        Ok(()) => {
+            let bridge = crate::firewall::bridge_name(id);
+            let _ = tokio::task::spawn_blocking(move || crate::firewall::release(&bridge)).await;
+        }
     }
     // Clone images: one per container of a cloned sandbox; in use by nothing now.
     let images = docker

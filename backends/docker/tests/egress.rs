@@ -68,7 +68,9 @@ async fn docker_enforces_an_allowlist() {
     assert!(b.capabilities().network_allowlist && b.capabilities().network_update);
     let world = EgressWorld::start().await;
     egress::allowlist_is_enforced(&b, spec(), &world).await;
-    egress::none_and_full_hold(&b, spec(), &world).await;
+    // A full network here reaches nothing of the host's, this world's addresses on
+    // the host included (ADVERSARIAL 38): tests/network.rs checks its way out.
+    egress::none_holds(&b, spec(), &world).await;
 }
 
 /// The host directory holding the proxy's socket goes with the sandbox, and a backend

@@ -24,8 +24,15 @@ pub(super) fn of(config: &LocalConfig, probed: &Probed, cgroups: &CgroupRoots) -
     capabilities.pause = true;
     capabilities.reset = true;
     // Processes share the host's network stack and can listen on its ports, unless
-    // they have a network namespace of their own.
-    capabilities.port_exposure = config.isolation != Isolation::Namespaces;
+    // they have a network namespace of their own, or (at Landlock, where the seccomp
+    // filter can keep them off it) the operator does not let them share it. Without
+    // isolation nothing keeps them off it.
+    let host_network = match config.isolation {
+        Isolation::Namespaces => false,
+        Isolation::Landlock => config.share_host_network,
+        Isolation::None => true,
+    };
+    capabilities.port_exposure = host_network;
     capabilities.symlinks = true;
     capabilities.files_while_paused = true;
     capabilities.interactive_exec = true;
@@ -47,8 +54,11 @@ pub(super) fn of(config: &LocalConfig, probed: &Probed, cgroups: &CgroupRoots) -
     // At Namespaces a full network is a veth and host rules only root can make
     // (see `crate::network`); sharing the host's would reach its loopback and
     // every other sandbox (ADVERSARIAL 38).
-    capabilities.network_full =
-        config.isolation != Isolation::Namespaces || crate::network::full_available();
+    // Below it, the host's own, where it may be shared.
+    capabilities.network_full = match config.isolation {
+        Isolation::Namespaces => crate::network::full_available(),
+        Isolation::Landlock | Isolation::None => host_network,
+    };
     // An allowlist needs a network of the sandbox's own whose only way out is the
     // egress proxy's listener, or at Landlock the kernel narrowing the host's to it:
     // Landlock's TCP rules (ABI 4) and a connect filter on the sandbox's cgroup.

@@ -108,6 +108,14 @@ pub struct LocalConfig {
     /// proxy refuses private addresses whatever the rules (ADVERSARIAL 38). Loopback,
     /// link-local and the host's own addresses are refused either way.
     pub egress_private_ranges: bool,
+    /// At `Isolation::Landlock`, whether `Network::Full` may be the host's own network
+    /// (on by default): such a sandbox reaches every service of the host's, its
+    /// loopback included, and every other such sandbox's listeners, and may listen on
+    /// the host's ports (`publish_port`, services). Off: `network_full` and
+    /// `port_exposure` are off and `Network::Full` is refused, as a server for clients
+    /// it does not trust needs (ADVERSARIAL 38). At `Namespaces` a full network is the
+    /// sandbox's own; at `None` nothing keeps a sandbox off the host's; unused there.
+    pub share_host_network: bool,
     /// At `Isolation::Landlock` and `Isolation::Namespaces` when the backend runs as
     /// root: the unprivileged host uid (and gid) that owns every sandbox's files and
     /// runs its processes (which, at `Namespaces`, see it as their root). At
@@ -135,6 +143,7 @@ impl Default for LocalConfig {
             default_limits: sandcell::Limits::default(),
             egress_hosts: BTreeMap::new(),
             egress_private_ranges: false,
+            share_host_network: true,
             sandbox_uid: crate::owner::DEFAULT_ID,
         }
     }
@@ -206,6 +215,13 @@ impl LocalBackendBuilder {
     /// ([`LocalConfig::egress_hosts`]).
     pub fn egress_host(mut self, name: impl Into<String>, addrs: Vec<std::net::IpAddr>) -> Self {
         self.config.egress_hosts.insert(name.into(), addrs);
+        self
+    }
+
+    /// Whether `Network::Full` below `Isolation::Namespaces` may be the host's own
+    /// network ([`LocalConfig::share_host_network`]; on by default).
+    pub fn share_host_network(mut self, shared: bool) -> Self {
+        self.config.share_host_network = shared;
         self
     }
 

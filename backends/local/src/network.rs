@@ -26,14 +26,11 @@
 //! The helpers (`ip`, `nft`, `nsenter`, `iptables`) start with an environment built
 //! here, never a client's.
 
-use std::io::Write;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 
+use sandcell::raw::host_tool::{output, run, HostLock};
 use sandcell::{Error, ErrorKind, Result};
-
-use crate::process::DEFAULT_PATH;
 
 /// The nftables table, loaded whole (it replaces itself) before each sandbox's veth.
 const RULES: &str = include_str!("network.nft");
@@ -77,81 +74,9 @@ pub(crate) fn full_available() -> bool {
     rustix::process::geteuid().is_root()
 }
 
-/// Runs `program` with `args` (and `input` on its standard input) in an environment
-/// built here; fails naming `what` with its error output.
-fn run(program: &Path, args: &[&str], input: Option<&str>, what: &str) -> Result<()> {
-    let mut child = Command::new(program)
-        .args(args)
-        .env_clear()
-        .env("PATH", DEFAULT_PATH)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| Error::io(format_args!("{what}: starting {}", program.display()), e))?;
-    if let (Some(input), Some(mut stdin)) = (input, child.stdin.take()) {
-        stdin
-            .write_all(input.as_bytes())
-            .map_err(|e| Error::io(format_args!("{what}: writing to {}", program.display()), e))?;
-    }
-    let out = child
-        .wait_with_output()
-        .map_err(|e| Error::io(format_args!("{what}: waiting for {}", program.display()), e))?;
-    if out.status.success() {
-        return Ok(());
-    }
-    Err(Error::new(
-        ErrorKind::Backend,
-        format!(
-            "{what}: {} failed ({}): {}",
-            program.display(),
-            out.status,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ),
-    ))
-}
-
-/// The standard output of `program args`, or `None` when it fails.
-fn output(program: &Path, args: &[&str]) -> Option<String> {
-    let out = Command::new(program)
-        .args(args)
-        .env_clear()
-        .env("PATH", DEFAULT_PATH)
-        .stdin(Stdio::null())
-        .stderr(Stdio::null())
-        .output()
-        .ok()?;
-    out.status
-        .success()
-        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 /// The host-wide lock, held while it lives.
-struct NetLock {
-    _file: std::fs::File,
-}
-
-fn lock() -> Result<NetLock> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .mode(0o600)
-        .open(LOCK)
-        .map_err(|e| Error::io(format_args!("opening {LOCK}"), e))?;
-    // Root's alone, one made earlier included: whoever can open it can hold it (a
-    // read-only descriptor suffices for flock), and every full-network create, reset
-    // and destroy on this host would wait for them.
-    file.set_permissions(std::fs::Permissions::from_mode(0o600))
-        .map_err(|e| Error::io(format_args!("making {LOCK} root's alone"), e))?;
-    rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
-        .map_err(|e| Error::io(format_args!("locking {LOCK}"), e.into()))?;
-    Ok(NetLock { _file: file })
+fn lock() -> Result<HostLock> {
+    HostLock::acquire(Path::new(LOCK))
 }
 
 /// Gives the network namespace at `netns` (a sandbox's own, with only loopback in it)

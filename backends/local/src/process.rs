@@ -26,8 +26,7 @@ pub(crate) use procfs::{group_alive, group_members, signal_group};
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// The minimal PATH every sandbox process gets.
-pub(crate) const DEFAULT_PATH: &str =
-    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+pub(crate) const DEFAULT_PATH: &str = sandcell::raw::host_tool::PATH;
 
 /// Everything needed to start one command.
 #[derive(Debug)]

@@ -10,12 +10,10 @@
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::process::Command;
-use std::sync::atomic::{AtomicU32, Ordering};
 
 use sandcell::testing::egress::{self, EgressWorld};
+use sandcell::testing::outside::{serve_on_host, sh, OutsideWorld as Host, OUTSIDE_BODY};
 use sandcell::{ErrorKind, Network, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
@@ -49,136 +47,6 @@ fn backend(root: &std::path::Path) -> Option<LocalBackend> {
     }
 }
 
-fn sh(script: &str) -> String {
-    let out = Command::new("sh").arg("-c").arg(script).output().unwrap();
-    assert!(
-        out.status.success(),
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-/// A server on this host answering every connection with `body`, on `addr`.
-fn serve_on_host(addr: Ipv4Addr, body: &'static str) -> u16 {
-    let listener = TcpListener::bind(SocketAddr::from((addr, 0))).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for stream in listener.incoming() {
-            let Ok(mut stream) = stream else { continue };
-            let mut buf = [0; 1024];
-            let _ = stream.read(&mut buf);
-            let _ = write!(
-                stream,
-                "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
-                body.len()
-            );
-        }
-    });
-    port
-}
-
-/// What the test adds to the host, removed when dropped: an interface (a veth; kernels
-/// without the dummy driver exist) holding an address of the host's that is not loopback, and the "outside" namespace with its
-/// veth and a server.
-struct Host {
-    tag: u32,
-    server: std::process::Child,
-}
-
-const OUTSIDE_PORT: u16 = 8080;
-const OUTSIDE_BODY: &str = "hello from outside";
-
-impl Host {
-    fn new() -> Host {
-        static NEXT: AtomicU32 = AtomicU32::new(0);
-        let tag = (std::process::id() % 200) + NEXT.fetch_add(1, Ordering::Relaxed);
-        let tag = tag % 250 + 1;
-        sh(&format!(
-            "ip link del sctd{tag} 2>/dev/null; ip link del sctv{tag} 2>/dev/null; \
-             ip netns del sct{tag} 2>/dev/null; \
-             ip link add sctd{tag} type veth peer name sctp{tag} && ip link set sctp{tag} up && ip addr add {own}/32 dev sctd{tag} && \
-             ip link set sctd{tag} up && \
-             ip netns add sct{tag} && \
-             ip link add sctv{tag} type veth peer name eth0 netns sct{tag} && \
-             ip addr add {gw}/30 dev sctv{tag} && ip link set sctv{tag} up && \
-             ip -n sct{tag} addr add {outside}/30 dev eth0 && \
-             ip -n sct{tag} link set eth0 up && ip -n sct{tag} link set lo up",
-            own = Self::own_addr_of(tag),
-            gw = Self::gateway_of(tag),
-            outside = Self::outside_of(tag),
-        ));
-        // No default route in the outside namespace: it can answer the host's own
-        // address on the veth, never a sandbox's.
-        let script = format!(
-            "import http.server\n\
-             class H(http.server.BaseHTTPRequestHandler):\n\
-             \x20   def do_GET(self):\n\
-             \x20       self.send_response(200); self.end_headers(); self.wfile.write(b'{OUTSIDE_BODY}')\n\
-             http.server.HTTPServer(('{}', {OUTSIDE_PORT}), H).serve_forever()\n",
-            Self::outside_of(tag)
-        );
-        let server = Command::new("ip")
-            .args([
-                "netns",
-                "exec",
-                &format!("sct{tag}"),
-                "python3",
-                "-c",
-                &script,
-            ])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        // Dropped (the server waited for, the interfaces removed) should it not answer.
-        let host = Host { tag, server };
-        let url = host.outside_url();
-        for _ in 0..100 {
-            let out = Command::new("curl")
-                .args(["-s", "-m", "1", &url])
-                .output()
-                .unwrap();
-            if out.stdout == OUTSIDE_BODY.as_bytes() {
-                return host;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        panic!("the outside server did not come up");
-    }
-
-    fn own_addr_of(tag: u32) -> Ipv4Addr {
-        Ipv4Addr::new(198, 19, tag as u8, 1)
-    }
-    fn gateway_of(tag: u32) -> Ipv4Addr {
-        Ipv4Addr::new(198, 18, tag as u8, 1)
-    }
-    fn outside_of(tag: u32) -> Ipv4Addr {
-        Ipv4Addr::new(198, 18, tag as u8, 2)
-    }
-    fn own_addr(&self) -> Ipv4Addr {
-        Self::own_addr_of(self.tag)
-    }
-    fn outside_url(&self) -> String {
-        format!("http://{}:{OUTSIDE_PORT}/", Self::outside_of(self.tag))
-    }
-}
-
-impl Drop for Host {
-    fn drop(&mut self) {
-        let _ = self.server.kill();
-        let _ = self.server.wait();
-        let tag = self.tag;
-        let _ = Command::new("sh")
-            .arg("-c")
-            .arg(format!(
-                "ip link del sctd{tag}; ip link del sctv{tag}; ip netns del sct{tag}"
-            ))
-            .output();
-    }
-}
-
-/// The host's sandbox veths (`scn…`).
 fn sandbox_links() -> Vec<String> {
     std::fs::read_dir("/sys/class/net")
         .unwrap()
@@ -190,13 +58,14 @@ fn sandbox_links() -> Vec<String> {
 
 /// Whether the host's ruleset has the sandboxes' table or a rule for their veths.
 fn rules_present() -> bool {
-    let nft = sh("nft list ruleset");
+    // The table by name: the Docker backend's own table names `scn*` in a rule too.
+    let nft = sh("nft list tables");
     let iptables = Command::new("iptables")
         .args(["-S"])
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default();
-    nft.contains("sandcell_net") || nft.contains("scn") || iptables.contains("scn")
+    nft.contains("sandcell_net") || iptables.contains("scn")
 }
 
 async fn full(b: &LocalBackend) -> SandboxId {
@@ -524,15 +393,9 @@ async fn a_sandbox_holds_a_bounded_share_of_connection_tracking() {
         return;
     };
     let host = Host::new();
-    let outside = Host::outside_of(host.tag).to_string();
+    let outside = host.outside_addr().to_string();
     let mut counter = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &format!("sct{}", host.tag),
-            "python3",
-            "-c",
-        ])
+        .args(["netns", "exec", &host.namespace(), "python3", "-c"])
         .args([UDP_COUNTER, &outside])
         .stdout(std::process::Stdio::piped())
         .spawn()

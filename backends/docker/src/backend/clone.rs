@@ -8,13 +8,14 @@ use sandcell::{
 };
 
 use super::DockerBackend;
-use crate::error::engine;
+use crate::error::{engine, is_not_found};
 use crate::hardening::{INTERNAL_PREFIX, LABEL_TEMPLATE};
 use crate::host_workspace::HostWorkspace;
 
 impl DockerBackend {
-    /// Creates a sandbox with service containers: a private network, then the sandbox
-    /// and every service in parallel. On failure nothing is left.
+    /// Creates a sandbox on a network of its own (it has services, or a full network):
+    /// the network, then the sandbox and every service in parallel, then a check that
+    /// the host's rules guard the network's bridge. On failure nothing is left.
     pub(super) async fn create_task(
         &self,
         id: &SandboxId,
@@ -36,7 +37,8 @@ impl DockerBackend {
                 crate::task::start_service(docker, id, &network, s, image, ulimits)
             })),
         )
-        .await;
+        .await
+        .and_then(|_| crate::firewall::check_bridge(&crate::firewall::bridge_name(id)));
         if let Err(e) = started {
             let _ = self.remove_container(id.as_str()).await;
             let _ = crate::task::teardown(docker, id).await;
@@ -61,19 +63,21 @@ impl DockerBackend {
         let new = SandboxId::generate("docker");
         let services = crate::task::services_of(docker, id).await?;
         let result = async {
-            let network = if services.is_empty() {
-                None
-            } else {
-                let internal = docker
-                    .inspect_network(
-                        &crate::task::network_name(id),
-                        None::<bollard::query_parameters::InspectNetworkOptions>,
-                    )
-                    .await
-                    .map_err(|e| engine(format_args!("inspecting the network of {id}"), e))?
-                    .internal
-                    .unwrap_or(true);
-                Some(crate::task::create_network(docker, &new, internal).await?)
+            // The clone gets a network of its own where the source has one (services,
+            // or a full network of its own), internal where the source's is.
+            let network = match docker
+                .inspect_network(
+                    &crate::task::network_name(id),
+                    None::<bollard::query_parameters::InspectNetworkOptions>,
+                )
+                .await
+            {
+                Ok(source) => {
+                    let internal = source.internal.unwrap_or(true);
+                    Some(crate::task::create_network(docker, &new, internal).await?)
+                }
+                Err(e) if is_not_found(&e) => None,
+                Err(e) => return Err(engine(format_args!("inspecting the network of {id}"), e)),
             };
             let source_labels = docker
                 .inspect_container(id.as_str(), None)
@@ -144,8 +148,11 @@ impl DockerBackend {
                 crate::task::start_clone(docker, new.as_str(), body),
                 futures::future::try_join_all(service_clones),
             )
-            .await
-            .map(|_| ())
+            .await?;
+            match network {
+                Some(_) => crate::firewall::check_bridge(&crate::firewall::bridge_name(new)),
+                None => Ok(()),
+            }
         }
         .await;
         if let Err(e) = result {

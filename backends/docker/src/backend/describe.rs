@@ -30,7 +30,10 @@ impl DockerBackend {
         caps.host_mounts = true;
         caps.read_only_mounts_enforced = true;
         caps.network_isolation = true;
-        caps.network_full = true;
+        // A network of the sandbox's own needs the host's rules (`crate::firewall`);
+        // without them only an operator's named network to share.
+        caps.network_full =
+            config.network.is_some() || (self.inner.local_engine && crate::firewall::available());
         // The agent relays to the egress proxy through a socket mounted from this host.
         caps.network_allowlist = self.inner.config.agent.is_some() && self.inner.local_engine;
         caps.network_update = caps.network_allowlist;

@@ -339,7 +339,10 @@ impl SandboxBackend for DockerBackend {
             .get(&spec.template)
             .cloned()
             .unwrap_or_default();
-        if services.is_empty() {
+        // A full network is the sandbox's own unless the operator named one to share.
+        let own_network =
+            matches!(spec.network, sandcell::Network::Full) && self.inner.config.network.is_none();
+        if services.is_empty() && !own_network {
             self.create_container(&id, &spec, image, None).await?;
         } else {
             self.create_task(&id, &spec, image, &services).await?;
