@@ -38,9 +38,16 @@ pub fn sh(script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A server on this host answering every connection with `body`, on `addr`; its port.
+/// A server on this host answering every connection with `body`, on `addr` and a free
+/// port; its port.
 pub fn serve_on_host(addr: Ipv4Addr, body: &'static str) -> u16 {
-    let listener = TcpListener::bind(SocketAddr::from((addr, 0))).expect("a free port");
+    serve_on_host_at(addr, 0, body)
+}
+
+/// A server on this host answering every connection with `body`, on `addr` and `port`
+/// (0: a free one); its port.
+pub fn serve_on_host_at(addr: Ipv4Addr, port: u16, body: &'static str) -> u16 {
+    let listener = TcpListener::bind(SocketAddr::from((addr, port))).expect("a free port");
     let port = listener.local_addr().expect("a bound listener").port();
     std::thread::spawn(move || {
         for stream in listener.incoming() {

@@ -5,14 +5,16 @@
 //! link-local service (ADVERSARIAL 38).
 //!
 //! Each such network is a bridge of the sandbox's own, named [`bridge_name`] (`scd…`,
-//! which both Docker and Podman take from `com.docker.network.bridge.name`). One
-//! nftables table ([`RULES`]) matches the prefix; its one set pairs each bridge with
-//! itself, so traffic between a sandbox and its services passes. The table is made
-//! when absent, each bridge's element added after its network is made and before
-//! any container joins it, and the table removed with the last element, all under
-//! one host-wide lock. The rules are this host's: they guard an engine whose bridges
-//! are in this host's network namespace (a rootful engine here), which
-//! [`check_bridge`] verifies once a sandbox has started.
+//! which both Docker and Podman take from `com.docker.network.bridge.name`), on a
+//! subnet from [`subnet`]'s pool. One nftables table ([`RULES`]) matches the prefix;
+//! its sets pair each bridge with itself (traffic between a sandbox and its services
+//! passes) and name the bridges whose engine serves names on the bridge's address
+//! (Podman; Docker's resolver lives in the container's own namespace). The table is
+//! loaded again after each network is made and before any container joins it, and
+//! removed with the last bridge, all under one host-wide lock. The rules are this
+//! host's: they guard an engine whose bridges are in this host's network namespace
+//! (a rootful engine here), which [`check_bridge`] verifies once a sandbox has
+//! started.
 
 use std::path::{Path, PathBuf};
 
@@ -42,6 +44,27 @@ fn nft() -> Option<PathBuf> {
         .flatten()
 }
 
+/// The subnets sandbox networks are numbered from, as /28s (a sandbox and up to 12
+/// services): the second-to-top /16 of the shared address space (RFC 6598), beside
+/// the local backend's, and not the engines' default pools, which hold some 30
+/// networks.
+const POOL: (std::net::Ipv4Addr, u32) = (std::net::Ipv4Addr::new(100, 126, 0, 0), 1 << 12);
+
+/// Candidate `attempt` for sandbox `id`'s subnet and gateway: spread by the id's hash,
+/// so two processes making networks at once rarely try the same one first.
+pub(crate) fn subnet(id: &SandboxId, attempt: u32) -> (String, String) {
+    use sha2::{Digest, Sha256};
+    let digest = Sha256::digest(id.as_str().as_bytes());
+    let start = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
+    let index = start.wrapping_add(attempt.wrapping_mul(7919)) % POOL.1;
+    let base = u32::from(POOL.0) + 16 * index;
+    let gateway = std::net::Ipv4Addr::from(base + 1);
+    (
+        format!("{}/28", std::net::Ipv4Addr::from(base)),
+        gateway.to_string(),
+    )
+}
+
 /// Whether this process can guard sandbox networks: root, with `nft`.
 pub(crate) fn available() -> bool {
     nft().is_some()
@@ -64,31 +87,49 @@ fn unavailable() -> Error {
     )
 }
 
-/// Adds bridge `bridge` to the rules, making the table first if it is absent.
-pub(crate) fn guard(bridge: &str) -> Result<()> {
+/// Adds bridge `bridge` to the rules, with the engine's name server on its own
+/// address where `dns`. The whole table is loaded again first (its rules replaced,
+/// its elements kept), so rules flushed from the host or left by an older version are
+/// put right; every sandbox bridge on the host is added back to `own` with it.
+pub(crate) fn guard(bridge: &str, dns: bool) -> Result<()> {
     let nft = nft().ok_or_else(unavailable)?;
     let _lock = HostLock::acquire(Path::new(LOCK))?;
-    if host_tool::output(&nft, &["list", "table", "inet", TABLE]).is_none() {
-        host_tool::run(
-            &nft,
-            &["-f", "-"],
-            Some(RULES),
-            "loading the sandbox network rules",
-        )?;
+    let mut bridges = sandbox_bridges();
+    bridges.push(bridge.to_owned());
+    bridges.sort();
+    bridges.dedup();
+    let mut script = RULES.to_owned();
+    let pairs: Vec<String> = bridges.iter().map(|b| format!("{b} . {b}")).collect();
+    script.push_str(&format!(
+        "add element inet {TABLE} own {{ {} }}\n",
+        pairs.join(", ")
+    ));
+    if dns {
+        script.push_str(&format!("add element inet {TABLE} dns {{ {bridge} }}\n"));
     }
     host_tool::run(
         &nft,
-        &[
-            "add",
-            "element",
-            "inet",
-            TABLE,
-            "own",
-            &format!("{{ {bridge} . {bridge} }}"),
-        ],
-        None,
-        "admitting a sandbox network to the host's rules",
+        &["-f", "-"],
+        Some(&script),
+        "loading the sandbox network rules",
     )
+}
+
+/// The sandbox bridges on this host now (their names are made here, never a client's).
+fn sandbox_bridges() -> Vec<String> {
+    std::fs::read_dir("/sys/class/net")
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|name| {
+                    name.len() == 15
+                        && name.starts_with("scd")
+                        && name.bytes().all(|c| c.is_ascii_alphanumeric())
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Removes bridge `bridge` from the rules, and the table with the last; what is gone
@@ -104,6 +145,8 @@ pub(crate) fn release(bridge: &str) {
     };
     let element = format!("{{ {bridge} . {bridge} }}");
     let _ = host_tool::output(&nft, &["delete", "element", "inet", TABLE, "own", &element]);
+    let element = format!("{{ {bridge} }}");
+    let _ = host_tool::output(&nft, &["delete", "element", "inet", TABLE, "dns", &element]);
     let Some(set) = host_tool::output(&nft, &["list", "set", "inet", TABLE, "own"]) else {
         return;
     };
@@ -126,12 +169,18 @@ pub(crate) fn check_bridge(bridge: &str) -> Result<()> {
     if Path::new("/sys/class/net").join(bridge).exists() {
         return Ok(());
     }
-    Err(Error::unsupported(format!(
-        "the engine made the sandbox's bridge {bridge} outside this host's network namespace \
-         (a rootless engine?), where this host's rules do not reach it; set \
+    Err(outside_this_host(&format!(
+        "the engine made the sandbox's bridge {bridge} outside this host's network namespace"
+    )))
+}
+
+/// The error for an engine whose bridges this host's rules cannot reach (`why`).
+pub(crate) fn outside_this_host(why: &str) -> Error {
+    Error::unsupported(format!(
+        "{why}, where this host's rules do not guard its sandboxes; set \
          DockerConfig::network to let Network::Full sandboxes share a network of the \
          operator's instead"
-    )))
+    ))
 }
 
 #[cfg(test)]
@@ -148,7 +197,24 @@ mod tests {
             assert!(name.starts_with("scd"), "{name}");
             assert!(name.bytes().all(|c| c.is_ascii_alphanumeric()), "{name}");
         }
-        assert!(RULES.contains("iifname \"scd*\" drop"));
-        assert!(RULES.contains(&format!("table inet {TABLE}")));
+    }
+
+    #[test]
+    fn subnets_are_slash_28s_in_the_pool_and_attempts_differ() {
+        let id = SandboxId::new("docker-a").unwrap();
+        let (first, gateway) = subnet(&id, 0);
+        let (second, _) = subnet(&id, 1);
+        assert_ne!(first, second);
+        for (net, gw) in [(first, gateway), subnet(&id, 4095)] {
+            let (addr, prefix) = net.split_once('/').unwrap();
+            assert_eq!(prefix, "28");
+            let addr: std::net::Ipv4Addr = addr.parse().unwrap();
+            assert_eq!(u32::from(addr) % 16, 0, "{net}");
+            assert_eq!(addr.octets()[..2], [100, 126], "{net}");
+            let gw: std::net::Ipv4Addr = gw.parse().unwrap();
+            assert_eq!(u32::from(gw), u32::from(addr) + 1);
+        }
+        assert!(RULES.contains("input iifname \"scd*\" drop"));
+        assert!(RULES.contains(&format!("add table inet {TABLE}")));
     }
 }

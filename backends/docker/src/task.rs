@@ -4,7 +4,8 @@
 use std::collections::HashMap;
 
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkCreateRequest, NetworkingConfig,
+    ContainerCreateBody, EndpointSettings, HostConfig, Ipam, IpamConfig, NetworkCreateRequest,
+    NetworkingConfig,
 };
 use bollard::query_parameters::{
     CommitContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
@@ -35,32 +36,72 @@ fn service_container(id: &SandboxId, service: &str) -> String {
 }
 
 /// Creates the sandbox's network, on a bridge of its own that the host's rules guard
-/// (`crate::firewall`); internal (no route out) unless the sandbox asked for one. On
-/// failure nothing is left.
+/// (`crate::firewall`, told whether the engine serves names on the bridge: `dns`), on
+/// a subnet from the rules' pool; internal (no route out) unless the sandbox asked for
+/// one. On failure nothing is left.
 pub(crate) async fn create_network(
     docker: &Docker,
     id: &SandboxId,
     internal: bool,
+    dns: bool,
 ) -> Result<String> {
     crate::firewall::require()?;
+    // A rootless engine's bridges are in a namespace of its own, out of the rules'
+    // reach: refused before any container runs there.
+    let info = docker
+        .info()
+        .await
+        .map_err(|e| engine("asking the engine how it runs", e))?;
+    if let Some(rootless) = info
+        .security_options
+        .unwrap_or_default()
+        .into_iter()
+        .find(|option| option.contains("rootless"))
+    {
+        return Err(crate::firewall::outside_this_host(&format!(
+            "the engine runs rootless ({rootless})"
+        )));
+    }
     let name = network_name(id);
     let bridge = crate::firewall::bridge_name(id);
-    docker
-        .create_network(NetworkCreateRequest {
-            name: name.clone(),
-            driver: Some("bridge".to_owned()),
-            internal: Some(internal),
-            options: Some(HashMap::from([(
-                BRIDGE_NAME_OPTION.to_owned(),
-                bridge.clone(),
-            )])),
-            labels: Some(HashMap::from([(LABEL_TASK.to_owned(), id.to_string())])),
-            ..Default::default()
-        })
-        .await
-        .map_err(|e| engine(format_args!("creating the network of sandbox {id}"), e))?;
+    // A subnet another network (of any process's) holds is refused: try the next.
+    let mut attempt = 0;
+    loop {
+        let (subnet, gateway) = crate::firewall::subnet(id, attempt);
+        let created = docker
+            .create_network(NetworkCreateRequest {
+                name: name.clone(),
+                driver: Some("bridge".to_owned()),
+                internal: Some(internal),
+                ipam: Some(Ipam {
+                    config: Some(vec![IpamConfig {
+                        subnet: Some(subnet),
+                        gateway: Some(gateway),
+                        ..Default::default()
+                    }]),
+                    ..Default::default()
+                }),
+                options: Some(HashMap::from([(
+                    BRIDGE_NAME_OPTION.to_owned(),
+                    bridge.clone(),
+                )])),
+                labels: Some(HashMap::from([(LABEL_TASK.to_owned(), id.to_string())])),
+                ..Default::default()
+            })
+            .await;
+        match created {
+            Ok(_) => break,
+            Err(e) if attempt < SUBNET_ATTEMPTS && subnet_taken(&e) => attempt += 1,
+            Err(e) => {
+                return Err(engine(
+                    format_args!("creating the network of sandbox {id}"),
+                    e,
+                ))
+            }
+        }
+    }
     // Guarded before any container joins it.
-    let guarded = tokio::task::spawn_blocking(move || crate::firewall::guard(&bridge))
+    let guarded = tokio::task::spawn_blocking(move || crate::firewall::guard(&bridge, dns))
         .await
         .map_err(|e| {
             sandcell::Error::with_source(
@@ -75,6 +116,18 @@ pub(crate) async fn create_network(
         return Err(e);
     }
     Ok(name)
+}
+
+/// How many subnets a network's create tries before it gives up.
+const SUBNET_ATTEMPTS: u32 = 16;
+
+/// Whether the engine refused a network's subnet as one another network holds
+/// (Docker: "overlaps"; Podman: "already used" / "in use").
+fn subnet_taken(e: &bollard::errors::Error) -> bool {
+    let text = e.to_string();
+    ["overlap", "already used", "in use"]
+        .iter()
+        .any(|what| text.contains(what))
 }
 
 /// Joins `network` under these aliases, for a container create body.
@@ -116,9 +169,11 @@ pub(crate) async fn start_service(
             (LABEL_SERVICE.to_owned(), service.name.clone()),
         ])),
         // Services keep the engine's default capabilities (a database's entrypoint
-        // changes owners and users), but never gain more.
+        // changes owners and users) but raw sockets, with which a service a sandbox
+        // took over could forge packets, and never gain more.
         host_config: Some(HostConfig {
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            cap_drop: Some(vec!["NET_RAW".to_owned()]),
             network_mode: Some(network.to_owned()),
             init: Some(true),
             ulimits: ulimits.map(<[_]>::to_vec),

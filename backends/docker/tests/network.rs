@@ -13,7 +13,9 @@ mod common;
 
 use std::net::Ipv4Addr;
 
-use sandcell::testing::outside::{serve_on_host, sh, OutsideWorld, OUTSIDE_BODY, OUTSIDE_PORT};
+use sandcell::testing::outside::{
+    serve_on_host, serve_on_host_at, sh, OutsideWorld, OUTSIDE_BODY, OUTSIDE_PORT,
+};
 use sandcell::{Network, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
 use sandcell_docker::DockerBackend;
 
@@ -109,6 +111,12 @@ async fn adversarial_38_a_full_sandbox_reaches_outside_but_not_the_host_nor_a_ne
 
     let seen = fetch(&docker, &a, world.outside_addr(), OUTSIDE_PORT).await;
     assert_eq!(seen.as_deref(), Some(OUTSIDE_BODY), "the way out");
+
+    // Nor a name server of the host's on one of its addresses (only Podman's, on the
+    // sandbox's own bridge address, answers names).
+    let dns_port = serve_on_host_at(world.own_addr(), 53, "host resolver secret");
+    let seen = fetch(&docker, &a, world.own_addr(), dns_port).await;
+    assert_eq!(seen, None, "the host's port 53 reached from a");
 
     let addresses = host_addresses();
     assert!(addresses.contains(&world.own_addr()), "{addresses:?}");

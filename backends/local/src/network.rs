@@ -7,7 +7,8 @@
 //! default route. One nftables table for every sandbox ([`RULES`]) masquerades what
 //! leaves, drops everything a sandbox sends to the host itself (the input hook: every
 //! address of the host's, loopback included) and everything between sandboxes (the
-//! forward hook), and lets only replies in. It also drops what a sandbox sends from an
+//! forward hook), and what it sends to a private, shared or link-local address the
+//! host routes to, and lets only replies in. It also drops what a sandbox sends from an
 //! address that is not its own (a strict reverse-path check) and past 2048 tracked
 //! flows, so no sandbox fills the host's connection tracking.
 //!

@@ -10,6 +10,7 @@
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+use std::net::Ipv4Addr;
 use std::process::Command;
 
 use sandcell::testing::egress::{self, EgressWorld};

@@ -99,6 +99,48 @@ async fn case40_a_listing_deeper_than_the_cap_is_refused() {
     assert_eq!(deepest.status(), 200);
 }
 
+/// ADVERSARIAL 40: a `ListDir` whose answer would hold more than the server's cap of
+/// entries (100000) is refused with `LimitExceeded`, not built whole; one level of the
+/// same tree still lists.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_listing_wider_than_the_cap_is_refused() {
+    let server = common::serve_local_with(ServerConfig::new(common::TOKEN)).await;
+    let http = reqwest::Client::new();
+    let (id, token) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
+    let sandbox = SandboxId::new(&id).unwrap();
+    // 400 directories of 251 files: 100400 entries two levels down.
+    let made = server
+        .local
+        .run_shell(
+            &sandbox,
+            "for d in $(seq 400); do mkdir -p wide/d$d && (cd wide/d$d && seq 251 | xargs touch) \
+             || exit 1; done",
+        )
+        .await
+        .unwrap();
+    assert_eq!(made.status.code, Some(0), "{}", made.stderr_str());
+    let list = |depth: u64| {
+        http.post(format!("{}/filesystem.Filesystem/ListDir", server.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &token)
+            .json(&json!({"path": "wide", "depth": depth}))
+            .send()
+    };
+    let refused = list(2).await.unwrap();
+    let status = refused.status();
+    let body: Value = refused.json().await.unwrap();
+    assert!(status.is_client_error(), "{status}: {body}");
+    assert!(
+        body["message"].as_str().unwrap().contains("100000"),
+        "{body}"
+    );
+    let shallow = list(1).await.unwrap();
+    assert_eq!(shallow.status(), 200);
+    let listed: Value = shallow.json().await.unwrap();
+    assert_eq!(listed["entries"].as_array().unwrap().len(), 400);
+    server.local.destroy(&sandbox).await.unwrap();
+}
+
 /// ADVERSARIAL 40: a huge sparse file (and a link to it) is refused by the wire
 /// protocol's read and the E2B face's `/files` before it is read, with a typed
 /// `LimitExceeded` / `413`; a small file still reads.

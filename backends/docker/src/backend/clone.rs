@@ -29,7 +29,8 @@ impl DockerBackend {
         )
         .await?;
         let internal = !matches!(spec.network, Network::Full);
-        let network = crate::task::create_network(docker, id, internal).await?;
+        let dns = self.names_on_bridge().await;
+        let network = crate::task::create_network(docker, id, internal, dns).await?;
         let ulimits = self.ulimits().await;
         let started = futures::future::try_join(
             self.create_container(id, spec, image, Some(&network)),
@@ -74,7 +75,8 @@ impl DockerBackend {
             {
                 Ok(source) => {
                     let internal = source.internal.unwrap_or(true);
-                    Some(crate::task::create_network(docker, &new, internal).await?)
+                    let dns = self.names_on_bridge().await;
+                    Some(crate::task::create_network(docker, &new, internal, dns).await?)
                 }
                 Err(e) if is_not_found(&e) => None,
                 Err(e) => return Err(engine(format_args!("inspecting the network of {id}"), e)),

@@ -86,6 +86,9 @@ struct Inner {
     ulimits: tokio::sync::OnceCell<Option<Vec<bollard::models::ResourcesUlimits>>>,
     /// Set once this process swept host workspaces a crash left without a container.
     swept: tokio::sync::OnceCell<()>,
+    /// Whether the engine serves names on a network's bridge address (Podman), read
+    /// once.
+    names_on_bridge: tokio::sync::OnceCell<bool>,
     /// Whether a container's root may be the host's (`crate::user`).
     root: crate::user::RootGuard,
 }
@@ -156,6 +159,7 @@ impl DockerBackend {
                 socket,
                 ulimits: tokio::sync::OnceCell::new(),
                 swept: tokio::sync::OnceCell::new(),
+                names_on_bridge: tokio::sync::OnceCell::new(),
                 root,
             }),
         })
@@ -242,6 +246,24 @@ impl DockerBackend {
             ));
         }
         Ok(())
+    }
+
+    /// Whether the engine serves names on a network's own bridge address (Podman's
+    /// resolver; Docker's lives inside each container's namespace), which the host's
+    /// rules then let its sandboxes ask (`crate::firewall`).
+    pub(crate) async fn names_on_bridge(&self) -> bool {
+        *self
+            .inner
+            .names_on_bridge
+            .get_or_init(|| async {
+                let version = self.inner.docker.version().await.ok();
+                version
+                    .and_then(|v| v.components)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.name.contains("Podman"))
+            })
+            .await
     }
 
     /// The resource limits every container is created with (`crate::ulimits`), read
