@@ -115,6 +115,20 @@ pub(crate) fn guard(bridge: &str, dns: bool) -> Result<()> {
     )
 }
 
+/// [`guard`] for sandbox `id`'s bridge, off the runtime.
+pub(crate) async fn guard_sandbox(id: &SandboxId, dns: bool) -> Result<()> {
+    let bridge = bridge_name(id);
+    tokio::task::spawn_blocking(move || guard(&bridge, dns))
+        .await
+        .map_err(|e| {
+            Error::with_source(
+                sandcell::ErrorKind::Backend,
+                "guarding the network failed",
+                e,
+            )
+        })?
+}
+
 /// The sandbox bridges on this host now (their names are made here, never a client's).
 fn sandbox_bridges() -> Vec<String> {
     std::fs::read_dir("/sys/class/net")

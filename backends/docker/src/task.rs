@@ -101,16 +101,7 @@ pub(crate) async fn create_network(
         }
     }
     // Guarded before any container joins it.
-    let guarded = tokio::task::spawn_blocking(move || crate::firewall::guard(&bridge, dns))
-        .await
-        .map_err(|e| {
-            sandcell::Error::with_source(
-                sandcell::ErrorKind::Backend,
-                "guarding the network failed",
-                e,
-            )
-        })
-        .and_then(|r| r);
+    let guarded = crate::firewall::guard_sandbox(id, dns).await;
     if let Err(e) = guarded {
         let _ = teardown(docker, id).await;
         return Err(e);

@@ -64,6 +64,18 @@ async fn address_of(docker: &DockerBackend, id: &SandboxId) -> Ipv4Addr {
     endpoint.ip_address.unwrap().parse().unwrap()
 }
 
+/// The gateway of the sandbox's own network: the host's address on its bridge.
+async fn gateway_of(docker: &DockerBackend, id: &SandboxId) -> Ipv4Addr {
+    let container = docker
+        .docker()
+        .inspect_container(id.as_str(), None)
+        .await
+        .unwrap();
+    let networks = container.network_settings.unwrap().networks.unwrap();
+    let endpoint = networks.into_values().next().unwrap();
+    endpoint.gateway.unwrap().parse().unwrap()
+}
+
 fn sandcell_bridges() -> Vec<String> {
     let mut names: Vec<String> = std::fs::read_dir("/sys/class/net")
         .unwrap()
@@ -112,11 +124,14 @@ async fn adversarial_38_a_full_sandbox_reaches_outside_but_not_the_host_nor_a_ne
     let seen = fetch(&docker, &a, world.outside_addr(), OUTSIDE_PORT).await;
     assert_eq!(seen.as_deref(), Some(OUTSIDE_BODY), "the way out");
 
-    // Nor a name server of the host's on one of its addresses (only Podman's, on the
-    // sandbox's own bridge address, answers names).
-    let dns_port = serve_on_host_at(world.own_addr(), 53, "host resolver secret");
-    let seen = fetch(&docker, &a, world.own_addr(), dns_port).await;
-    assert_eq!(seen, None, "the host's port 53 reached from a");
+    // Nor a name server of the host's bound to every address, at any of them: not at
+    // the host's other addresses, not at a's own bridge address, where only the
+    // engine's resolver (Podman's, bound there) may answer a.
+    let dns_port = serve_on_host_at(Ipv4Addr::UNSPECIFIED, 53, "host resolver secret");
+    for addr in [world.own_addr(), gateway_of(&docker, &a).await] {
+        let seen = fetch(&docker, &a, addr, dns_port).await;
+        assert_eq!(seen, None, "the host's port 53 at {addr} reached from a");
+    }
 
     let addresses = host_addresses();
     assert!(addresses.contains(&world.own_addr()), "{addresses:?}");
@@ -158,6 +173,13 @@ async fn adversarial_38_a_full_sandbox_reaches_outside_but_not_the_host_nor_a_ne
         "a reached b's server"
     );
     let _ = server.kill().await;
+
+    // Rules flushed from the host are put back before a reset restarts a sandbox.
+    sh("nft delete table inet sandcell_docker");
+    docker.reset(&a).await.unwrap();
+    assert!(rules_present(), "the rules are back");
+    let seen = fetch(&docker, &a, world.own_addr(), host_port).await;
+    assert_eq!(seen, None, "the host reached from a after a reset");
 
     docker.destroy(&a).await.unwrap();
     docker.destroy(&b).await.unwrap();

@@ -1,5 +1,6 @@
-//! Sandboxes with service containers: creating one on a private network, and cloning
-//! one (its container and services committed to images and started afresh).
+//! Sandboxes on a network of their own (services, or a full network): creating one,
+//! and cloning one (its container and services committed to images and started
+//! afresh).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -13,6 +14,42 @@ use crate::hardening::{INTERNAL_PREFIX, LABEL_TEMPLATE};
 use crate::host_workspace::HostWorkspace;
 
 impl DockerBackend {
+    /// Whether the engine serves names on a network's own bridge address (Podman's
+    /// resolver; Docker's lives inside each container's namespace), which the host's
+    /// rules then let its sandboxes ask (`crate::firewall`).
+    async fn names_on_bridge(&self) -> bool {
+        *self
+            .inner
+            .names_on_bridge
+            .get_or_init(|| async {
+                let version = self.inner.docker.version().await.ok();
+                version
+                    .and_then(|v| v.components)
+                    .unwrap_or_default()
+                    .iter()
+                    .any(|c| c.name.contains("Podman"))
+            })
+            .await
+    }
+
+    /// Loads the host's rules again for sandbox `id`'s own network, where it has one:
+    /// before a restart, since a reboot or a flush of the host's ruleset may have
+    /// removed them while the network stayed.
+    pub(super) async fn guard_again(&self, id: &SandboxId) -> Result<()> {
+        let docker = &self.inner.docker;
+        let network = docker
+            .inspect_network(
+                &crate::task::network_name(id),
+                None::<bollard::query_parameters::InspectNetworkOptions>,
+            )
+            .await;
+        match network {
+            Ok(_) => crate::firewall::guard_sandbox(id, self.names_on_bridge().await).await,
+            Err(e) if is_not_found(&e) => Ok(()),
+            Err(e) => Err(engine(format_args!("inspecting the network of {id}"), e)),
+        }
+    }
+
     /// Creates a sandbox on a network of its own (it has services, or a full network):
     /// the network, then the sandbox and every service in parallel, then a check that
     /// the host's rules guard the network's bridge. On failure nothing is left.

@@ -248,24 +248,6 @@ impl DockerBackend {
         Ok(())
     }
 
-    /// Whether the engine serves names on a network's own bridge address (Podman's
-    /// resolver; Docker's lives inside each container's namespace), which the host's
-    /// rules then let its sandboxes ask (`crate::firewall`).
-    pub(crate) async fn names_on_bridge(&self) -> bool {
-        *self
-            .inner
-            .names_on_bridge
-            .get_or_init(|| async {
-                let version = self.inner.docker.version().await.ok();
-                version
-                    .and_then(|v| v.components)
-                    .unwrap_or_default()
-                    .iter()
-                    .any(|c| c.name.contains("Podman"))
-            })
-            .await
-    }
-
     /// The resource limits every container is created with (`crate::ulimits`), read
     /// from the engine once.
     pub(crate) async fn ulimits(&self) -> Option<&[bollard::models::ResourcesUlimits]> {
@@ -451,6 +433,7 @@ impl SandboxBackend for DockerBackend {
         self.settings(id).await?;
         lock(&self.inner.clients).remove(id);
         lock(&self.inner.paused).remove(id);
+        self.guard_again(id).await?;
         // A restart kills every process (the agent too) and starts the agent afresh;
         // the workspace lives in the container's file system and stays.
         self.inner
