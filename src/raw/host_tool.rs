@@ -66,6 +66,43 @@ pub fn output(program: &Path, args: &[&str]) -> Option<String> {
         .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// The IPv4 networks this host is directly on (`10.1.2.0/24`, …), from `ip`, leaving
+/// out loopback and every interface whose name starts with one of `skip` (sandboxes'
+/// own links): what a sandbox must not reach beyond the host, whatever the addresses.
+/// Empty when `ip` cannot be run.
+pub fn connected_networks(skip: &[&str]) -> Vec<String> {
+    let Some(ip) = find("ip") else {
+        return Vec::new();
+    };
+    let listing = output(&ip, &["-4", "-o", "addr", "show"]).unwrap_or_default();
+    let mut networks: Vec<String> = listing
+        .lines()
+        .filter_map(|line| {
+            let mut fields = line.split_whitespace();
+            let name = fields.nth(1)?.trim_end_matches(':');
+            let name = name.split('@').next()?;
+            if name == "lo" || skip.iter().any(|prefix| name.starts_with(prefix)) {
+                return None;
+            }
+            let (addr, prefix) = fields.nth(1)?.split_once('/')?;
+            network_of(addr.parse().ok()?, prefix.parse().ok()?)
+        })
+        .collect();
+    networks.sort();
+    networks.dedup();
+    networks
+}
+
+/// `addr/prefix` with the host bits cleared, or `None` for a prefix past 32.
+fn network_of(addr: std::net::Ipv4Addr, prefix: u8) -> Option<String> {
+    if prefix > 32 {
+        return None;
+    }
+    let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+    let network = std::net::Ipv4Addr::from(u32::from(addr) & mask);
+    Some(format!("{network}/{prefix}"))
+}
+
 fn command(program: &Path, args: &[&str]) -> Command {
     let mut command = Command::new(program);
     command.args(args).env_clear().env("PATH", PATH);
@@ -131,6 +168,15 @@ mod tests {
         let script = format!("cat > {}", target.display());
         run(&sh, &["-c", &script], Some("given"), "writing").unwrap();
         assert_eq!(std::fs::read_to_string(target).unwrap(), "given");
+    }
+
+    #[test]
+    fn networks_clear_their_host_bits() {
+        let net = |a: &str, p| network_of(a.parse().unwrap(), p);
+        assert_eq!(net("192.0.2.77", 24).as_deref(), Some("192.0.2.0/24"));
+        assert_eq!(net("10.1.2.3", 32).as_deref(), Some("10.1.2.3/32"));
+        assert_eq!(net("10.1.2.3", 0).as_deref(), Some("0.0.0.0/0"));
+        assert_eq!(net("10.1.2.3", 33), None);
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! A world outside the host for network tests (needs root, `ip`, `curl`, `python3`):
-//! a network namespace joined to the host by a veth, reachable only through the
-//! host's routing and with no route back to any sandbox's address, so a sandbox that
+//! a network namespace joined to the host by a veth, its server one hop beyond the
+//! host's own network on it, reachable only through the host's routing and with no route back to any sandbox's address, so a sandbox that
 //! reaches it proves its traffic was translated to the host's; and an address of the
 //! host's own that is not loopback, on an interface of its own.
 
@@ -78,10 +78,13 @@ impl OutsideWorld {
              ip netns add sct{tag} && \
              ip link add sctv{tag} type veth peer name eth0 netns sct{tag} && \
              ip addr add {gw}/30 dev sctv{tag} && ip link set sctv{tag} up && \
-             ip -n sct{tag} addr add {outside}/30 dev eth0 && \
-             ip -n sct{tag} link set eth0 up && ip -n sct{tag} link set lo up",
+             ip -n sct{tag} addr add {peer}/30 dev eth0 && \
+             ip -n sct{tag} link set eth0 up && ip -n sct{tag} link set lo up && \
+             ip -n sct{tag} addr add {outside}/32 dev lo && \
+             ip route add {outside}/32 via {peer}",
             own = Self::own_addr_of(tag),
             gw = Self::gateway_of(tag),
+            peer = Self::peer_of(tag),
             outside = Self::outside_of(tag),
         ));
         // No default route in the outside namespace: it can answer the host's own
@@ -91,8 +94,7 @@ impl OutsideWorld {
              class H(http.server.BaseHTTPRequestHandler):\n\
              \x20   def do_GET(self):\n\
              \x20       self.send_response(200); self.end_headers(); self.wfile.write(b'{OUTSIDE_BODY}')\n\
-             http.server.HTTPServer(('{}', {OUTSIDE_PORT}), H).serve_forever()\n",
-            Self::outside_of(tag)
+             http.server.HTTPServer(('0.0.0.0', {OUTSIDE_PORT}), H).serve_forever()\n"
         );
         let server = Command::new("ip")
             .args([
@@ -129,8 +131,14 @@ impl OutsideWorld {
     fn gateway_of(tag: u32) -> Ipv4Addr {
         Ipv4Addr::new(198, 18, tag as u8, 1)
     }
-    fn outside_of(tag: u32) -> Ipv4Addr {
+    /// The outside namespace's end of the veth, on a network the host is on.
+    fn peer_of(tag: u32) -> Ipv4Addr {
         Ipv4Addr::new(198, 18, tag as u8, 2)
+    }
+    /// The server's address, one hop beyond the host (as the world is), and neither
+    /// private nor reserved.
+    fn outside_of(tag: u32) -> Ipv4Addr {
+        Ipv4Addr::new(203, 0, 113, tag as u8)
     }
 
     /// The host's own address on the test's interface.
@@ -141,6 +149,12 @@ impl OutsideWorld {
     /// The outside server's address.
     pub fn outside_addr(&self) -> Ipv4Addr {
         Self::outside_of(self.tag)
+    }
+
+    /// The outside namespace's address on the host's network with it: a neighbour
+    /// of the host's, where the server answers too.
+    pub fn neighbour_addr(&self) -> Ipv4Addr {
+        Self::peer_of(self.tag)
     }
 
     /// The outside server's URL.

@@ -107,6 +107,13 @@ pub(crate) fn guard(bridge: &str, dns: bool) -> Result<()> {
     if dns {
         script.push_str(&format!("add element inet {TABLE} dns {{ {bridge} }}\n"));
     }
+    let connected = host_tool::connected_networks(&["scd"]);
+    if !connected.is_empty() {
+        script.push_str(&format!(
+            "add element inet {TABLE} connected {{ {} }}\n",
+            connected.join(", ")
+        ));
+    }
     host_tool::run(
         &nft,
         &["-f", "-"],

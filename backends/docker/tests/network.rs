@@ -123,6 +123,12 @@ async fn adversarial_38_a_full_sandbox_reaches_outside_but_not_the_host_nor_a_ne
 
     let seen = fetch(&docker, &a, world.outside_addr(), OUTSIDE_PORT).await;
     assert_eq!(seen.as_deref(), Some(OUTSIDE_BODY), "the way out");
+    // The same server at its address on a network the host is on: the host's LAN.
+    let seen = fetch(&docker, &a, world.neighbour_addr(), OUTSIDE_PORT).await;
+    assert_eq!(
+        seen, None,
+        "a neighbour on the host's network reached from a"
+    );
 
     // Nor a name server of the host's bound to every address, at any of them: not at
     // the host's other addresses, not at a's own bridge address, where only the

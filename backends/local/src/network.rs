@@ -216,10 +216,18 @@ fn ensure_host(tools: &Tools) -> Result<()> {
         tracing::info!("turning on IPv4 forwarding for sandboxes with Network::Full");
         std::fs::write(forward, "1").map_err(|e| Error::io("turning on IPv4 forwarding", e))?;
     }
+    let mut rules = RULES.to_owned();
+    let connected = sandcell::raw::host_tool::connected_networks(&[PREFIX]);
+    if !connected.is_empty() {
+        rules.push_str(&format!(
+            "add element inet {TABLE} connected {{ {} }}\n",
+            connected.join(", ")
+        ));
+    }
     run(
         &tools.nft,
         &["-f", "-"],
-        Some(RULES),
+        Some(&rules),
         "loading the host's rules for sandboxes",
     )?;
     if let Some(iptables) = crate::namespace::find("iptables") {

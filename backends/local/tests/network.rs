@@ -14,7 +14,9 @@ use std::net::Ipv4Addr;
 use std::process::Command;
 
 use sandcell::testing::egress::{self, EgressWorld};
-use sandcell::testing::outside::{serve_on_host, sh, OutsideWorld as Host, OUTSIDE_BODY};
+use sandcell::testing::outside::{
+    serve_on_host, sh, OutsideWorld as Host, OUTSIDE_BODY, OUTSIDE_PORT,
+};
 use sandcell::{ErrorKind, Network, SandboxBackend, SandboxBackendExt, SandboxId, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
@@ -96,6 +98,8 @@ async fn adversarial_38_full_network_does_not_reach_the_host() {
     for url in [
         format!("http://127.0.0.1:{loopback}/"),
         format!("http://{}:{own}/", host.own_addr()),
+        // A neighbour on a network the host is on (its LAN), answering "outside".
+        format!("http://{}:{OUTSIDE_PORT}/", host.neighbour_addr()),
     ] {
         let seen = fetch(&b, &id, &url).await;
         assert!(
