@@ -52,6 +52,13 @@ async fn start_with_token(
     (server, format!("http://127.0.0.1:{port}"))
 }
 
+/// A client of the server at `url`, with the test's token.
+async fn client(url: &str) -> RemoteBackend {
+    RemoteBackend::connect(RemoteConfig::new(url, TOKEN))
+        .await
+        .unwrap()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_binary_serves_the_local_backend_on_loopback() {
     let root = tempfile::tempdir().unwrap();
@@ -542,9 +549,7 @@ async fn a_landlock_server_never_shares_the_hosts_network() {
     let root = tempfile::tempdir().unwrap();
     let landlock = serde_json::json!({"root": root.path(), "isolation": "landlock"}).to_string();
     let (server, url) = start(root.path(), &["--options", &landlock]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
-        .await
-        .unwrap();
+    let backend = client(&url).await;
     let full = SandboxSpec::new("default").network(sandcell::Network::Full);
     let refused = backend.create(&full).await.unwrap_err();
     assert_eq!(
@@ -577,9 +582,7 @@ async fn a_landlock_server_never_shares_the_hosts_network() {
     })
     .to_string();
     let (server, url) = start(root.path(), &["--options", &shared]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
-        .await
-        .unwrap();
+    let backend = client(&url).await;
     let sandbox = backend.create(&full).await.unwrap();
     assert_eq!(sandbox.network, sandcell::Network::Full);
     backend.destroy(&sandbox.id).await.unwrap();
@@ -593,9 +596,7 @@ async fn a_landlock_server_never_shares_the_hosts_network() {
 async fn a_served_command_s_loader_variables_reach_no_host_helper() {
     let root = tempfile::tempdir().unwrap();
     let (server, url) = start(root.path(), &[]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
-        .await
-        .unwrap();
+    let backend = client(&url).await;
     sandcell::testing::conformance::host_helpers_ignore_loader_variables(&backend).await;
     drop(server);
 }

@@ -51,8 +51,9 @@ async fn fetch(
     head.starts_with("HTTP/1.").then(|| body.to_owned())
 }
 
-/// The sandbox's address on its own network.
-async fn address_of(docker: &DockerBackend, id: &SandboxId) -> Ipv4Addr {
+/// The sandbox's address on its own network, and that network's gateway (the host's
+/// address on its bridge).
+async fn addresses_of(docker: &DockerBackend, id: &SandboxId) -> (Ipv4Addr, Ipv4Addr) {
     let container = docker
         .docker()
         .inspect_container(id.as_str(), None)
@@ -61,19 +62,8 @@ async fn address_of(docker: &DockerBackend, id: &SandboxId) -> Ipv4Addr {
     let networks = container.network_settings.unwrap().networks.unwrap();
     assert_eq!(networks.len(), 1, "one network: {networks:?}");
     let endpoint = networks.into_values().next().unwrap();
-    endpoint.ip_address.unwrap().parse().unwrap()
-}
-
-/// The gateway of the sandbox's own network: the host's address on its bridge.
-async fn gateway_of(docker: &DockerBackend, id: &SandboxId) -> Ipv4Addr {
-    let container = docker
-        .docker()
-        .inspect_container(id.as_str(), None)
-        .await
-        .unwrap();
-    let networks = container.network_settings.unwrap().networks.unwrap();
-    let endpoint = networks.into_values().next().unwrap();
-    endpoint.gateway.unwrap().parse().unwrap()
+    let parse = |addr: Option<String>| addr.unwrap().parse().unwrap();
+    (parse(endpoint.ip_address), parse(endpoint.gateway))
 }
 
 fn sandcell_bridges() -> Vec<String> {
@@ -134,7 +124,7 @@ async fn adversarial_38_a_full_sandbox_reaches_outside_but_not_the_host_nor_a_ne
     // the host's other addresses, not at a's own bridge address, where only the
     // engine's resolver (Podman's, bound there) may answer a.
     let dns_port = serve_on_host_at(Ipv4Addr::UNSPECIFIED, 53, "host resolver secret");
-    for addr in [world.own_addr(), gateway_of(&docker, &a).await] {
+    for addr in [world.own_addr(), addresses_of(&docker, &a).await.1] {
         let seen = fetch(&docker, &a, addr, dns_port).await;
         assert_eq!(seen, None, "the host's port 53 at {addr} reached from a");
     }
@@ -158,7 +148,7 @@ async fn adversarial_38_a_full_sandbox_reaches_outside_but_not_the_host_nor_a_ne
         )
         .await
         .unwrap();
-    let b_addr = address_of(&docker, &b).await;
+    let b_addr = addresses_of(&docker, &b).await.0;
     let b_url = format!("http://{b_addr}:8081/");
     let mut up = false;
     for _ in 0..50 {
