@@ -70,8 +70,10 @@ async fn start(work: &Path, args: &[String]) -> (Server, String) {
     (server, format!("http://127.0.0.1:{port}"))
 }
 
-/// Runs the pytest suite against `url`; panics with its output unless every test passed.
+/// Runs the pytest suite against `url`; panics with its output unless every test passed,
+/// or if ADVERSARIAL 36's payload (its test hands it to the SDK's `envs`) ran on the host.
 fn run_suite(python: &str, url: &str, work: &Path) {
+    let payload = sandcell::testing::conformance::LoaderPayload::build();
     let output = Command::new(python)
         .args([
             "-m",
@@ -86,6 +88,8 @@ fn run_suite(python: &str, url: &str, work: &Path) {
         .env("E2B_API_KEY", KEY)
         .env("E2B_API_URL", url)
         .env("E2B_SANDBOX_URL", url)
+        .env("SANDCELL_ADV36_PAYLOAD", payload.path())
+        .env("SANDCELL_ADV36_MARKERS", payload.marker_dir())
         .env_remove("E2B_DOMAIN")
         .env_remove("E2B_DEBUG")
         .output()
@@ -100,6 +104,11 @@ fn run_suite(python: &str, url: &str, work: &Path) {
     );
     assert!(stdout.contains(" passed"), "pytest ran nothing:\n{stdout}");
     assert!(!stdout.contains(" skipped"), "a test skipped:\n{stdout}");
+    assert_eq!(
+        payload.markers(),
+        Vec::<String>::new(),
+        "ADVERSARIAL 36: code a client chose ran on the host (named by the program)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

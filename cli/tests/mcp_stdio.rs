@@ -71,6 +71,8 @@ fn the_python_mcp_sdk_drives_sandcell_mcp_over_stdio_and_http() {
     let work = tempfile::tempdir().unwrap();
     let (server, url) = start_server(work.path());
     let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/mcp");
+    // ADVERSARIAL 36: a test hands it to `run_command`'s `env`.
+    let payload = sandcell::testing::conformance::LoaderPayload::build();
     let output = Command::new(python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp"])
         .arg(work.path().join("pytest"))
@@ -80,6 +82,8 @@ fn the_python_mcp_sdk_drives_sandcell_mcp_over_stdio_and_http() {
         .env("SANDCELL_MCP_URL", &url)
         .env("SANDCELL_MCP_TOKEN_A", TOKEN_A)
         .env("SANDCELL_MCP_TOKEN_B", TOKEN_B)
+        .env("SANDCELL_ADV36_PAYLOAD", payload.path())
+        .env("SANDCELL_ADV36_MARKERS", payload.marker_dir())
         .env_remove("SANDCELL_LOG")
         .output()
         .unwrap();
@@ -99,4 +103,9 @@ fn the_python_mcp_sdk_drives_sandcell_mcp_over_stdio_and_http() {
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(&work_dir)).collect();
     assert!(left.is_empty(), "mounts left behind: {left:?}");
     assert!(!stdout.contains(" skipped"), "a test skipped:\n{stdout}");
+    assert_eq!(
+        payload.markers(),
+        Vec::<String>::new(),
+        "ADVERSARIAL 36: code a client chose ran on the host (named by the program)"
+    );
 }

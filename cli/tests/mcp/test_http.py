@@ -1,6 +1,7 @@
 """The same tools over streamable HTTP on sandcell-server (`/mcp`), each tenant with
 its own token and its own sessions."""
 
+import base64
 import contextlib
 import os
 
@@ -92,3 +93,29 @@ async def test_a_tenants_live_sandboxes_are_bounded(first, second):
     # Releasing one makes room.
     await ok(first, "release", session="one", mode="destroy")
     await ok(first, "run_command", session="three", command="true")
+
+
+async def test_loader_variables_reach_no_host_helper(first):
+    """ADVERSARIAL 36 on MCP: `run_command`'s `env` reaches the command only. The
+    payload (built on the host by mcp_stdio.rs) leaves a file named after any program
+    that loads it in SANDCELL_ADV36_MARKERS; the server runs at namespaces, where every
+    command passes through helpers on the host."""
+    host_payload = os.environ["SANDCELL_ADV36_PAYLOAD"]
+    markers = os.environ["SANDCELL_ADV36_MARKERS"]
+    with open(host_payload, "rb") as built:
+        payload = base64.b64encode(built.read()).decode()
+    await ok(first, "write_file", session="adv", path="adv36/payload.so", content=payload, encoding="base64")
+    await ok(first, "write_file", session="adv", path="adv36/env.sh", content=f"touch {markers}/bash_env\n")
+    home = (await ok(first, "run_command", session="adv", command="pwd")).split("\n")
+    home = next(line for line in home if line.startswith("/"))
+    for preload in (f"{home}/adv36/payload.so", host_payload):
+        env = {
+            "LD_PRELOAD": preload,
+            "LD_AUDIT": preload,
+            "LD_LIBRARY_PATH": f"{home}/adv36",
+            "GCONV_PATH": f"{home}/adv36",
+            "BASH_ENV": f"{home}/adv36/env.sh",
+        }
+        out = await ok(first, "run_command", session="adv", command='echo "seen:$LD_PRELOAD"', env=env)
+        assert f"seen:{preload}" in out, out
+        assert sorted(os.listdir(markers)) == [], f"ADVERSARIAL 36 with LD_PRELOAD={preload}"

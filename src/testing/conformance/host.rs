@@ -28,6 +28,7 @@ unsigned int la_version(unsigned int version) { return version; }
 "#;
 
 /// A host directory anyone may write, removed on drop.
+#[derive(Debug)]
 struct MarkerDir(PathBuf);
 
 impl MarkerDir {
@@ -41,16 +42,6 @@ impl MarkerDir {
         std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         MarkerDir(dir)
     }
-
-    /// What was created in it, sorted.
-    fn entries(&self) -> Vec<String> {
-        let mut names: Vec<String> = std::fs::read_dir(&self.0)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-            .collect();
-        names.sort();
-        names
-    }
 }
 
 impl Drop for MarkerDir {
@@ -59,18 +50,62 @@ impl Drop for MarkerDir {
     }
 }
 
-/// Compiles [`PAYLOAD`] into `out` with the host's C compiler.
-fn compile_payload(marker_dir: &Path, out: &Path) {
-    let source = out.with_extension("c");
-    std::fs::write(&source, PAYLOAD).unwrap();
-    let status = std::process::Command::new("cc")
-        .arg(format!("-DMARKER_DIR=\"{}\"", marker_dir.display()))
-        .args(["-shared", "-fPIC", "-o"])
-        .arg(out)
-        .arg(&source)
-        .status()
-        .expect("ADVERSARIAL 36 builds its payload with the host's C compiler (cc)");
-    assert!(status.success(), "cc could not build the payload");
+/// ADVERSARIAL 36's payload, built on the host with its C compiler (`cc`): a shared
+/// object whose constructor, wherever it is loaded, creates a file named after the
+/// program that loaded it in a host directory anyone may write. A face's own test
+/// (an SDK's, say) hands [`path`](Self::path) to the sandbox and to its requests'
+/// loader variables, then checks [`markers`](Self::markers) is empty. Both
+/// directories are removed on drop.
+#[derive(Debug)]
+pub struct LoaderPayload {
+    markers: MarkerDir,
+    _build: MarkerDir,
+    path: PathBuf,
+}
+
+impl LoaderPayload {
+    /// Compiles the payload; panics without a C compiler.
+    pub fn build() -> LoaderPayload {
+        let markers = MarkerDir::new();
+        let build = MarkerDir::new();
+        let path = build.0.join("payload.so");
+        let source = build.0.join("payload.c");
+        std::fs::write(&source, PAYLOAD).unwrap();
+        let status = std::process::Command::new("cc")
+            .arg(format!("-DMARKER_DIR=\"{}\"", markers.0.display()))
+            .args(["-shared", "-fPIC", "-o"])
+            .arg(&path)
+            .arg(&source)
+            .status()
+            .expect("ADVERSARIAL 36 builds its payload with the host's C compiler (cc)");
+        assert!(status.success(), "cc could not build the payload");
+        LoaderPayload {
+            markers,
+            _build: build,
+            path,
+        }
+    }
+
+    /// The shared object on the host.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The host directory its constructor writes to.
+    pub fn marker_dir(&self) -> &Path {
+        &self.markers.0
+    }
+
+    /// The programs that loaded it on the host so far, sorted (empty while the
+    /// boundary holds).
+    pub fn markers(&self) -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(self.marker_dir())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    }
 }
 
 /// ADVERSARIAL 36: a command run with `LD_PRELOAD`, `LD_AUDIT`, `LD_LIBRARY_PATH`,
@@ -88,10 +123,8 @@ pub async fn host_helpers_ignore_loader_variables(b: &dyn SandboxBackend) {
     if !b.capabilities().network_isolation {
         return;
     }
-    let markers = MarkerDir::new();
-    let build = MarkerDir::new();
-    let host_payload = build.0.join("payload.so");
-    compile_payload(&markers.0, &host_payload);
+    let built = &LoaderPayload::build();
+    let host_payload = built.path().to_owned();
     let payload = std::fs::read(&host_payload).unwrap();
     with_sandbox(b, spec(), |id| async move {
         let root = b.run(&id, ExecRequest::new(["pwd"])).await.unwrap();
@@ -101,13 +134,16 @@ pub async fn host_helpers_ignore_loader_variables(b: &dyn SandboxBackend) {
         b.write(&id, &super::p("adv36/payload.so"), payload.into())
             .await
             .unwrap();
-        let touch = format!("touch {}/bash_env\n", markers.0.display());
+        let touch = format!("touch {}/bash_env\n", built.marker_dir().display());
         b.write(&id, &super::p("adv36/env.sh"), touch.into())
             .await
             .unwrap();
         // Writing the host's files directly is what the sandbox must not do either.
         let probe = b
-            .run_shell(&id, &format!("touch {}/direct", markers.0.display()))
+            .run_shell(
+                &id,
+                &format!("touch {}/direct", built.marker_dir().display()),
+            )
             .await
             .unwrap();
         assert!(
@@ -129,7 +165,7 @@ pub async fn host_helpers_ignore_loader_variables(b: &dyn SandboxBackend) {
                 "the command's own environment was lost: {out:?}"
             );
             assert_eq!(
-                markers.entries(),
+                built.markers(),
                 Vec::<String>::new(),
                 "ADVERSARIAL 36: code the sandbox chose ran outside it (named by the \
                  program that loaded it) with LD_PRELOAD={preload}"

@@ -59,7 +59,9 @@ pub use files::{
     remove_mkdir_rename, symlink_escapes_are_refused,
 };
 pub use fixture::{run_case, CaseFuture, Fixture, SharedBackend};
-pub use host::{commands_inherit_no_descriptors, host_helpers_ignore_loader_variables};
+pub use host::{
+    commands_inherit_no_descriptors, host_helpers_ignore_loader_variables, LoaderPayload,
+};
 pub use identity::processes_are_never_host_root;
 pub use kernel::{kernel_keyrings_are_refused, terminal_injection_is_refused};
 pub use lifecycle::{
