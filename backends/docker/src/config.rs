@@ -511,6 +511,13 @@ impl DockerBackendBuilder {
                     "sidecars for template {template:?}, which is not registered"
                 )));
             }
+            if sidecars.len() > crate::task_network::MAX_SERVICES {
+                return Err(Error::invalid_input(format!(
+                    "template {template:?} has {} sidecars; a sandbox has at most {}",
+                    sidecars.len(),
+                    crate::task_network::MAX_SERVICES
+                )));
+            }
             let mut names = std::collections::BTreeSet::new();
             for sidecar in sidecars {
                 sidecar.validate(template)?;

@@ -50,19 +50,15 @@ fn nft() -> Option<PathBuf> {
 /// networks.
 const POOL: (std::net::Ipv4Addr, u32) = (std::net::Ipv4Addr::new(100, 126, 0, 0), 1 << 12);
 
-/// Candidate `attempt` for sandbox `id`'s subnet and gateway: spread by the id's hash,
-/// so two processes making networks at once rarely try the same one first.
-pub(crate) fn subnet(id: &SandboxId, attempt: u32) -> (String, String) {
+/// Candidate `attempt` for sandbox `id`'s subnet, as its first address (the /28's
+/// network; the gateway is the next): spread by the id's hash, so two processes
+/// making networks at once rarely try the same one first.
+pub(crate) fn subnet(id: &SandboxId, attempt: u32) -> std::net::Ipv4Addr {
     use sha2::{Digest, Sha256};
     let digest = Sha256::digest(id.as_str().as_bytes());
     let start = u32::from_be_bytes([digest[0], digest[1], digest[2], digest[3]]);
     let index = start.wrapping_add(attempt.wrapping_mul(7919)) % POOL.1;
-    let base = u32::from(POOL.0) + 16 * index;
-    let gateway = std::net::Ipv4Addr::from(base + 1);
-    (
-        format!("{}/28", std::net::Ipv4Addr::from(base)),
-        gateway.to_string(),
-    )
+    std::net::Ipv4Addr::from(u32::from(POOL.0) + 16 * index)
 }
 
 /// Whether this process can guard sandbox networks: root, with `nft`.
@@ -104,8 +100,11 @@ pub(crate) fn guard(bridge: &str, dns: bool) -> Result<()> {
         "add element inet {TABLE} own {{ {} }}\n",
         pairs.join(", ")
     ));
-    if dns {
-        script.push_str(&format!("add element inet {TABLE} dns {{ {bridge} }}\n"));
+    script.push_str(&format!("add element inet {TABLE} dns {{ {bridge} }}\n"));
+    if !dns {
+        // Added first so that the delete finds it: kept elements may include this
+        // bridge's from an older version, which let internal networks ask too.
+        script.push_str(&format!("delete element inet {TABLE} dns {{ {bridge} }}\n"));
     }
     let connected = host_tool::connected_networks(&["scd"]);
     if !connected.is_empty() {
@@ -223,17 +222,11 @@ mod tests {
     #[test]
     fn subnets_are_slash_28s_in_the_pool_and_attempts_differ() {
         let id = SandboxId::new("docker-a").unwrap();
-        let (first, gateway) = subnet(&id, 0);
-        let (second, _) = subnet(&id, 1);
-        assert_ne!(first, second);
-        for (net, gw) in [(first, gateway), subnet(&id, 4095)] {
-            let (addr, prefix) = net.split_once('/').unwrap();
-            assert_eq!(prefix, "28");
-            let addr: std::net::Ipv4Addr = addr.parse().unwrap();
-            assert_eq!(u32::from(addr) % 16, 0, "{net}");
-            assert_eq!(addr.octets()[..2], [100, 126], "{net}");
-            let gw: std::net::Ipv4Addr = gw.parse().unwrap();
-            assert_eq!(u32::from(gw), u32::from(addr) + 1);
+        let first = subnet(&id, 0);
+        assert_ne!(first, subnet(&id, 1));
+        for addr in [first, subnet(&id, 4095)] {
+            assert_eq!(u32::from(addr) % 16, 0, "{addr}");
+            assert_eq!(addr.octets()[..2], [100, 126], "{addr}");
         }
         assert!(RULES.contains("input iifname \"scd*\" drop"));
         assert!(RULES.contains(&format!("add table inet {TABLE}")));

@@ -93,7 +93,7 @@ pub(crate) fn container_body(
     spec: &SandboxSpec,
     config: &DockerConfig,
     image: String,
-    task_network: Option<&str>,
+    task_network: Option<&crate::task_network::TaskNetwork>,
     egress_dir: Option<&std::path::Path>,
     ulimits: Option<&[ResourcesUlimits]>,
 ) -> ContainerCreateBody {
@@ -147,7 +147,7 @@ pub(crate) fn container_body(
     };
     // `SandboxSpec::prepare` resolved `Default` and refused what is not claimed.
     let network_mode = match (&spec.network, task_network) {
-        (_, Some(network)) => network.to_owned(),
+        (_, Some(network)) => network.name.clone(),
         // Only where the operator named a network to share: otherwise a full network
         // is the sandbox's own (`task_network`).
         (Network::Full, None) => config.network.clone().unwrap_or_else(|| "none".to_owned()),
@@ -183,6 +183,7 @@ pub(crate) fn container_body(
         memory_swap: limits.memory_bytes.map(|m| m as i64),
         nano_cpus: limits.cpu_millis.map(|m| i64::from(m) * 1_000_000),
         network_mode: Some(network_mode),
+        extra_hosts: task_network.map(crate::task_network::TaskNetwork::hosts),
         init: Some(true),
         runtime: config.runtime.clone(),
         ulimits: ulimits.map(<[ResourcesUlimits]>::to_vec),
@@ -203,7 +204,7 @@ pub(crate) fn container_body(
         env: Some(env),
         labels: Some(labels),
         host_config: Some(host_config),
-        networking_config: task_network.map(|n| crate::task::endpoint(n, Vec::new())),
+        networking_config: task_network.map(crate::task_network::TaskNetwork::sandbox_endpoint),
         // The agent serves its stdin and stdout to whoever attaches first.
         open_stdin: Some(agent),
         stdin_once: Some(agent),

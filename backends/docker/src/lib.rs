@@ -35,6 +35,7 @@ mod image;
 mod ports;
 mod probe;
 mod task;
+mod task_network;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod ulimits;

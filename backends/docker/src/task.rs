@@ -3,10 +3,7 @@
 
 use std::collections::HashMap;
 
-use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, Ipam, IpamConfig, NetworkCreateRequest,
-    NetworkingConfig,
-};
+use bollard::models::{ContainerCreateBody, HostConfig};
 use bollard::query_parameters::{
     CommitContainerOptions, CreateContainerOptions, ListContainersOptions, RemoveContainerOptions,
     RemoveImageOptions,
@@ -16,129 +13,25 @@ use sandcell::{Result, SandboxId};
 
 use crate::config::SidecarSpec;
 use crate::error::{engine, is_not_found};
+use crate::task_network::{network_name, TaskNetwork};
 
 /// On service containers and task networks: the sandbox they belong to.
 pub(crate) const LABEL_TASK: &str = "sandcell.docker.task";
 /// On service containers: the service's name.
 const LABEL_SERVICE: &str = "sandcell.docker.service";
-/// The engines' option naming a bridge network's host interface.
-const BRIDGE_NAME_OPTION: &str = "com.docker.network.bridge.name";
 /// On clone images: the sandbox they were made for.
 const CLONE_REPO: &str = "sandcell-clone";
-
-/// The private network of a sandbox with services.
-pub(crate) fn network_name(id: &SandboxId) -> String {
-    format!("{id}-net")
-}
 
 fn service_container(id: &SandboxId, service: &str) -> String {
     format!("{id}-{service}")
 }
 
-/// Creates the sandbox's network, on a bridge of its own that the host's rules guard
-/// (`crate::firewall`, told whether the engine serves names on the bridge: `dns`), on
-/// a subnet from the rules' pool; internal (no route out) unless the sandbox asked for
-/// one. On failure nothing is left.
-pub(crate) async fn create_network(
-    docker: &Docker,
-    id: &SandboxId,
-    internal: bool,
-    dns: bool,
-) -> Result<String> {
-    crate::firewall::require()?;
-    // A rootless engine's bridges are in a namespace of its own, out of the rules'
-    // reach: refused before any container runs there.
-    let info = docker
-        .info()
-        .await
-        .map_err(|e| engine("asking the engine how it runs", e))?;
-    if let Some(rootless) = info
-        .security_options
-        .unwrap_or_default()
-        .into_iter()
-        .find(|option| option.contains("rootless"))
-    {
-        return Err(crate::firewall::outside_this_host(&format!(
-            "the engine runs rootless ({rootless})"
-        )));
-    }
-    let name = network_name(id);
-    let bridge = crate::firewall::bridge_name(id);
-    // A subnet another network (of any process's) holds is refused: try the next.
-    let mut attempt = 0;
-    loop {
-        let (subnet, gateway) = crate::firewall::subnet(id, attempt);
-        let created = docker
-            .create_network(NetworkCreateRequest {
-                name: name.clone(),
-                driver: Some("bridge".to_owned()),
-                internal: Some(internal),
-                ipam: Some(Ipam {
-                    config: Some(vec![IpamConfig {
-                        subnet: Some(subnet),
-                        gateway: Some(gateway),
-                        ..Default::default()
-                    }]),
-                    ..Default::default()
-                }),
-                options: Some(HashMap::from([(
-                    BRIDGE_NAME_OPTION.to_owned(),
-                    bridge.clone(),
-                )])),
-                labels: Some(HashMap::from([(LABEL_TASK.to_owned(), id.to_string())])),
-                ..Default::default()
-            })
-            .await;
-        match created {
-            Ok(_) => break,
-            Err(e) if attempt < SUBNET_ATTEMPTS && subnet_taken(&e) => attempt += 1,
-            Err(e) => {
-                return Err(engine(
-                    format_args!("creating the network of sandbox {id}"),
-                    e,
-                ))
-            }
-        }
-    }
-    // Guarded before any container joins it.
-    let guarded = crate::firewall::guard_sandbox(id, dns).await;
-    if let Err(e) = guarded {
-        let _ = teardown(docker, id).await;
-        return Err(e);
-    }
-    Ok(name)
-}
-
-/// How many subnets a network's create tries before it gives up.
-const SUBNET_ATTEMPTS: u32 = 16;
-
-/// Whether the engine refused a network's subnet as one another network holds
-/// (Docker: "overlaps"; Podman: "already used" / "in use").
-fn subnet_taken(e: &bollard::errors::Error) -> bool {
-    let text = e.to_string();
-    ["overlap", "already used", "in use"]
-        .iter()
-        .any(|what| text.contains(what))
-}
-
-/// Joins `network` under these aliases, for a container create body.
-pub(crate) fn endpoint(network: &str, aliases: Vec<String>) -> NetworkingConfig {
-    NetworkingConfig {
-        endpoints_config: Some(HashMap::from([(
-            network.to_owned(),
-            EndpointSettings {
-                aliases: Some(aliases),
-                ..Default::default()
-            },
-        )])),
-    }
-}
-
-/// Creates and starts one service container of sandbox `id` from `image`.
+/// Creates and starts service `index` of sandbox `id` from `image`.
 pub(crate) async fn start_service(
     docker: &Docker,
     id: &SandboxId,
-    network: &str,
+    network: &TaskNetwork,
+    index: usize,
     service: &SidecarSpec,
     image: String,
     ulimits: Option<&[bollard::models::ResourcesUlimits]>,
@@ -165,15 +58,15 @@ pub(crate) async fn start_service(
         host_config: Some(HostConfig {
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
             cap_drop: Some(vec!["NET_RAW".to_owned()]),
-            network_mode: Some(network.to_owned()),
+            network_mode: Some(network.name.clone()),
+            extra_hosts: Some(network.hosts()),
             init: Some(true),
             ulimits: ulimits.map(<[_]>::to_vec),
             ..Default::default()
         }),
-        networking_config: Some(endpoint(
-            network,
-            vec![service.host().to_owned(), service.name.clone()],
-        )),
+        networking_config: Some(
+            network.service_endpoint(index, vec![service.host().to_owned(), service.name.clone()]),
+        ),
         ..Default::default()
     };
     create_and_start(docker, &name, body)
@@ -299,7 +192,7 @@ pub(crate) async fn recreate_body(
     docker: &Docker,
     name: &str,
     image: String,
-    network: Option<&str>,
+    network: Option<&TaskNetwork>,
     labels: HashMap<String, String>,
 ) -> Result<ContainerCreateBody> {
     let c = docker
@@ -310,7 +203,8 @@ pub(crate) async fn recreate_body(
     let mut host = c.host_config.unwrap_or_default();
     host.ulimits = host.ulimits.map(crate::ulimits::as_create_takes);
     if let Some(network) = network {
-        host.network_mode = Some(network.to_owned());
+        host.network_mode = Some(network.name.clone());
+        host.extra_hosts = Some(network.hosts());
     }
     Ok(ContainerCreateBody {
         image: Some(image),

@@ -104,6 +104,25 @@ async fn services_are_reachable_by_hostname_and_go_with_their_sandbox() {
         .await
         .unwrap();
     assert_eq!(network.internal, Some(true));
+    // The names come from the hosts file: no resolver on the bridge answers a sandbox
+    // without a network (Podman's would forward any other name upstream, carrying
+    // whatever the sandbox put in it).
+    let gateway = network.ipam.unwrap().config.unwrap()[0]
+        .gateway
+        .clone()
+        .unwrap();
+    let asked = backend
+        .run_shell(
+            &sandbox.id,
+            &format!("timeout 5 nslookup web-host {gateway}; echo exit=$?"),
+        )
+        .await
+        .unwrap();
+    let answer = asked.stdout_str();
+    assert!(
+        !answer.contains("exit=0") && !answer.contains("Address: 1"),
+        "a resolver on the bridge answered: {answer}"
+    );
 
     backend.destroy(&sandbox.id).await.unwrap();
     assert_eq!(

@@ -39,12 +39,16 @@ impl DockerBackend {
         let docker = &self.inner.docker;
         let network = docker
             .inspect_network(
-                &crate::task::network_name(id),
+                &crate::task_network::network_name(id),
                 None::<bollard::query_parameters::InspectNetworkOptions>,
             )
             .await;
         match network {
-            Ok(_) => crate::firewall::guard_sandbox(id, self.names_on_bridge().await).await,
+            Ok(network) => {
+                let internal = network.internal.unwrap_or(true);
+                let resolves = self.names_on_bridge().await;
+                crate::task_network::guard(id, internal, resolves).await
+            }
             Err(e) if is_not_found(&e) => Ok(()),
             Err(e) => Err(engine(format_args!("inspecting the network of {id}"), e)),
         }
@@ -66,14 +70,26 @@ impl DockerBackend {
         )
         .await?;
         let internal = !matches!(spec.network, Network::Full);
-        let dns = self.names_on_bridge().await;
-        let network = crate::task::create_network(docker, id, internal, dns).await?;
+        let resolves = self.names_on_bridge().await;
+        let network = crate::task_network::create(docker, id, internal, resolves)
+            .await?
+            .with_services(services.iter().map(|s| (s.host(), s.name.as_str())));
+        let network = match network {
+            Ok(network) => network,
+            Err(e) => {
+                let _ = crate::task::teardown(docker, id).await;
+                return Err(e);
+            }
+        };
         let ulimits = self.ulimits().await;
+        let network = &network;
         let started = futures::future::try_join(
-            self.create_container(id, spec, image, Some(&network)),
-            futures::future::try_join_all(services.iter().zip(images).map(|(s, image)| {
-                crate::task::start_service(docker, id, &network, s, image, ulimits)
-            })),
+            self.create_container(id, spec, image, Some(network)),
+            futures::future::try_join_all(services.iter().zip(images).enumerate().map(
+                |(index, (s, image))| {
+                    crate::task::start_service(docker, id, network, index, s, image, ulimits)
+                },
+            )),
         )
         .await
         .and_then(|_| crate::firewall::check_bridge(&crate::firewall::bridge_name(id)));
@@ -105,15 +121,20 @@ impl DockerBackend {
             // or a full network of its own), internal where the source's is.
             let network = match docker
                 .inspect_network(
-                    &crate::task::network_name(id),
+                    &crate::task_network::network_name(id),
                     None::<bollard::query_parameters::InspectNetworkOptions>,
                 )
                 .await
             {
                 Ok(source) => {
                     let internal = source.internal.unwrap_or(true);
-                    let dns = self.names_on_bridge().await;
-                    Some(crate::task::create_network(docker, &new, internal, dns).await?)
+                    let resolves = self.names_on_bridge().await;
+                    let network =
+                        crate::task_network::create(docker, &new, internal, resolves).await?;
+                    let names = services
+                        .iter()
+                        .map(|(_, service, host)| (host.as_str(), service.as_str()));
+                    Some(network.with_services(names)?)
                 }
                 Err(e) if is_not_found(&e) => None,
                 Err(e) => return Err(engine(format_args!("inspecting the network of {id}"), e)),
@@ -137,7 +158,7 @@ impl DockerBackend {
                 docker,
                 id.as_str(),
                 image,
-                network.as_deref(),
+                network.as_ref(),
                 new_labels,
             )
             .await?;
@@ -157,32 +178,36 @@ impl DockerBackend {
                 }
             }
             body.networking_config = network
-                .as_deref()
-                .map(|n| crate::task::endpoint(n, Vec::new()));
-            let network = network.as_deref();
+                .as_ref()
+                .map(crate::task_network::TaskNetwork::sandbox_endpoint);
+            let network = network.as_ref();
             let new = &new;
-            let service_clones = services
-                .iter()
-                .map(|(container, service, host)| async move {
-                    let image = crate::task::commit(docker, container, new, Some(service)).await?;
-                    let mut body = crate::task::recreate_body(
-                        docker,
-                        container,
-                        image,
-                        network,
-                        crate::task::service_labels(new, service),
-                    )
-                    .await?;
-                    body.hostname = Some(host.clone());
-                    body.networking_config = network
-                        .map(|n| crate::task::endpoint(n, vec![host.clone(), service.clone()]));
-                    crate::task::start_clone(
-                        docker,
-                        &crate::task::clone_service_container(new, service),
-                        body,
-                    )
-                    .await
-                });
+            let service_clones =
+                services
+                    .iter()
+                    .enumerate()
+                    .map(|(index, (container, service, host))| async move {
+                        let image =
+                            crate::task::commit(docker, container, new, Some(service)).await?;
+                        let mut body = crate::task::recreate_body(
+                            docker,
+                            container,
+                            image,
+                            network,
+                            crate::task::service_labels(new, service),
+                        )
+                        .await?;
+                        body.hostname = Some(host.clone());
+                        body.networking_config = network.map(|n| {
+                            n.service_endpoint(index, vec![host.clone(), service.clone()])
+                        });
+                        crate::task::start_clone(
+                            docker,
+                            &crate::task::clone_service_container(new, service),
+                            body,
+                        )
+                        .await
+                    });
             futures::future::try_join(
                 crate::task::start_clone(docker, new.as_str(), body),
                 futures::future::try_join_all(service_clones),

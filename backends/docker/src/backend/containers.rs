@@ -64,7 +64,7 @@ impl DockerBackend {
         id: &SandboxId,
         spec: &SandboxSpec,
         image: String,
-        task_network: Option<&str>,
+        task_network: Option<&crate::task_network::TaskNetwork>,
     ) -> Result<()> {
         let config = &self.inner.config;
         let agent = config.agent.is_some();
