@@ -453,3 +453,34 @@ fn write_file(dir: Option<&Path>, file: &str, value: &str) -> Result<()> {
         )
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A limit the kernel refuses at its write (a CPU quota of 0, which a spec's
+    /// validation stops sooner) leaves none of the sandbox's directories behind, in
+    /// the v2 leaf or a v1 hierarchy: each is recorded before the first write to it.
+    #[test]
+    fn a_refused_limit_leaves_no_cgroup_behind() {
+        let roots = CgroupRoots::detect();
+        let Some(unified) = roots.unified.clone() else {
+            let missing = Err("no writable cgroup hierarchy (run as root)".to_owned());
+            sandcell::testing::require_or_skip("CGROUPS", "cgroups", missing);
+            return;
+        };
+        let id = SandboxId::generate("cgtest");
+        let limits = Limits::new().cpu_millis(0);
+        let err = roots.create(&id, &limits).unwrap_err();
+        // It reaches clients: the limit is named, the host's cgroup path is not.
+        assert!(err.to_string().contains("cpu"), "{err}");
+        assert!(!err.to_string().contains("/sys/"), "{err}");
+        let leaves = [Some(unified), roots.cpu_v1.clone()]
+            .into_iter()
+            .flatten()
+            .map(|root| root.join("sandcell").join(id.as_str()));
+        for leaf in leaves {
+            assert!(!leaf.exists(), "{} was left behind: {err}", leaf.display());
+        }
+    }
+}
