@@ -12,7 +12,7 @@ use futures::StreamExt;
 
 use super::{p, shell_is_refused, spec, stream, with_sandbox};
 use crate::archive::ImportOptions;
-use crate::{ExecRequest, SandboxBackend, SandboxId};
+use crate::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxId};
 
 /// As long as the files the racer swaps with it ("ordinary"), so a packer that follows
 /// a swapped-in link reads as many bytes as the entry's header declared.
@@ -93,6 +93,11 @@ int main(int argc, char **argv) {
 /// one swapped link in a hundred still fails.
 const SNAPSHOT_ROUNDS: usize = 100;
 const IMPORT_ROUNDS: usize = 30;
+const USAGE_ROUNDS: usize = 20;
+
+/// The apparent size of a host file beside the secret; a workspace's disk usage never
+/// comes near it.
+const HOST_BYTES: u64 = 1 << 40;
 
 /// The host side: a root-only secret the racer's links name, and a directory anyone
 /// could write that only the walks' own care keeps empty; removed on drop.
@@ -114,11 +119,19 @@ impl HostFiles {
         mode(&dir.path().join("secret"), 0o600);
         std::fs::create_dir(dir.path().join("outside")).unwrap();
         mode(&dir.path().join("outside"), 0o777);
+        // Sparse: it costs no disk, but a disk-usage walk that followed the racer's
+        // link to this directory would count it.
+        let big = std::fs::File::create(dir.path().join("big")).unwrap();
+        big.set_len(HOST_BYTES).unwrap();
         HostFiles { dir }
     }
 
     fn secret(&self) -> PathBuf {
         self.dir.path().join("secret")
+    }
+
+    fn big(&self) -> PathBuf {
+        self.dir.path().join("big")
     }
 
     fn outside(&self) -> PathBuf {
@@ -200,7 +213,8 @@ fn archive() -> bytes::Bytes {
 
 /// ADVERSARIAL 42: while a sandbox process swaps its files and directories for links
 /// to a root-only host file and its directory, no snapshot of the workspace (full, and
-/// incremental where claimed) holds that file's content; while it swaps the directories
+/// incremental where claimed) holds that file's content, and no disk-usage reading
+/// (where metrics are claimed) counts the host directory's files; while it swaps the directories
 /// an import stages for links to a host directory, no import writes there. Hundreds of
 /// rounds; a snapshot or import may fail, but must not reach the host.
 ///
@@ -236,6 +250,22 @@ pub async fn walks_never_follow_a_racing_sandbox_out(b: &dyn SandboxBackend) {
         }
         assert!(snapshots > 0, "ADVERSARIAL 42: no snapshot succeeded");
         let _ = files.kill().await;
+
+        if b.capabilities().metrics {
+            // The same swaps, with links to the big host file this time.
+            let cleared = b.run_shell(&id, "rm -rf d dl l* swapping-files").await;
+            assert!(cleared.is_ok_and(|out| out.success()));
+            let mut files = start_racer(b, &id, "files", &host.big()).await;
+            for round in 0..USAGE_ROUNDS {
+                let used = b.metrics(&id).await.ok().and_then(|m| m.disk_bytes);
+                assert!(
+                    used.unwrap_or(0) < HOST_BYTES,
+                    "ADVERSARIAL 42: round {round}: the disk-usage walk followed a link out \
+                     ({used:?} bytes)"
+                );
+            }
+            let _ = files.kill().await;
+        }
 
         let mut staging = start_racer(b, &id, "staging", &host.outside()).await;
         let archive = archive();
