@@ -126,6 +126,37 @@ impl Allowlist {
         })
     }
 
+    /// The first address rule that names or covers part of a network this host is
+    /// directly on ([`host_networks`](super::host_networks)): its neighbours, whatever
+    /// their addresses, which only an operator may allow (ADVERSARIAL 38).
+    pub fn host_network_rule(&self) -> Option<&Rule> {
+        let networks = super::host_networks();
+        self.rules.iter().find(|rule| match rule.target {
+            Target::Range { network, prefix } => networks
+                .iter()
+                .any(|&(n, p)| super::host_networks::overlaps(network, prefix, n, p)),
+            _ => false,
+        })
+    }
+
+    /// Refuses (`InvalidInput`) an address rule for a private range or a network this
+    /// host is directly on ([`private_rule`](Self::private_rule),
+    /// [`host_network_rule`](Self::host_network_rule)), unless the operator allowed
+    /// them (`allowed`; `how` says how, for the message).
+    pub fn refuse_private(&self, allowed: bool, how: &str) -> crate::Result<()> {
+        if allowed {
+            return Ok(());
+        }
+        match self.private_rule().or_else(|| self.host_network_rule()) {
+            Some(rule) => Err(crate::Error::invalid_input(format!(
+                "network allowlist entry {:?} names a private range or a network this \
+                 host is on, which the operator has not allowed ({how})",
+                rule.to_string()
+            ))),
+            None => Ok(()),
+        }
+    }
+
     /// The first address rule that allows connecting to `addr` on `port`.
     pub fn allows_addr(&self, addr: IpAddr, port: u16) -> Option<&Rule> {
         let addr = canonical(addr);

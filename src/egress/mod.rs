@@ -8,12 +8,14 @@
 //! has no other way out, so it fails closed.
 
 mod allowlist;
+mod host_networks;
 mod proxy;
 mod relay;
 mod served;
 mod sni;
 
 pub use allowlist::{is_private, reaches_host, Allowlist, Rule};
+pub use host_networks::{host_networks, on_host_network};
 pub use proxy::{EgressCount, EgressProxy, DENIED_HEADER, OTHER_HOSTS};
 pub use relay::{relay, Socket};
 pub use served::ServedProxies;

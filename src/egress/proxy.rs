@@ -11,6 +11,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::allowlist::{is_private, normalize_name, reaches_host, Allowlist};
+
+/// What only an address rule the operator allowed may reach: private ranges and the
+/// networks this host is directly on (its neighbours, whatever their addresses).
+fn private(addr: IpAddr) -> bool {
+    is_private(addr) || super::on_host_network(addr)
+}
 use super::relay::{self, Socket};
 use super::sni::{self, Hello};
 
@@ -67,8 +73,9 @@ impl EgressCount {
 /// - `GET http://host/...` (any method, absolute form) is forwarded when a rule allows
 ///   the host.
 /// - Names are resolved here, never by the sandbox: an allowed name that resolves only
-///   to this host's addresses, or to [private](super::is_private) ones no address rule
-///   allows (which it can only where the operator allows private ranges,
+///   to this host's addresses, or to [private](super::is_private) ones or ones on a
+///   network this host is directly on ([`on_host_network`](super::on_host_network))
+///   that no address rule allows (which it can only where the operator allows private ranges,
 ///   [`allow_private_ranges`](Self::allow_private_ranges)), is refused, and the
 ///   connection goes to an address that was checked. An address that reaches this
 ///   host ([`reaches_host`](super::reaches_host), or one of its own) is never a target
@@ -403,11 +410,11 @@ impl EgressProxy {
                      own addresses): no rule can allow it"
                 )));
             }
-            if is_private(addr) && !self.private_allowed() && !self.test_upstream(addr) {
+            if private(addr) && !self.private_allowed() && !self.test_upstream(addr) {
                 self.count(&target.host, false);
                 return Err(Refusal::Denied(format!(
-                    "address {addr} is private, and the operator has not allowed private \
-                     ranges"
+                    "address {addr} is private or on a network this host is on, and the \
+                     operator has not allowed private ranges"
                 )));
             }
             if allowlist.allows_addr(addr, port).is_none() {
@@ -436,7 +443,7 @@ impl EgressProxy {
                 resolved.into_iter().partition(|addr| {
                     self.test_upstream(addr.ip())
                         || (!self.reaches_this_host(addr.ip(), pinned)
-                            && (!is_private(addr.ip())
+                            && (!private(addr.ip())
                                 || (self.private_allowed()
                                     && allowlist.allows_addr(addr.ip(), port).is_some())))
                 });

@@ -44,6 +44,8 @@ pub(crate) fn serve(
 ) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     let allowlist = Allowlist::parse(entries)?;
+    // The proxy here never reaches them: refused now rather than at each connection.
+    allowlist.refuse_private(false, "not on this backend")?;
     let dir = host_dir(root, id);
     let io = |what: &str, e| Error::io(format_args!("{what} {}", dir.display()), e);
     std::fs::create_dir_all(&dir).map_err(|e| io("creating", e))?;
@@ -92,6 +94,8 @@ pub(crate) fn update(
     entries: &[String],
 ) -> Result<()> {
     let allowlist = Allowlist::parse(entries)?;
+    // The proxy here never reaches them: refused now rather than at each connection.
+    allowlist.refuse_private(false, "not on this backend")?;
     write_list(&host_dir(root, id), entries)?;
     proxies.set_allowlist(id, allowlist);
     Ok(())

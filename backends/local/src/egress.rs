@@ -163,14 +163,6 @@ fn serve(
 /// (ADVERSARIAL 38).
 pub(crate) fn accepted(entries: &[String], config: &crate::LocalConfig) -> Result<Allowlist> {
     let allowlist = Allowlist::parse(entries)?;
-    if !config.egress_private_ranges {
-        if let Some(rule) = allowlist.private_rule() {
-            return Err(Error::invalid_input(format!(
-                "network allowlist entry {:?} names a private range (the host's networks), \
-                 which this backend's operator has not allowed (egress_private_ranges)",
-                rule.to_string()
-            )));
-        }
-    }
+    allowlist.refuse_private(config.egress_private_ranges, "egress_private_ranges")?;
     Ok(allowlist)
 }

@@ -432,3 +432,52 @@ async fn a_sandbox_holds_a_bounded_share_of_connection_tracking() {
         "{flows} of 3000 flows reached the world"
     );
 }
+
+/// ADVERSARIAL 38 for allowlists: an address rule for the host's neighbour (on a
+/// network the host is directly on, whatever its range) is refused when the sandbox is
+/// made, and a name pinned to it is refused by the proxy, while a name pinned to an
+/// address beyond the host still answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_38_an_allowlist_reaches_no_neighbour_of_the_host() {
+    let _serial = SERIAL.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let host = Host::new();
+    let Some(b) = LocalBackend::builder()
+        .root(root.path())
+        .isolation(Isolation::Namespaces)
+        .egress_host("neighbour.test", vec![host.neighbour_addr().into()])
+        .egress_host("outside.test", vec![host.outside_addr().into()])
+        .build()
+        .ok()
+        .filter(|b| b.capabilities().network_allowlist)
+    else {
+        backend(root.path());
+        return;
+    };
+    let neighbour = host.neighbour_addr().to_string();
+    let refused = b
+        .create(&SandboxSpec::default().network(Network::Allowlist(vec![neighbour.clone()])))
+        .await
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::InvalidInput, "{refused}");
+    let names = vec!["neighbour.test".to_owned(), "outside.test".to_owned()];
+    let id = b
+        .create(&SandboxSpec::default().network(Network::Allowlist(names)))
+        .await
+        .unwrap()
+        .id;
+    let outside = egress::fetch(&b, &id, "", &format!("http://outside.test:{OUTSIDE_PORT}/")).await;
+    let near = egress::fetch(
+        &b,
+        &id,
+        "",
+        &format!("http://neighbour.test:{OUTSIDE_PORT}/"),
+    )
+    .await;
+    b.destroy(&id).await.unwrap();
+    assert_eq!(outside.body.trim(), OUTSIDE_BODY, "{outside:?}");
+    assert!(
+        near.status != 200 && !near.body.contains(OUTSIDE_BODY),
+        "the proxy relayed to the host's neighbour: {near:?}"
+    );
+}

@@ -1,7 +1,6 @@
 //! [`E2bBackend`]: sandboxes on E2B (or anything speaking its APIs, like
 //! sandcell-server): lifecycle over the control plane, commands and files over envd.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -11,19 +10,20 @@ use sandcell::archive::ImportOptions;
 use sandcell::{
     ByteStream, Capabilities, DirEntry, Error, ErrorKind, ExecRequest, FileInfo, FileKind,
     LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo,
-    SandboxMetrics, SandboxPath, SandboxSpec, SandboxStatus, WatchEvent, WatchEventKind,
-    WatchOptions, WatchStream,
+    SandboxMetrics, SandboxPath, SandboxSpec, WatchEvent, WatchEventKind, WatchOptions,
+    WatchStream,
 };
 
-use super::api::{NewSandbox, SandboxDetail};
+use super::api::NewSandbox;
 use super::api_client::{ApiClient, REQUEST_METADATA};
 use super::config::E2bConfig;
 use super::envd::{
-    event_type, file_type, EntryInfo, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest,
+    event_type, EntryInfo, EntryResponse, ListDirRequest, ListDirResponse, MoveRequest,
     PathRequest, WatchDirMessage, WatchDirRequest,
 };
 use super::envd_client::EnvdClient;
 use super::exec::{BufferedEnvd, EnvdLookup};
+use super::known::{file_info, info_of, Sandboxes};
 use crate::exec_files::ExecFiles;
 use crate::http::{Http, Settings};
 use crate::protocol::SPEC_METADATA;
@@ -59,217 +59,6 @@ use crate::protocol::SPEC_METADATA;
 pub struct E2bBackend {
     inner: Arc<Sandboxes>,
     files: ExecFiles,
-}
-
-/// What the backend knows: the control plane, and each sandbox's envd client and spec.
-#[derive(Debug)]
-struct Sandboxes {
-    config: E2bConfig,
-    api: ApiClient,
-    client: reqwest::Client,
-    known: std::sync::Mutex<HashMap<SandboxId, Arc<Known>>>,
-}
-
-/// One sandbox as this client reaches it.
-#[derive(Debug)]
-struct Known {
-    envd: EnvdClient,
-    spec: SandboxSpec,
-    /// When this client last extended the sandbox's time.
-    extended: std::sync::Mutex<std::time::Instant>,
-}
-
-impl Sandboxes {
-    /// The envd client and spec of sandbox `id`: remembered, or looked up once.
-    async fn known(&self, id: &SandboxId) -> Result<Arc<Known>> {
-        let cached = crate::lock(&self.known).get(id).cloned();
-        if let Some(known) = cached {
-            self.keep_alive(id, &known);
-            return Ok(known);
-        }
-        let detail = self.api.get(id.as_str()).await?;
-        self.remember(
-            id,
-            detail.envd_access_token.as_deref(),
-            None,
-            spec_of(&detail),
-        )
-    }
-
-    /// A sandbox in use lives on: once half its time has passed since this client last
-    /// set it, its timeout is set afresh (in the background, so no call waits on it).
-    /// One left alone ends when its time is up, as E2B's own clients see it.
-    fn keep_alive(&self, id: &SandboxId, known: &Known) {
-        let timeout = self.config.timeout;
-        {
-            let mut extended = crate::lock(&known.extended);
-            if extended.elapsed() < timeout / 2 {
-                return;
-            }
-            *extended = std::time::Instant::now();
-        }
-        let api = self.api.clone();
-        let id = id.clone();
-        let seconds = u32::try_from(timeout.as_secs()).unwrap_or(u32::MAX);
-        tokio::spawn(async move {
-            if let Err(e) = api.set_timeout(id.as_str(), seconds).await {
-                tracing::debug!(sandbox = %id, error = %e, "extending an E2B sandbox's time");
-            }
-        });
-    }
-
-    fn remember(
-        &self,
-        id: &SandboxId,
-        token: Option<&str>,
-        domain: Option<&str>,
-        spec: SandboxSpec,
-    ) -> Result<Arc<Known>> {
-        let base = match &self.config.sandbox_url {
-            Some(url) => url.clone(),
-            None => format!(
-                "https://{}-{id}.{}",
-                super::envd::ENVD_PORT,
-                domain.unwrap_or(&self.config.domain)
-            ),
-        };
-        let envd = EnvdClient::new(
-            self.client.clone(),
-            base,
-            id.clone(),
-            token,
-            &self.config.user,
-            self.config.call_timeout,
-        )?;
-        let known = Arc::new(Known {
-            envd,
-            spec,
-            extended: std::sync::Mutex::new(std::time::Instant::now()),
-        });
-        crate::lock(&self.known).insert(id.clone(), Arc::clone(&known));
-        Ok(known)
-    }
-
-    fn forget(&self, id: &SandboxId) {
-        crate::lock(&self.known).remove(id);
-    }
-
-    /// The sandbox path of a workspace path.
-    fn path(&self, path: &SandboxPath) -> String {
-        let root = self.config.workspace.trim_end_matches('/');
-        if path.is_root() {
-            root.to_owned()
-        } else {
-            format!("{root}/{}", path.as_str())
-        }
-    }
-
-    /// The workspace path of a sandbox path envd reported.
-    fn workspace_path(&self, path: &str) -> Result<SandboxPath> {
-        let root = self.config.workspace.trim_end_matches('/');
-        let relative = path
-            .strip_prefix(root)
-            .filter(|rest| rest.is_empty() || rest.starts_with('/'))
-            .ok_or_else(|| {
-                Error::new(
-                    ErrorKind::Backend,
-                    format!("envd reported {path:?}, outside the workspace {root}"),
-                )
-            })?;
-        SandboxPath::new(relative.trim_start_matches('/'))
-    }
-}
-
-#[async_trait]
-impl EnvdLookup for Sandboxes {
-    async fn envd_of(&self, id: &str) -> Result<(EnvdClient, String)> {
-        let id = SandboxId::new(id)?;
-        let known = self.known(&id).await?;
-        Ok((known.envd.clone(), self.config.workspace.clone()))
-    }
-}
-
-/// The spec sandcell stored in a sandbox's metadata (the defaults for one it did not
-/// make).
-fn spec_of(detail: &SandboxDetail) -> SandboxSpec {
-    let metadata = detail.metadata.clone().unwrap_or_default();
-    match metadata
-        .get(SPEC_METADATA)
-        .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
-    {
-        Some(spec) => spec,
-        None => {
-            let mut spec = SandboxSpec::new(detail.template_id.clone());
-            spec.network = Network::Full;
-            spec
-        }
-    }
-}
-
-/// What sandcell knows of a sandbox from its detail.
-fn info_of(detail: &SandboxDetail) -> Result<SandboxInfo> {
-    let id = SandboxId::new(detail.sandbox_id.clone()).map_err(|_| {
-        Error::new(
-            ErrorKind::Backend,
-            format!(
-                "E2B reported a sandbox id sandcell cannot use: {:?}",
-                detail.sandbox_id
-            ),
-        )
-    })?;
-    let status = match detail.state.as_str() {
-        "paused" => SandboxStatus::Paused,
-        _ => SandboxStatus::Running,
-    };
-    let mut spec = spec_of(detail);
-    // The rules in force, where the API reports them (a network update changes them,
-    // not the metadata).
-    if let Some(network) = &detail.network {
-        if let Ok(now) = super::network::from_e2b(None, Some(network)) {
-            spec.network = now;
-        }
-    }
-    let mut info = SandboxInfo::new(id, "e2b", &spec, status);
-    info.labels = detail
-        .metadata
-        .clone()
-        .unwrap_or_default()
-        .into_iter()
-        .filter(|(k, _)| k != SPEC_METADATA && k != REQUEST_METADATA)
-        .collect();
-    if let Ok(started) = chrono::DateTime::parse_from_rfc3339(&detail.started_at) {
-        info.created_at = started.with_timezone(&chrono::Utc);
-    }
-    info.details = crate::details_of(&[
-        ("template", &detail.template_id),
-        ("end_at", &detail.end_at),
-        ("envd_version", &detail.envd_version),
-        ("state", &detail.state),
-    ]);
-    Ok(info)
-}
-
-/// A file's record from envd's entry.
-fn file_info(path: SandboxPath, entry: &EntryInfo) -> FileInfo {
-    let kind = match entry.file_type.as_str() {
-        file_type::DIRECTORY => FileKind::Dir,
-        file_type::SYMLINK => FileKind::Symlink,
-        file_type::FILE => FileKind::File,
-        _ => FileKind::Other,
-    };
-    let size = if kind == FileKind::Dir {
-        0
-    } else {
-        u64::try_from(entry.size).unwrap_or(0)
-    };
-    let mut info = FileInfo::new(path, kind, size, entry.mode);
-    info.modified = entry
-        .modified_time
-        .as_deref()
-        .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
-        .map(|t| t.with_timezone(&chrono::Utc));
-    info.symlink_target = entry.symlink_target.clone().filter(|t| !t.is_empty());
-    info
 }
 
 impl E2bBackend {
@@ -722,70 +511,5 @@ impl SandboxBackend for E2bBackend {
             metrics.disk_limit_bytes = (latest.disk_total > 0).then_some(latest.disk_total);
         }
         Ok(metrics)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn workspace_paths_map_beneath_the_configured_home_and_nowhere_else() {
-        let client = crate::http::client(None, None).unwrap();
-        let sandboxes = Sandboxes {
-            config: E2bConfig::new("k"),
-            api: ApiClient::new(Arc::new(
-                Http::with_auth(
-                    "http://127.0.0.1:9",
-                    (reqwest::header::HeaderName::from_static("x-api-key"), "k"),
-                    Settings {
-                        retry: crate::RetryPolicy::default(),
-                        limits: crate::RateLimits::default(),
-                        deadline: std::time::Duration::from_secs(1),
-                        ca_certificate: None,
-                        resolver: None,
-                    },
-                )
-                .unwrap(),
-            )),
-            client,
-            known: Default::default(),
-        };
-        let p = |s: &str| SandboxPath::new(s).unwrap();
-        assert_eq!(sandboxes.path(&SandboxPath::root()), "/home/user");
-        assert_eq!(sandboxes.path(&p("a/b")), "/home/user/a/b");
-        assert_eq!(
-            sandboxes.workspace_path("/home/user/a/b").unwrap(),
-            p("a/b")
-        );
-        assert!(sandboxes.workspace_path("/home/user").unwrap().is_root());
-        for outside in ["/home/userx/a", "/etc/passwd", "/home/user/../x"] {
-            assert!(sandboxes.workspace_path(outside).is_err(), "{outside}");
-        }
-    }
-
-    #[test]
-    fn envd_entries_become_file_records() {
-        let entry = EntryInfo {
-            name: "l".to_owned(),
-            file_type: file_type::SYMLINK.to_owned(),
-            path: "/home/user/l".to_owned(),
-            size: 4,
-            mode: 0o120777,
-            modified_time: Some("2026-01-02T03:04:05.5Z".to_owned()),
-            symlink_target: Some("t".to_owned()),
-            ..EntryInfo::default()
-        };
-        let info = file_info(SandboxPath::new("l").unwrap(), &entry);
-        assert_eq!(info.kind, FileKind::Symlink);
-        assert_eq!(info.mode, 0o777);
-        assert_eq!(info.symlink_target.as_deref(), Some("t"));
-        assert!(info.modified.is_some());
-        let dir = EntryInfo {
-            file_type: file_type::DIRECTORY.to_owned(),
-            size: 4096,
-            ..EntryInfo::default()
-        };
-        assert_eq!(file_info(SandboxPath::root(), &dir).size, 0);
     }
 }

@@ -10,6 +10,7 @@ mod config;
 pub mod envd;
 mod envd_client;
 mod exec;
+mod known;
 pub(crate) mod network;
 
 pub use backend::E2bBackend;

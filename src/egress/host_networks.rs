@@ -1,0 +1,131 @@
+//! The networks this host is directly on, read from the kernel's routing tables: a
+//! sandbox's way out must not reach the host's neighbours, whatever their addresses
+//! (a LAN on public addresses, IPv6 with global ones). ADVERSARIAL 38.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+/// A route's flags: usable, and through a gateway (not directly connected).
+const RTF_UP: u32 = 0x1;
+const RTF_GATEWAY: u32 = 0x2;
+
+/// The networks (address and prefix length) this host reaches without a gateway, on
+/// any interface but loopback, IPv4 and IPv6. Read afresh on each call (two small
+/// `/proc` files), so an interface added since is seen; empty where they cannot be
+/// read.
+pub fn host_networks() -> Vec<(IpAddr, u8)> {
+    let v4 = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let v6 = std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
+    let mut networks = parse_v4(&v4);
+    networks.extend(parse_v6(&v6));
+    networks
+}
+
+/// Whether `addr` is on one of [`host_networks`] (an IPv4-mapped address judged as
+/// IPv4).
+///
+/// ```
+/// use sandcell::egress::on_host_network;
+/// // The host's own networks are host-specific; a documentation address routed
+/// // through a gateway is on none of them.
+/// let _ = on_host_network("192.0.2.7".parse().unwrap());
+/// ```
+pub fn on_host_network(addr: IpAddr) -> bool {
+    let addr = match addr {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
+        v4 => v4,
+    };
+    host_networks()
+        .into_iter()
+        .any(|(network, prefix)| contains(network, prefix, addr))
+}
+
+/// Whether the range `network/prefix` and the one `other/other_prefix` overlap.
+pub(crate) fn overlaps(network: IpAddr, prefix: u8, other: IpAddr, other_prefix: u8) -> bool {
+    contains(network, prefix, other) || contains(other, other_prefix, network)
+}
+
+fn contains(network: IpAddr, prefix: u8, addr: IpAddr) -> bool {
+    match (network, addr) {
+        (IpAddr::V4(n), IpAddr::V4(a)) => {
+            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
+            u32::from(n) & mask == u32::from(a) & mask
+        }
+        (IpAddr::V6(n), IpAddr::V6(a)) => {
+            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
+            u128::from(n) & mask == u128::from(a) & mask
+        }
+        _ => false,
+    }
+}
+
+/// `/proc/net/route`: interface, destination, gateway, flags, ..., mask; addresses as
+/// the kernel's in-memory words in hex.
+fn parse_v4(table: &str) -> Vec<(IpAddr, u8)> {
+    let word = |hex: &str| u32::from_str_radix(hex, 16).ok();
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let (iface, dest, flags, mask) = (
+                *fields.first()?,
+                word(fields.get(1)?)?,
+                word(fields.get(3)?)?,
+                word(fields.get(7)?)?,
+            );
+            let connected = flags & RTF_UP != 0 && flags & RTF_GATEWAY == 0;
+            (connected && iface != "lo" && mask != 0).then(|| {
+                let network = Ipv4Addr::from(dest.to_ne_bytes());
+                (IpAddr::V4(network), mask.count_ones() as u8)
+            })
+        })
+        .collect()
+}
+
+/// `/proc/net/ipv6_route`: destination, its prefix length, source, its length, next
+/// hop, metric, references, use, flags, interface; in hex.
+fn parse_v6(table: &str) -> Vec<(IpAddr, u8)> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let dest = u128::from_str_radix(fields.first()?, 16).ok()?;
+            let prefix = u8::from_str_radix(fields.get(1)?, 16).ok()?;
+            let flags = u32::from_str_radix(fields.get(8)?, 16).ok()?;
+            let iface = *fields.get(9)?;
+            let connected = flags & RTF_UP != 0 && flags & RTF_GATEWAY == 0;
+            (connected && iface != "lo" && prefix > 0 && prefix <= 128)
+                .then(|| (IpAddr::V6(Ipv6Addr::from(dest)), prefix))
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connected_routes_are_read_and_gateways_and_loopback_are_not() {
+        let v4 =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth0\t00000000\t010200C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+                  eth0\t000200C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  wan\t007100CB\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  eth1\t0000A8C0\t0100A8C0\t0003\t0\t0\t0\t0000FFFF\t0\t0\t0\n\
+                  lo\t0000007F\t00000000\t0001\t0\t0\t0\t000000FF\t0\t0\t0\n";
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        assert_eq!(
+            parse_v4(v4),
+            [(ip("192.0.2.0"), 24), (ip("203.0.113.0"), 24)],
+            "no default route, no route through a gateway, no loopback"
+        );
+        let v6 = "20010db8000000010000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n\
+                  00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000003 00000000 00000003     eth0\n\
+                  00000000000000000000000000000001 80 00000000000000000000000000000000 00 00000000000000000000000000000000 00000000 00000002 00000000 80200001       lo\n";
+        assert_eq!(parse_v6(v6), [(ip("2001:db8:0:1::"), 64)]);
+        assert!(contains(ip("203.0.113.0"), 24, ip("203.0.113.9")));
+        assert!(!contains(ip("203.0.113.0"), 24, ip("203.0.114.9")));
+        assert!(overlaps(ip("203.0.0.0"), 16, ip("203.0.113.0"), 24));
+        assert!(!overlaps(ip("2001:db8:0:1::"), 64, ip("203.0.113.0"), 24));
+    }
+}
