@@ -120,6 +120,42 @@ async fn the_state_database_and_its_directories_are_private() {
     }
 }
 
+/// ADVERSARIAL 45: a state database (or its WAL) that is a symlink, or a file another
+/// user made first, is refused, and the file it names is left as it was: in a
+/// directory another user could write, root would otherwise have changed its mode
+/// and written every spec's environment where they chose.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_state_database_someone_else_placed_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let victim = dir.path().join("victim");
+    std::fs::write(&victim, "x").unwrap();
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o644)).unwrap();
+    for linked in ["state.db", "state.db-wal"] {
+        let data = dir.path().join(format!("data-{linked}"));
+        std::fs::create_dir(&data).unwrap();
+        std::os::unix::fs::symlink(&victim, data.join(linked)).unwrap();
+        let err = SqliteStateStore::open(data.join("state.db"))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+        let meta = std::fs::metadata(&victim).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o777, 0o644, "{linked}");
+        assert_eq!(std::fs::read(&victim).unwrap(), b"x", "{linked}");
+    }
+    if rustix::process::geteuid().is_root() {
+        let data = dir.path().join("theirs");
+        std::fs::create_dir(&data).unwrap();
+        std::fs::write(data.join("state.db"), "").unwrap();
+        let nobody = Some(rustix::fs::Uid::from_raw(65534));
+        rustix::fs::chown(data.join("state.db"), nobody, None).unwrap();
+        let err = SqliteStateStore::open(data.join("state.db"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+    }
+}
+
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = vec![dir.to_path_buf()];
     for entry in std::fs::read_dir(dir).unwrap() {

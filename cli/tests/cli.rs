@@ -301,6 +301,38 @@ fn processes_mentioning(needle: &str) -> Vec<String> {
     found
 }
 
+/// ADVERSARIAL 45: a data directory that is a symlink, or beneath a directory others
+/// may change, or another user's, is refused before anything is read or written there.
+#[test]
+fn a_data_directory_someone_else_could_have_placed_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let real = dir.path().join("real");
+    std::fs::create_dir(&real).unwrap();
+    std::fs::set_permissions(&real, std::fs::Permissions::from_mode(0o700)).unwrap();
+    std::os::unix::fs::symlink(&real, dir.path().join("data")).unwrap();
+    let cli = Cli::new(dir.path());
+    assert_one_line_error(&cli.run(&["list"]), 1, "symbolic link");
+    assert_eq!(std::fs::read_dir(&real).unwrap().count(), 0);
+
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cli = Cli::new(&shared);
+    assert_one_line_error(&cli.run(&["list"]), 1, "not sticky");
+    assert!(!shared.join("data").exists());
+
+    if rustix::process::geteuid().is_root() {
+        let theirs = dir.path().join("theirs");
+        std::fs::create_dir_all(theirs.join("data")).unwrap();
+        let nobody = Some(rustix::fs::Uid::from_raw(65534));
+        rustix::fs::chown(theirs.join("data"), nobody, None).unwrap();
+        let cli = Cli::new(&theirs);
+        assert_one_line_error(&cli.run(&["list"]), 1, "owned by uid 65534");
+        assert_eq!(std::fs::read_dir(theirs.join("data")).unwrap().count(), 0);
+    }
+}
+
 #[test]
 fn bad_input_is_one_line_on_stderr_and_status_2() {
     let dir = tempfile::tempdir().unwrap();

@@ -48,10 +48,18 @@ pub fn default_dir(name: &str) -> PathBuf {
 
 /// Creates `dir` (and missing parents) `0700` if it does not exist, then checks it is
 /// private: a directory, not a symlink, owned by the effective user and writable by no
-/// group or other user. Anything else is refused with
+/// group or other user, and every directory above it owned by root or that user and
+/// writable by no one else unless sticky. Anything else is refused with
 /// [`ErrorKind::PermissionDenied`](crate::ErrorKind::PermissionDenied) naming the
 /// directory and what is wrong with it; nothing is changed then.
 pub fn ensure_private_dir(dir: &Path) -> Result<()> {
+    // Nothing is made beneath a directory that is refused.
+    check_ancestors(dir, &|problem| {
+        Error::permission_denied(format!(
+            "refusing to use {}: {problem}; choose another directory",
+            dir.display()
+        ))
+    })?;
     match std::fs::DirBuilder::new()
         .recursive(true)
         .mode(0o700)
@@ -93,6 +101,45 @@ pub fn check_private_dir(dir: &Path) -> Result<()> {
         return refuse(format!(
             "it is writable by its group or by other users (mode {mode:04o})"
         ));
+    }
+    check_ancestors(dir, &|problem| {
+        Error::permission_denied(format!(
+            "refusing to use {}: {problem}; remove it or choose another directory",
+            dir.display()
+        ))
+    })
+}
+
+/// Above `dir`, a directory another user owns or may rename things in (unless it is
+/// sticky, as `/tmp` is) lets them move it away and put theirs in its place. Those
+/// that do not exist yet are skipped.
+fn check_ancestors(dir: &Path, refuse: &dyn Fn(String) -> Error) -> Result<()> {
+    let me = rustix::process::geteuid().as_raw();
+    let absolute = match dir.is_absolute() {
+        true => dir.to_path_buf(),
+        false => std::env::current_dir()
+            .map_err(|e| Error::io("finding the current directory", e))?
+            .join(dir),
+    };
+    for ancestor in absolute.ancestors().skip(1) {
+        let Ok(meta) = std::fs::metadata(ancestor) else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        if meta.uid() != 0 && meta.uid() != me {
+            return Err(refuse(format!(
+                "{} above it is owned by uid {}, who could replace it",
+                ancestor.display(),
+                meta.uid()
+            )));
+        }
+        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
+            return Err(refuse(format!(
+                "{} above it is writable by its group or by other users and not sticky \
+                 (mode {mode:04o}), so they could replace it",
+                ancestor.display()
+            )));
+        }
     }
     Ok(())
 }
@@ -169,6 +216,29 @@ mod tests {
         let err = ensure_private_dir(&theirs).unwrap_err();
         assert_eq!(err.kind(), ErrorKind::PermissionDenied);
         assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+    }
+
+    #[test]
+    fn refuses_a_directory_beneath_one_others_may_change() {
+        let tmp = tempfile::tempdir().unwrap();
+        let shared = tmp.path().join("shared");
+        let dir = shared.join("mine");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+        let err = check_private_dir(&dir).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied);
+        assert!(err.to_string().contains("not sticky"), "{err}");
+        // Sticky, as /tmp is: others cannot rename what is not theirs.
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        check_private_dir(&dir).unwrap();
+        if rustix::process::geteuid().is_root() {
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o755)).unwrap();
+            let nobody = Some(rustix::fs::Uid::from_raw(65534));
+            rustix::fs::chown(&shared, nobody, None).unwrap();
+            let err = check_private_dir(&dir).unwrap_err();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        }
     }
 
     #[test]

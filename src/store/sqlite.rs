@@ -111,31 +111,56 @@ impl SqliteStateStore {
 /// Creates the database's missing parent directories `0700` and the database `0600`,
 /// and takes group and other permissions off an existing database and its `-wal` and
 /// `-shm` files (SQLite gives those the database's mode): the records hold every
-/// spec's environment.
+/// spec's environment. A symlink in their place, or a file another user owns, is
+/// refused (`PermissionDenied`): in a directory others could write first, it would
+/// send the records, or root's permission changes, where they chose.
 fn private_files(path: &Path) -> Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+    use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         crate::raw::private_dir::create_private_dir_all(parent)
             .map_err(|e| Error::io(format_args!("creating {}", parent.display()), e))?;
     }
-    std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o600)
-        .open(path)
-        .map_err(|e| Error::io(format_args!("creating {}", path.display()), e))?;
+    let me = rustix::process::geteuid().as_raw();
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();
         file.push(suffix);
         let file = PathBuf::from(file);
-        let mode = match std::fs::metadata(&file) {
-            Ok(meta) => meta.permissions().mode(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(Error::io(format_args!("inspecting {}", file.display()), e)),
+        // Never through a link, and never a file someone else made for the records to
+        // land in (a database in a directory another user could write first).
+        let opened = std::fs::OpenOptions::new()
+            .write(true)
+            .create(suffix.is_empty())
+            .truncate(false)
+            .mode(0o600)
+            .custom_flags(
+                (rustix::fs::OFlags::NOFOLLOW | rustix::fs::OFlags::CLOEXEC).bits() as i32,
+            )
+            .open(&file);
+        let opened = match opened {
+            Ok(opened) => opened,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && !suffix.is_empty() => continue,
+            Err(e) if e.raw_os_error() == Some(rustix::io::Errno::LOOP.raw_os_error()) => {
+                return Err(Error::permission_denied(format!(
+                    "refusing to use {}: it is a symbolic link",
+                    file.display()
+                )))
+            }
+            Err(e) => return Err(Error::io(format_args!("opening {}", file.display()), e)),
         };
+        let meta = opened
+            .metadata()
+            .map_err(|e| Error::io(format_args!("inspecting {}", file.display()), e))?;
+        if meta.uid() != me {
+            return Err(Error::permission_denied(format!(
+                "refusing to use {}: it is owned by uid {}, not by this process's uid {me}",
+                file.display(),
+                meta.uid()
+            )));
+        }
+        let mode = meta.permissions().mode();
         if mode & 0o077 != 0 {
-            std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode & 0o7700))
+            opened
+                .set_permissions(std::fs::Permissions::from_mode(mode & 0o7700))
                 .map_err(|e| Error::io(format_args!("making {} private", file.display()), e))?;
         }
     }

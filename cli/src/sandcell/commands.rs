@@ -23,6 +23,15 @@ use crate::templates::Templates;
 
 pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
     let data_dir = &cli.data_dir;
+    // It holds every session's environment, and root mounts and writes beneath it:
+    // never a directory another user made first or can replace (`./.sandcell` in a
+    // shared directory, ADVERSARIAL 45).
+    sandcell::raw::private_dir::ensure_private_dir(data_dir).map_err(|e| {
+        CliError::failure(
+            crate::error::error_chain(&e),
+            "pass --data-dir DIR with a directory of your own (a missing one is made 0700)",
+        )
+    })?;
     if cli.backend != BackendKind::Remote && cli.remote_url.is_some() {
         return Err(CliError::bad_input(
             "--remote-url applies to --backend remote only",

@@ -57,7 +57,10 @@ async fn a_denied_name_or_address_gets_403_with_the_reason() {
     let get = format!("GET http://{public}/ HTTP/1.1\r\nhost: x\r\n\r\n");
     let answer = ask(&proxy, get.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
-    assert!(answer.contains(&format!("address {public} port 80")), "{answer}");
+    assert!(
+        answer.contains(&format!("address {public} port 80")),
+        "{answer}"
+    );
     let answer = ask(&proxy, b"CONNECT a.test:80 HTTP/1.1\r\n\r\n").await;
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     let counts = proxy.counts();
