@@ -13,6 +13,9 @@ use std::time::Duration;
 use rustix::mount::UnmountFlags;
 use sandcell::{Error, ErrorKind, Result, SandboxId};
 
+/// The file in a workspace's directory naming the engine whose container it serves.
+const ENGINE_MARK: &str = "engine";
+
 /// Marks a container whose workspace is a host overlay (`"overlay"`).
 pub(crate) const LABEL_WORKSPACE: &str = "sandcell.docker.workspace";
 
@@ -44,12 +47,22 @@ impl HostWorkspace {
     }
 
     /// Mounts the overlay of `lower` and a fresh upper layer, owned (at its root) by
-    /// the container's user. A host that cannot mount an overlay is `Unsupported`,
-    /// saying so; nothing is left behind on error.
-    pub(crate) fn mount(&self, lower: &Path, owner: (u32, u32)) -> Result<()> {
+    /// the container's user, marked as `engine`'s (its data root), whose sweep alone may
+    /// take it. A host that cannot mount an overlay is `Unsupported`, saying so;
+    /// nothing is left behind on error.
+    pub(crate) fn mount(
+        &self,
+        lower: &Path,
+        owner: (u32, u32),
+        engine: Option<&str>,
+    ) -> Result<()> {
         let made = (|| {
             fs::create_dir_all(self.merged())
                 .map_err(|e| Error::io(format_args!("creating {}", self.merged().display()), e))?;
+            if let Some(engine) = engine {
+                fs::write(self.root.join(ENGINE_MARK), engine)
+                    .map_err(|e| Error::io("marking the workspace with its engine", e))?;
+            }
             sandcell::raw::overlay::mount(lower, &self.upper(), &self.work(), &self.merged())
                 .map_err(|e| {
                     Error::new(
@@ -75,14 +88,19 @@ impl HostWorkspace {
     /// owners, whiteouts and opaque marks, mounted over the same `lower`. The source
     /// should not change meanwhile (its container paused). Nothing is left behind on
     /// error.
-    pub(crate) fn copy_of(&self, source: &HostWorkspace, lower: &Path) -> Result<()> {
+    pub(crate) fn copy_of(
+        &self,
+        source: &HostWorkspace,
+        lower: &Path,
+        engine: Option<&str>,
+    ) -> Result<()> {
         let made = (|| {
             fs::create_dir_all(&self.root)
                 .map_err(|e| Error::io(format_args!("creating {}", self.root.display()), e))?;
             sandcell::raw::tree::copy_layer(&source.upper(), &self.upper())?;
             let owner = fs::metadata(source.merged())
                 .map_err(|e| Error::io("reading the owner of the source's workspace", e))?;
-            self.mount(lower, (owner.uid(), owner.gid()))
+            self.mount(lower, (owner.uid(), owner.gid()), engine)
         })();
         if let Err(e) = made {
             let _ = self.remove();
@@ -131,10 +149,14 @@ impl HostWorkspace {
 /// create in flight (in any process) mounts it moments before it makes the container.
 const SWEEP_GRACE: Duration = Duration::from_secs(60);
 
-/// The host workspaces under `runtime_dir` older than the sweep's grace period, with
-/// their sandbox ids: candidates for [`HostWorkspace::remove`] once their container
-/// is known to be gone.
-pub(crate) fn sweep_candidates(runtime_dir: &Path) -> Vec<(SandboxId, HostWorkspace)> {
+/// The host workspaces under `runtime_dir` older than the sweep's grace period and
+/// marked as `engine`'s, with their sandbox ids: candidates for
+/// [`HostWorkspace::remove`] once their container is known to be gone from it.
+/// Unmarked ones (made by an earlier version) are left alone.
+pub(crate) fn sweep_candidates(
+    runtime_dir: &Path,
+    engine: &str,
+) -> Vec<(SandboxId, HostWorkspace)> {
     let Ok(entries) = fs::read_dir(runtime_dir.join("workspaces")) else {
         return Vec::new();
     };
@@ -150,7 +172,8 @@ pub(crate) fn sweep_candidates(runtime_dir: &Path) -> Vec<(SandboxId, HostWorksp
         .filter_map(|e| {
             let id = SandboxId::new(e.file_name().to_str()?).ok()?;
             let ws = HostWorkspace::of(runtime_dir, &id);
-            Some((id, ws))
+            let mark = fs::read_to_string(ws.root.join(ENGINE_MARK)).ok()?;
+            (mark == engine).then_some((id, ws))
         })
         .collect()
 }

@@ -225,6 +225,14 @@ async fn a_workspace_a_crash_left_is_swept_by_the_next_process() {
     sandcell::raw::overlay::mount(&template, &root.join("upper"), &root.join("work"), &merged)
         .unwrap();
     assert!(mounted(&merged));
+    // Marked as this engine's, as the backend marks those it mounts; another program's
+    // on another engine (sharing the runtime directory) is not this one's to sweep.
+    let engine = common::engine_id().await;
+    std::fs::write(root.join("engine"), &engine).unwrap();
+    let theirs = runtime.join("workspaces").join("docker-elsewhere00");
+    std::fs::create_dir_all(theirs.join("upper")).unwrap();
+    std::fs::write(theirs.join("upper/precious.txt"), "theirs").unwrap();
+    std::fs::write(theirs.join("engine"), "another-engine").unwrap();
     // Older than the grace a create in flight gets.
     let old = rustix::fs::Timespec {
         tv_sec: (std::time::SystemTime::now() - std::time::Duration::from_secs(600))
@@ -233,16 +241,18 @@ async fn a_workspace_a_crash_left_is_swept_by_the_next_process() {
             .as_secs() as _,
         tv_nsec: 0,
     };
-    rustix::fs::utimensat(
-        rustix::fs::CWD,
-        &root,
-        &rustix::fs::Timestamps {
-            last_access: old,
-            last_modification: old,
-        },
-        rustix::fs::AtFlags::empty(),
-    )
-    .unwrap();
+    for stale in [&root, &theirs] {
+        rustix::fs::utimensat(
+            rustix::fs::CWD,
+            stale,
+            &rustix::fs::Timestamps {
+                last_access: old,
+                last_modification: old,
+            },
+            rustix::fs::AtFlags::empty(),
+        )
+        .unwrap();
+    }
     // A fresh one: younger than the grace, it is left alone.
     let fresh = runtime.join("workspaces").join("docker-inflight000");
     std::fs::create_dir_all(fresh.join("merged")).unwrap();
@@ -256,6 +266,11 @@ async fn a_workspace_a_crash_left_is_swept_by_the_next_process() {
     assert!(!mounted(&merged), "the stale view is unmounted");
     assert!(!root.exists(), "and its layers deleted");
     assert!(fresh.exists(), "a create in flight keeps its workspace");
+    assert_eq!(
+        std::fs::read_to_string(theirs.join("upper/precious.txt")).unwrap(),
+        "theirs",
+        "another engine's workspace is left alone (ADVERSARIAL 46)"
+    );
     assert_eq!(
         std::fs::read_to_string(template.join("a.txt")).unwrap(),
         "shared"

@@ -262,9 +262,13 @@ impl DockerBackend {
             })?;
         }
         let (from, to) = (source.clone(), copy.clone());
-        let copied = tokio::task::spawn_blocking(move || to.copy_of(&from, &lower))
-            .await
-            .map_err(|e| Error::with_source(ErrorKind::Backend, "copying the workspace failed", e));
+        let engine_id = self.engine_id().await;
+        let copied =
+            tokio::task::spawn_blocking(move || to.copy_of(&from, &lower, engine_id.as_deref()))
+                .await
+                .map_err(|e| {
+                    Error::with_source(ErrorKind::Backend, "copying the workspace failed", e)
+                });
         if running {
             let resumed = docker
                 .unpause_container(id.as_str())

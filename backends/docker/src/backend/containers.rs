@@ -161,7 +161,8 @@ impl DockerBackend {
                 let owner =
                     crate::user::resolve(&self.inner.docker, id.as_str(), user.as_deref()).await?;
                 let (ws, lower) = (ws.clone(), lower.clone());
-                tokio::task::spawn_blocking(move || ws.mount(&lower, owner))
+                let engine = self.engine_id().await;
+                tokio::task::spawn_blocking(move || ws.mount(&lower, owner, engine.as_deref()))
                     .await
                     .map_err(|e| {
                         Error::with_source(ErrorKind::Backend, "mounting the workspace failed", e)
@@ -206,12 +207,19 @@ impl DockerBackend {
     /// containers that no longer exist (a crash between mount and create, or a
     /// container removed behind this backend's back). Failures are logged; the next
     /// process tries again.
+    ///
+    /// Only this engine's workspaces (marked with its id at mount): another program
+    /// on another engine may share the runtime directory, and its containers are not
+    /// this engine's to find.
     pub(super) async fn sweep_host_workspaces(&self) {
         self.inner
             .swept
             .get_or_init(|| async {
+                let Some(engine) = self.engine_id().await else {
+                    return;
+                };
                 let runtime = self.inner.config.runtime_dir.clone();
-                for (id, ws) in crate::host_workspace::sweep_candidates(&runtime) {
+                for (id, ws) in crate::host_workspace::sweep_candidates(&runtime, &engine) {
                     match self.inner.docker.inspect_container(id.as_str(), None).await {
                         Err(e) if is_not_found(&e) => {
                             if let Err(e) = ws.remove() {
@@ -225,5 +233,19 @@ impl DockerBackend {
                 }
             })
             .await;
+    }
+
+    /// What tells this engine from another on this host, read once: its data root
+    /// (Podman's `info` id changes at every call; Docker's root is as much its own).
+    /// `None` where it gives none.
+    pub(super) async fn engine_id(&self) -> Option<String> {
+        self.inner
+            .engine_id
+            .get_or_init(|| async {
+                let info = self.inner.docker.info().await.ok()?;
+                info.docker_root_dir.filter(|root| !root.is_empty())
+            })
+            .await
+            .clone()
     }
 }

@@ -86,6 +86,9 @@ struct Inner {
     ulimits: tokio::sync::OnceCell<Option<Vec<bollard::models::ResourcesUlimits>>>,
     /// Set once this process swept host workspaces a crash left without a container.
     swept: tokio::sync::OnceCell<()>,
+    /// What tells the engine from others on this host (its data root), read once: host
+    /// workspaces are marked with it, so a sweep never takes another engine's.
+    engine_id: tokio::sync::OnceCell<Option<String>>,
     /// Whether the engine serves names on a network's bridge address (Podman), read
     /// once.
     names_on_bridge: tokio::sync::OnceCell<bool>,
@@ -159,6 +162,7 @@ impl DockerBackend {
                 socket,
                 ulimits: tokio::sync::OnceCell::new(),
                 swept: tokio::sync::OnceCell::new(),
+                engine_id: tokio::sync::OnceCell::new(),
                 names_on_bridge: tokio::sync::OnceCell::new(),
                 root,
             }),

@@ -26,6 +26,20 @@ pub(crate) async fn engine_available() -> bool {
     sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping)
 }
 
+/// What the backend marks its host workspaces with: the engine's data root.
+pub(crate) async fn engine_id() -> String {
+    let probe = DockerBackend::builder()
+        .build()
+        .expect("a default builder builds");
+    probe
+        .docker()
+        .info()
+        .await
+        .unwrap()
+        .docker_root_dir
+        .unwrap()
+}
+
 /// Whether the engine is Podman (through its Docker-compatible API).
 pub(crate) async fn is_podman(backend: &DockerBackend) -> bool {
     let version = backend
