@@ -71,6 +71,11 @@ struct Args {
     /// the server's memory whole).
     #[arg(long, default_value_t = 64 << 20)]
     max_file_bytes: usize,
+    /// Bytes of files passing through the server whole that one tenant's transfers
+    /// may hold at once (at least --max-file-bytes); past it a transfer is refused
+    /// (429) until one ends.
+    #[arg(long, default_value_t = 256 << 20)]
+    max_transfer_bytes_per_tenant: u64,
     /// Seconds a client may take to send a request's head before its connection is
     /// closed.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -275,6 +280,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
         Backend::Docker => Arc::from(sandcell_docker::DockerBackend::from_options(options)?),
     };
     config.max_file_bytes = args.max_file_bytes;
+    config.max_transfer_bytes_per_tenant = args.max_transfer_bytes_per_tenant;
     config.header_read_timeout = std::time::Duration::from_secs(args.header_read_timeout);
     config.body_read_timeout = std::time::Duration::from_secs(args.body_read_timeout);
     config.idle_timeout = std::time::Duration::from_secs(args.idle_timeout);

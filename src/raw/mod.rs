@@ -19,6 +19,7 @@
 //! small.
 
 mod bounded;
+pub mod budget;
 #[cfg(unix)]
 pub mod host_tool;
 #[cfg(target_os = "linux")]

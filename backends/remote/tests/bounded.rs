@@ -141,6 +141,90 @@ async fn case40_a_listing_wider_than_the_cap_is_refused() {
     server.local.destroy(&sandbox).await.unwrap();
 }
 
+/// ADVERSARIAL 40: downloads a client asks for and never reads hold no more than its
+/// tenant's transfer budget (the server held a whole file per request: thirty such
+/// requests took 2 GB). With one 12 MiB download stalled, another is `429`; another
+/// tenant's is served; once the stalled connection closes, the file is served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_downloads_nobody_reads_hold_a_bounded_budget() {
+    const OTHER: &str = "second-tenant-token";
+    let mut config = ServerConfig::with_tenants([
+        Tenant::new("first", common::TOKEN),
+        Tenant::new("second", OTHER),
+    ])
+    .unwrap();
+    config.max_file_bytes = 16 << 20;
+    config.max_transfer_bytes_per_tenant = 16 << 20;
+    let server = common::serve_local_with(config).await;
+    let http = reqwest::Client::new();
+    let mut sandboxes = Vec::new();
+    for token in [common::TOKEN, OTHER] {
+        let (id, access) = e2b_sandbox(&http, &server.url, token).await;
+        let sandbox = SandboxId::new(&id).unwrap();
+        let made = server
+            .local
+            .run_shell(&sandbox, "head -c 12582912 /dev/zero > f.bin")
+            .await
+            .unwrap();
+        assert!(made.success(), "{}", made.stderr_str());
+        sandboxes.push((id, access));
+    }
+    let get = |(id, access): &(String, String)| {
+        http.get(format!("{}/files", server.url))
+            .query(&[("path", "f.bin")])
+            .header("E2b-Sandbox-Id", id)
+            .header("X-Access-Token", access)
+            .send()
+    };
+
+    // A client with a tiny window that asks and reads nothing.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = server.url.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let (id, access) = &sandboxes[0];
+    let request = format!(
+        "GET /files?path=f.bin HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\n\r\n"
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    let mut first = [0u8; 16];
+    stalled.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first[..12], b"HTTP/1.1 200");
+
+    let refused = get(&sandboxes[0]).await.unwrap();
+    assert_eq!(
+        refused.status(),
+        429,
+        "a second download while the first is held"
+    );
+    let other = get(&sandboxes[1]).await.unwrap();
+    assert_eq!(other.status(), 200);
+    assert_eq!(other.bytes().await.unwrap().len(), 12 << 20);
+
+    drop(stalled);
+    let mut served = None;
+    for _ in 0..50 {
+        let answer = get(&sandboxes[0]).await.unwrap();
+        if answer.status() == 200 {
+            served = Some(answer.bytes().await.unwrap().len());
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        served,
+        Some(12 << 20),
+        "the budget came back once the client left"
+    );
+    for (id, _) in &sandboxes {
+        server
+            .local
+            .destroy(&SandboxId::new(id).unwrap())
+            .await
+            .unwrap();
+    }
+}
+
 /// ADVERSARIAL 40: a huge sparse file (and a link to it) is refused by the wire
 /// protocol's read and the E2B face's `/files` before it is read, with a typed
 /// `LimitExceeded` / `413`; a small file still reads.

@@ -194,7 +194,9 @@ impl Mux {
         let mut offset = 0;
         while offset < data.len() {
             let end = (offset + CHUNK).min(data.len());
-            let chunk = data.slice(offset..end);
+            // A copy, not a slice: a slice waiting in the queue would keep all of
+            // `data` alive after the caller let it (and its budget) go.
+            let chunk = Bytes::copy_from_slice(&data[offset..end]);
             let permit = credit
                 .acquire_many(chunk.len() as u32)
                 .await

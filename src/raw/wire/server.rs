@@ -13,12 +13,13 @@ use super::proto::{self, Call, Reply, WireError};
 use crate::archive::ArchiveLimits;
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
+use crate::raw::budget::{ByteBudget, Reservation};
 use crate::raw::read_at_most;
 use crate::sandbox::SandboxId;
 
 /// What a serving side accepts from its client: the bounds a server facing untrusted
 /// callers sets (an agent inside its own sandbox can keep the defaults).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ServeOptions {
     /// The largest file a `read` or `write` may carry; more is
@@ -28,6 +29,10 @@ pub struct ServeOptions {
     /// Caps on every archive import: the client's own limits apply, each at most this
     /// (default [`ArchiveLimits::default`]).
     pub archive_limits: ArchiveLimits,
+    /// What the files `read` and `write` carry may hold together, with every other
+    /// connection given the same budget; past it a call is `LimitExceeded` (default:
+    /// none, each call bounded by `max_file_bytes` alone).
+    pub budget: Option<ByteBudget>,
 }
 
 impl Default for ServeOptions {
@@ -35,6 +40,7 @@ impl Default for ServeOptions {
         ServeOptions {
             max_file_bytes: 1 << 30,
             archive_limits: ArchiveLimits::default(),
+            budget: None,
         }
     }
 }
@@ -50,6 +56,20 @@ impl ServeOptions {
     pub fn archive_limits(mut self, limits: ArchiveLimits) -> Self {
         self.archive_limits = limits;
         self
+    }
+
+    /// Sets the budget the files of `read` and `write` calls share.
+    pub fn budget(mut self, budget: ByteBudget) -> Self {
+        self.budget = Some(budget);
+        self
+    }
+
+    /// Takes `bytes` from the budget, if there is one.
+    fn reserve(&self, bytes: u64) -> Result<Option<Reservation>> {
+        self.budget
+            .as_ref()
+            .map(|budget| budget.try_reserve(bytes))
+            .transpose()
     }
 }
 
@@ -88,6 +108,7 @@ where
     let (alive, mut all_done) = mpsc::channel::<()>(1);
     let on_call: super::mux::OnCall = Box::new(move |mux, frame, rx| {
         let (backend, sandbox, alive) = (Arc::clone(&backend), sandbox.clone(), alive.clone());
+        let options = options.clone();
         tokio::spawn(async move {
             let id = frame.id;
             handle(&options, &*backend, &sandbox, &mux, frame, rx).await;
@@ -131,8 +152,13 @@ async fn handle(
     match call {
         Call::Exec { request } => exec(backend, sandbox, mux, id, request, rx).await,
         Call::Read { path } => {
-            match read_at_most(backend, sandbox, &path, options.max_file_bytes).await {
-                Ok(data) => {
+            // Held until the last byte is queued: `send_data` queues copies, so
+            // nothing of the file outlives it.
+            let read = read_at_most(backend, sandbox, &path, options.max_file_bytes)
+                .await
+                .and_then(|data| Ok((options.reserve(data.len() as u64)?, data)));
+            match read {
+                Ok((_held, data)) => {
                     reply(Ok(serde_json::Value::Null));
                     if mux.send_data(id, MAIN, data).await.is_ok() {
                         let _ = mux.send_end(id, MAIN);
@@ -145,7 +171,16 @@ async fn handle(
             let mut data = BytesMut::new();
             let mut body = incoming(Arc::clone(mux), id, rx);
             let mut result = Ok(());
+            let mut held = options.reserve(0).ok().flatten();
             while let Some(chunk) = body.next().await {
+                let grown = match (&mut held, &options.budget, &chunk) {
+                    (Some(held), Some(budget), Ok(chunk)) => held.grow(budget, chunk.len() as u64),
+                    _ => Ok(()),
+                };
+                if let Err(e) = grown {
+                    result = Err(e);
+                    break;
+                }
                 match chunk {
                     Ok(chunk) if (data.len() + chunk.len()) as u64 > options.max_file_bytes => {
                         result = Err(Error::new(
@@ -169,6 +204,7 @@ async fn handle(
                 Ok(()) => backend.write(sandbox, &path, data.freeze()).await,
                 Err(e) => Err(e),
             };
+            drop(held);
             reply(value(result));
         }
         Call::Stat { path } => reply(value(backend.stat(sandbox, &path).await)),

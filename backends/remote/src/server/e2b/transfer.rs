@@ -74,13 +74,57 @@ pub(super) async fn download(
         .into());
     }
     let limit = state.config.max_file_bytes as u64;
+    let tenant = envd.info.labels.get(crate::server::tenants::TENANT_LABEL);
+    let budget = state.transfers(tenant.map(String::as_str).unwrap_or_default());
+    // Taken before the read and held until the last byte is handed over, so a client
+    // that asks and never reads holds at most its tenant's budget.
+    let mut held = match budget.try_reserve(info.size.min(limit)) {
+        Ok(held) => held,
+        Err(e) => return Ok(busy(&e)),
+    };
     let data = sandcell::raw::read_at_most(state.backend.as_ref(), envd.id(), &path, limit).await?;
-    let mut response = Response::new(Body::from(data));
+    if let Some(more) = (data.len() as u64)
+        .checked_sub(info.size)
+        .filter(|n| *n > 0)
+    {
+        if let Err(e) = held.grow(&budget, more) {
+            return Ok(busy(&e));
+        }
+    }
+    let mut response = Response::new(Body::from_stream(copied_chunks(data, held)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
     Ok(response)
+}
+
+/// `429` in envd's shape: the tenant's transfers in flight hold its whole budget.
+fn busy(e: &Error) -> Response {
+    let body = FilesError {
+        message: crate::server::public_message(e),
+        code: StatusCode::TOO_MANY_REQUESTS.as_u16(),
+    };
+    (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()
+}
+
+/// The bytes of `data` as copied chunks, `held` until the last is taken: a slice
+/// would keep all of `data` alive in the connection's buffers after the budget let
+/// it go.
+fn copied_chunks(
+    data: Bytes,
+    held: sandcell::raw::budget::Reservation,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
+    const CHUNK: usize = 64 << 10;
+    futures::stream::unfold((data, 0, Some(held)), |(data, offset, held)| async move {
+        if offset >= data.len() {
+            drop(held);
+            return None;
+        }
+        let end = (offset + CHUNK).min(data.len());
+        let chunk = Bytes::copy_from_slice(&data[offset..end]);
+        Some((Ok(chunk), (data, end, held)))
+    })
 }
 
 /// `POST /files`: writes each file (parents made as needed) and answers what it wrote.

@@ -1,0 +1,184 @@
+//! What a server is configured with: its tenants, the bounds on what clients send
+//! and hold, and what they may ask for.
+
+use std::sync::Arc;
+
+use super::{listen, tenants, Tenant};
+
+/// How a server answers: its tenants, body limits and what clients may ask for.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ServerConfig {
+    /// Who may call, each with its own token (checked non-empty and unique when set).
+    pub(super) tenants: Vec<Tenant>,
+    /// Largest JSON body accepted (default 1 MiB); a larger one is answered `413`.
+    pub max_json_bytes: usize,
+    /// The longest a client may take to send a request's head (line and headers)
+    /// before its connection is closed (default 10 s; HTTP/1), and to begin its first
+    /// request once connected.
+    pub header_read_timeout: std::time::Duration,
+    /// The longest the server waits on a request's body without it making progress
+    /// (default 30 s): past it the request is answered `408` and (HTTP/1) its
+    /// connection closed. Waiting starts over with each KiB that comes in, so a slow
+    /// upload gets through and a trickle does not hold a connection; the time a
+    /// handler spends elsewhere does not count, and responses are never bounded (a
+    /// command's output streams as long as it runs).
+    pub body_read_timeout: std::time::Duration,
+    /// The longest a connection may go with no request in flight before it is closed
+    /// (default 60 s; before its first request, the shorter of this and
+    /// `header_read_timeout`). A streaming response keeps its request in flight; a
+    /// connection upgraded to the wire protocol is no longer the listener's. For
+    /// HTTP/1 the shorter of this and `header_read_timeout` applies between requests
+    /// too, since the wait for a next request is also the wait for its head.
+    pub idle_timeout: std::time::Duration,
+    /// The most connections served at once, TLS handshakes included (default 1024);
+    /// past it the server accepts no more until one closes. A connection upgraded to
+    /// the wire protocol leaves the count once upgraded (each is one tenant's
+    /// authenticated session with one sandbox).
+    pub max_connections: usize,
+    /// Largest file a client may write or read (default 64 MiB): a file passes
+    /// through the server's memory whole, so a larger one is refused (`413` on the E2B
+    /// face, `LimitExceeded` on the wire), a read's before the file is read.
+    pub max_file_bytes: usize,
+    /// What the files passing through the server whole on a tenant's behalf (E2B
+    /// `/files` downloads, wire reads and writes) may hold together (default 256 MiB,
+    /// and never less than `max_file_bytes`): past it a transfer is refused (`429`,
+    /// `LimitExceeded`) until one ends, so a client that opens many and reads none
+    /// back holds no more than this of the server's memory.
+    pub max_transfer_bytes_per_tenant: u64,
+    /// Most file content one archive import may carry (default 1 GiB).
+    pub max_archive_bytes: u64,
+    /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
+    /// sets none of its own; each is applied only when the backend enforces it
+    /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
+    /// Default: [`Limits::recommended`](sandcell::Limits::recommended), one core,
+    /// 512 MiB, 1024 processes and 10 GiB of disk; a sandbox without them got as many processes, as much memory and as much of the host's
+    /// disk as the host had.
+    pub default_limits: sandcell::Limits,
+    /// Whether sandcell's extensions (capabilities, the wire protocol) are served
+    /// (default true). Off, the server answers only the Fly Machines subset, as a plain
+    /// Fly endpoint does, and clients move files over `exec`.
+    pub extensions: bool,
+    /// The host directories a client's spec may mount from (default none: every host
+    /// mount is refused). A mount must resolve beneath one of them, symbolic links
+    /// followed, and may be read-write only where that directory allows it.
+    pub host_paths: Vec<HostPath>,
+    /// The template E2B's default template name, `base`, stands for (default
+    /// `"default"`, the local backend's; on Docker, an image with `bash`, which E2B's
+    /// SDKs run every command with).
+    pub e2b_base_template: String,
+    /// The session manager whose sessions MCP's tools act on at `/mcp` (feature `mcp`;
+    /// default none: no MCP route).
+    #[cfg(feature = "mcp")]
+    pub(super) mcp: Option<Arc<sandcell_mcp::Manager>>,
+}
+
+/// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct HostPath {
+    /// The directory; mounts of it and of anything beneath it are allowed.
+    pub dir: std::path::PathBuf,
+    /// Whether those mounts may be read-write (else only read-only ones are).
+    pub writable: bool,
+}
+
+impl HostPath {
+    /// Read-only mounts of `dir` and beneath it.
+    pub fn read_only(dir: impl Into<std::path::PathBuf>) -> Self {
+        HostPath {
+            dir: dir.into(),
+            writable: false,
+        }
+    }
+
+    /// Read-write (or read-only) mounts of `dir` and beneath it.
+    pub fn writable(dir: impl Into<std::path::PathBuf>) -> Self {
+        HostPath {
+            dir: dir.into(),
+            writable: true,
+        }
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("tenants", &self.tenants)
+            .field("max_json_bytes", &self.max_json_bytes)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .field("body_read_timeout", &self.body_read_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("max_connections", &self.max_connections)
+            .field("max_file_bytes", &self.max_file_bytes)
+            .field(
+                "max_transfer_bytes_per_tenant",
+                &self.max_transfer_bytes_per_tenant,
+            )
+            .field("max_archive_bytes", &self.max_archive_bytes)
+            .field("default_limits", &self.default_limits)
+            .field("extensions", &self.extensions)
+            .field("host_paths", &self.host_paths)
+            .field("e2b_base_template", &self.e2b_base_template)
+            .finish()
+    }
+}
+
+impl ServerConfig {
+    /// Defaults, with one tenant, `default`, whose token is `token`. An empty token
+    /// lets no one in.
+    pub fn new(token: impl Into<String>) -> Self {
+        Self::of(vec![Tenant::new("default", token)])
+    }
+
+    /// Defaults, with `tenants`; `InvalidInput` unless there is at least one and every
+    /// name and token is non-empty and unique.
+    pub fn with_tenants(tenants: impl IntoIterator<Item = Tenant>) -> sandcell::Result<Self> {
+        let tenants: Vec<Tenant> = tenants.into_iter().collect();
+        tenants::validate(&tenants)?;
+        Ok(Self::of(tenants))
+    }
+
+    fn of(tenants: Vec<Tenant>) -> Self {
+        ServerConfig {
+            tenants,
+            max_json_bytes: 1 << 20,
+            header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
+            body_read_timeout: listen::DEFAULT_BODY_READ_TIMEOUT,
+            idle_timeout: listen::DEFAULT_IDLE_TIMEOUT,
+            max_connections: listen::DEFAULT_MAX_CONNECTIONS,
+            max_file_bytes: 64 << 20,
+            max_transfer_bytes_per_tenant: 256 << 20,
+            max_archive_bytes: 1 << 30,
+            default_limits: sandcell::Limits::recommended(),
+            extensions: true,
+            host_paths: Vec::new(),
+            e2b_base_template: "default".to_owned(),
+            #[cfg(feature = "mcp")]
+            mcp: None,
+        }
+    }
+
+    /// Serves MCP's tools over streamable HTTP at `/mcp`, acting on `manager`'s
+    /// sessions (a manager over the backend this server serves). Callers authenticate
+    /// with a tenant's token as `Authorization: Bearer`, and each tenant's tools see only
+    /// that tenant's sessions. A transport session (`Mcp-Session-Id`) answers only the
+    /// tenant that opened it; the manager's id is reserved (no Fly or E2B client may
+    /// label a sandbox as this manager's).
+    #[cfg(feature = "mcp")]
+    pub fn with_mcp(mut self, manager: Arc<sandcell_mcp::Manager>) -> Self {
+        self.mcp = Some(manager);
+        self
+    }
+
+    /// The tenants.
+    pub fn tenants(&self) -> &[Tenant] {
+        &self.tenants
+    }
+
+    /// Allows client mounts of `path` and beneath it.
+    pub fn allow_host_path(mut self, path: HostPath) -> Self {
+        self.host_paths.push(path);
+        self
+    }
+}
