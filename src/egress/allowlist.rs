@@ -296,7 +296,7 @@ fn canonical(addr: IpAddr) -> IpAddr {
     }
 }
 
-fn in_range(addr: IpAddr, network: IpAddr, prefix: u8) -> bool {
+pub(super) fn in_range(addr: IpAddr, network: IpAddr, prefix: u8) -> bool {
     match (addr, network) {
         (IpAddr::V4(a), IpAddr::V4(n)) => {
             let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);

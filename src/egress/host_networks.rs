@@ -45,17 +45,7 @@ pub(crate) fn overlaps(network: IpAddr, prefix: u8, other: IpAddr, other_prefix:
 }
 
 fn contains(network: IpAddr, prefix: u8, addr: IpAddr) -> bool {
-    match (network, addr) {
-        (IpAddr::V4(n), IpAddr::V4(a)) => {
-            let mask = u32::MAX.checked_shl(32 - u32::from(prefix)).unwrap_or(0);
-            u32::from(n) & mask == u32::from(a) & mask
-        }
-        (IpAddr::V6(n), IpAddr::V6(a)) => {
-            let mask = u128::MAX.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
-            u128::from(n) & mask == u128::from(a) & mask
-        }
-        _ => false,
-    }
+    super::allowlist::in_range(addr, network, prefix)
 }
 
 /// `/proc/net/route`: interface, destination, gateway, flags, ..., mask; addresses as
