@@ -143,8 +143,9 @@ async fn case40_a_listing_wider_than_the_cap_is_refused() {
 
 /// ADVERSARIAL 40: downloads a client asks for and never reads hold no more than its
 /// tenant's transfer budget (the server held a whole file per request: thirty such
-/// requests took 2 GB). With one 12 MiB download stalled, another is `429`; another
-/// tenant's is served; once the stalled connection closes, the file is served again.
+/// requests took 2 GB). With one 12 MiB download stalled, another is `429`, and so is
+/// an 8 MiB upload; another tenant's download is served; once the stalled connection
+/// closes, the file is served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn case40_downloads_nobody_reads_hold_a_bounded_budget() {
     const OTHER: &str = "second-tenant-token";
@@ -197,6 +198,17 @@ async fn case40_downloads_nobody_reads_hold_a_bounded_budget() {
         429,
         "a second download while the first is held"
     );
+    let upload = http
+        .post(format!("{}/files", server.url))
+        .query(&[("path", "up.bin")])
+        .header("E2b-Sandbox-Id", id)
+        .header("X-Access-Token", access)
+        .header("Content-Type", "application/octet-stream")
+        .body(vec![7u8; 8 << 20])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(upload.status(), 429, "an upload the budget cannot hold");
     let other = get(&sandboxes[1]).await.unwrap();
     assert_eq!(other.status(), 200);
     assert_eq!(other.bytes().await.unwrap().len(), 12 << 20);

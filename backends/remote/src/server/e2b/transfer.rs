@@ -74,8 +74,7 @@ pub(super) async fn download(
         .into());
     }
     let limit = state.config.max_file_bytes as u64;
-    let tenant = envd.info.labels.get(crate::server::tenants::TENANT_LABEL);
-    let budget = state.transfers(tenant.map(String::as_str).unwrap_or_default());
+    let budget = transfers(&state, &envd);
     // Taken before the read and held until the last byte is handed over, so a client
     // that asks and never reads holds at most its tenant's budget.
     let mut held = match budget.try_reserve(info.size.min(limit)) {
@@ -97,6 +96,12 @@ pub(super) async fn download(
         HeaderValue::from_static("application/octet-stream"),
     );
     Ok(response)
+}
+
+/// The budget the sandbox's tenant's whole-file transfers share.
+fn transfers(state: &AppState, envd: &Envd) -> sandcell::raw::budget::ByteBudget {
+    let tenant = envd.info.labels.get(crate::server::tenants::TENANT_LABEL);
+    state.transfers(tenant.map(String::as_str).unwrap_or_default())
 }
 
 /// `429` in envd's shape: the tenant's transfers in flight hold its whole budget.
@@ -145,6 +150,17 @@ pub(super) async fn upload(
         )
         .into());
     }
+    // The body is held whole until written: what it says it holds (or the most it may
+    // hold) is taken from the tenant's budget first.
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok()?.parse::<u64>().ok())
+        .unwrap_or(limit as u64)
+        .min(limit as u64);
+    let _held = match transfers(&state, &envd).try_reserve(declared) {
+        Ok(held) => held,
+        Err(e) => return Ok(busy(&e)),
+    };
     let content_type = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
