@@ -9,6 +9,7 @@ use crate::backend::SandboxBackend;
 use crate::error::{Error, Result};
 use crate::fs::FileKind;
 use crate::path::SandboxPath;
+use crate::raw::budget::{ByteBudget, Reservation};
 use crate::sandbox::SandboxId;
 
 /// Most symbolic links followed while sizing a file, as Linux's `MAXSYMLINKS`.
@@ -28,6 +29,45 @@ pub async fn read_at_most(
     path: &SandboxPath,
     max_bytes: u64,
 ) -> Result<Bytes> {
+    size_at_most(backend, id, path, max_bytes).await?;
+    let data = backend.read(id, path).await?;
+    if data.len() as u64 > max_bytes {
+        return Err(too_large(path, data.len() as u64, max_bytes));
+    }
+    Ok(data)
+}
+
+/// [`read_at_most`] within `budget`: the file's size (or `max_bytes`, where it cannot
+/// be told first) is reserved before it is read, and more if it grew meanwhile; the
+/// reservation is the caller's to hold while the bytes are. Past the budget it is
+/// `LimitExceeded`, before a byte is read.
+pub async fn read_within(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    path: &SandboxPath,
+    max_bytes: u64,
+    budget: &ByteBudget,
+) -> Result<(Bytes, Reservation)> {
+    let size = size_at_most(backend, id, path, max_bytes).await?;
+    let mut held = budget.try_reserve(size.unwrap_or(max_bytes))?;
+    let data = backend.read(id, path).await?;
+    if data.len() as u64 > max_bytes {
+        return Err(too_large(path, data.len() as u64, max_bytes));
+    }
+    if let Some(more) = (data.len() as u64).checked_sub(size.unwrap_or(max_bytes)) {
+        held.grow(budget, more)?;
+    }
+    Ok((data, held))
+}
+
+/// The size of the file `path` leads to (following links that stay in the workspace),
+/// `LimitExceeded` past `max_bytes`; `None` where it cannot be told first.
+async fn size_at_most(
+    backend: &dyn SandboxBackend,
+    id: &SandboxId,
+    path: &SandboxPath,
+    max_bytes: u64,
+) -> Result<Option<u64>> {
     let mut current = path.clone();
     for _ in 0..MAX_LINKS {
         let info = backend.stat(id, &current).await?;
@@ -35,7 +75,7 @@ pub async fn read_at_most(
             if info.kind == FileKind::File && info.size > max_bytes {
                 return Err(too_large(path, info.size, max_bytes));
             }
-            break;
+            return Ok((info.kind == FileKind::File).then_some(info.size));
         }
         match info
             .symlink_target
@@ -46,11 +86,7 @@ pub async fn read_at_most(
             None => break,
         }
     }
-    let data = backend.read(id, path).await?;
-    if data.len() as u64 > max_bytes {
-        return Err(too_large(path, data.len() as u64, max_bytes));
-    }
-    Ok(data)
+    Ok(None)
 }
 
 /// Where a link at `link` with the relative `target` leads, lexically; `None` for an

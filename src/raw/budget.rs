@@ -81,17 +81,21 @@ impl Reservation {
         for layer in &budget.layers {
             match Arc::clone(layer).try_acquire_many_owned(wanted) {
                 Ok(permit) => taken.push(permit),
-                Err(_) => {
-                    return Err(Error::new(
-                        ErrorKind::LimitExceeded,
-                        "too many file transfers are in flight; retry once one has finished",
-                    ))
-                }
+                Err(_) => return Err(Error::new(ErrorKind::LimitExceeded, BUSY)),
             }
         }
         self.permits.extend(taken);
         Ok(())
     }
+}
+
+/// What a refused reservation says.
+const BUSY: &str = "too many file transfers are in flight; retry once one has finished";
+
+/// Whether `error` is a budget's refusal (rather than, say, a file over a size limit,
+/// which is `LimitExceeded` too): worth retrying later, as HTTP's `429` says.
+pub fn is_refusal(error: &Error) -> bool {
+    error.kind() == ErrorKind::LimitExceeded && error.message() == BUSY
 }
 
 fn units(bytes: u64) -> u64 {
@@ -111,10 +115,8 @@ mod tests {
         let held = a.try_reserve(6 * UNIT).unwrap();
         // b fits its own share but not what the server has left; a refusal leaves
         // b's share untouched.
-        assert_eq!(
-            b.try_reserve(5 * UNIT).unwrap_err().kind(),
-            ErrorKind::LimitExceeded
-        );
+        assert!(is_refusal(&b.try_reserve(5 * UNIT).unwrap_err()));
+        assert!(!is_refusal(&Error::limit_exceeded("a file over the limit")));
         let mut growing = b.try_reserve(4 * UNIT).unwrap();
         assert!(growing.grow(&b, UNIT).is_err(), "the server is full");
         drop(held);

@@ -13,7 +13,7 @@
 //! | [`secret_file`] | a server's secret files (tokens, private keys), refused when other users may read them |
 //! | [`tree`] | directory trees walked through descriptors without following links: list, remove, copy, move (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
-//! | [`read_at_most`] | a read with a byte cap, the file sized before it is read (servers facing untrusted callers) |
+//! | [`read_at_most`], [`read_within`] | a read with a byte cap, the file sized before it is read (servers facing untrusted callers), within a [`budget::ByteBudget`] |
 //!
 //! These are as stable as the rest of the crate; they live apart so the user API stays
 //! small.
@@ -39,7 +39,7 @@ use crate::path::SandboxPath;
 pub use crate::process::ProcessControl;
 use crate::process::{Process, ProcessStdin};
 pub use crate::store::session::decide_claim;
-pub use bounded::read_at_most;
+pub use bounded::{read_at_most, read_within};
 
 /// Archive checks and host-directory archives, for backends that read or write tars.
 pub mod archive {

@@ -237,6 +237,83 @@ async fn case40_downloads_nobody_reads_hold_a_bounded_budget() {
     }
 }
 
+/// One wire frame: length (of what follows it), kind, request id, payload.
+fn wire_frame(kind: u8, id: u64, payload: &[u8]) -> Vec<u8> {
+    let mut out = ((9 + payload.len()) as u32).to_be_bytes().to_vec();
+    out.push(kind);
+    out.extend_from_slice(&id.to_be_bytes());
+    out.extend_from_slice(payload);
+    out
+}
+
+/// ADVERSARIAL 40 on the wire protocol: a client that grants itself all the credit it
+/// likes and reads nothing has the server hold no more than its tenant's budget
+/// (each 16 MiB read held its file's 16 MiB in the connection's queue after the
+/// budget let it go: twelve such reads took 240 MB). With a 32 MiB budget, the third
+/// read is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_wire_reads_nobody_reads_hold_a_bounded_budget() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_file_bytes = 16 << 20;
+    config.max_transfer_bytes_per_tenant = 32 << 20;
+    let server = common::serve_local_with(config).await;
+    let client = common::client(&server.url).await;
+    let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+    let made = client
+        .run_shell(&sandbox.id, "head -c 16777216 /dev/zero > big")
+        .await
+        .unwrap();
+    assert!(made.success(), "{}", made.stderr_str());
+
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = server.url.trim_start_matches("http://").parse().unwrap();
+    let mut wire = socket.connect(addr).await.unwrap();
+    let upgrade = format!(
+        "GET /v1/apps/sandcell/machines/{}/sandcell/wire HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {}\r\nConnection: upgrade\r\nUpgrade: sandcell-wire\r\n\r\n",
+        sandbox.id,
+        common::TOKEN
+    );
+    wire.write_all(upgrade.as_bytes()).await.unwrap();
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        head.push(wire.read_u8().await.unwrap());
+    }
+    assert!(
+        head.starts_with(b"HTTP/1.1 101"),
+        "{}",
+        String::from_utf8_lossy(&head)
+    );
+    for id in 1..=3u64 {
+        let call = wire_frame(1, id, br#"{"op":"read","path":"big"}"#);
+        let credit = wire_frame(8, id, &[0, 0x7f, 0xff, 0xff, 0xff]);
+        wire.write_all(&[call, credit].concat()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    // Now read, looking for request 3's reply among the queued data.
+    let reply = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let len = wire.read_u32().await.unwrap() as usize;
+            let kind = wire.read_u8().await.unwrap();
+            let id = wire.read_u64().await.unwrap();
+            let mut payload = vec![0u8; len - 9];
+            wire.read_exact(&mut payload).await.unwrap();
+            if kind == 5 && id == 3 {
+                return String::from_utf8(payload).unwrap();
+            }
+        }
+    })
+    .await
+    .expect("request 3 was answered");
+    assert!(
+        reply.contains("limit_exceeded") && reply.contains("in flight"),
+        "{reply}"
+    );
+    drop(wire);
+    client.destroy(&sandbox.id).await.unwrap();
+}
+
 /// ADVERSARIAL 40: a huge sparse file (and a link to it) is refused by the wire
 /// protocol's read and the E2B face's `/files` before it is read, with a typed
 /// `LimitExceeded` / `413`; a small file still reads.

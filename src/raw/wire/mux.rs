@@ -20,11 +20,19 @@ use super::frame::{self, read_frame, Frame, Kind, CHUNK, ERR, MAIN, WINDOW};
 use crate::error::{Error, ErrorKind, Result};
 use crate::lock_unpoisoned as lock;
 
+/// Bytes of data one connection may have waiting to be written, whatever credit its
+/// peer granted: what a caller still holds past this is held, and counted, by it.
+const QUEUED_DATA: usize = 1 << 20;
+
 /// Called by the reader for a `Call` frame opening a new request (server side).
 pub(crate) type OnCall = Box<dyn Fn(Arc<Mux>, Frame, mpsc::UnboundedReceiver<Frame>) + Send + Sync>;
 
 pub(crate) struct Mux {
-    out: mpsc::UnboundedSender<Frame>,
+    /// Frames to write, each with the bytes of `queued` it holds until written.
+    out: mpsc::UnboundedSender<(Frame, u32)>,
+    /// Room for data waiting to be written: a peer that grants itself credit and reads
+    /// nothing must not have this side queue whatever it asks for.
+    queued: Arc<Semaphore>,
     state: Mutex<State>,
     ended: tokio::sync::Notify,
     reader: Mutex<Option<JoinHandle<()>>>,
@@ -93,6 +101,7 @@ impl Mux {
         let (out, rx) = mpsc::unbounded_channel();
         let mux = Arc::new(Mux {
             out,
+            queued: Arc::new(Semaphore::new(QUEUED_DATA)),
             state: Mutex::new(State::default()),
             ended: tokio::sync::Notify::new(),
             reader: Mutex::new(None),
@@ -133,6 +142,8 @@ impl Mux {
             slot.close();
         }
         drop(state);
+        // Nothing more will be written: senders waiting for room fail.
+        self.queued.close();
         self.ended.notify_waiters();
     }
 
@@ -171,7 +182,7 @@ impl Mux {
             return Err(Self::closed_error(&reason));
         }
         self.out
-            .send(frame)
+            .send((frame, 0))
             .map_err(|_| Self::closed_error("the writer stopped"))
     }
 
@@ -202,7 +213,17 @@ impl Mux {
                 .await
                 .map_err(|_| self.ended_error())?;
             permit.forget();
-            self.send(Frame::new(kind, id, chunk))?;
+            let room = Arc::clone(&self.queued)
+                .acquire_many_owned(chunk.len() as u32)
+                .await
+                .map_err(|_| self.ended_error())?;
+            room.forget();
+            if let Some(reason) = self.closed() {
+                return Err(Self::closed_error(&reason));
+            }
+            self.out
+                .send((Frame::new(kind, id, chunk), (end - offset) as u32))
+                .map_err(|_| Self::closed_error("the writer stopped"))?;
             offset = end;
         }
         Ok(())
@@ -313,25 +334,32 @@ where
     }
 }
 
-async fn write_loop<W>(mux: Weak<Mux>, mut rx: mpsc::UnboundedReceiver<Frame>, writer: W)
+async fn write_loop<W>(mux: Weak<Mux>, mut rx: mpsc::UnboundedReceiver<(Frame, u32)>, writer: W)
 where
     W: AsyncWrite + Send + Unpin + 'static,
 {
     let mut writer = BufWriter::with_capacity(CHUNK + 64, writer);
     let mut buf = BytesMut::new();
     let result: std::io::Result<()> = async {
-        while let Some(frame) = rx.recv().await {
+        while let Some((frame, mut held)) = rx.recv().await {
             frame.encode(&mut buf);
             // Batch whatever else is already queued into one write.
             while buf.len() < 4 * CHUNK {
                 match rx.try_recv() {
-                    Ok(frame) => frame.encode(&mut buf),
+                    Ok((frame, more)) => {
+                        frame.encode(&mut buf);
+                        held += more;
+                    }
                     Err(_) => break,
                 }
             }
             writer.write_all(&buf).await?;
             buf.clear();
             writer.flush().await?;
+            // Written: its room is free for the next.
+            if let Some(mux) = mux.upgrade() {
+                mux.queued.add_permits(held as usize);
+            }
         }
         writer.shutdown().await
     }

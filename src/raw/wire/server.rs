@@ -14,7 +14,7 @@ use crate::archive::ArchiveLimits;
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
 use crate::raw::budget::{ByteBudget, Reservation};
-use crate::raw::read_at_most;
+use crate::raw::{read_at_most, read_within};
 use crate::sandbox::SandboxId;
 
 /// What a serving side accepts from its client: the bounds a server facing untrusted
@@ -154,9 +154,16 @@ async fn handle(
         Call::Read { path } => {
             // Held until the last byte is queued: `send_data` queues copies, so
             // nothing of the file outlives it.
-            let read = read_at_most(backend, sandbox, &path, options.max_file_bytes)
-                .await
-                .and_then(|data| Ok((options.reserve(data.len() as u64)?, data)));
+            let read = match &options.budget {
+                Some(budget) => {
+                    read_within(backend, sandbox, &path, options.max_file_bytes, budget)
+                        .await
+                        .map(|(data, held)| (Some(held), data))
+                }
+                None => read_at_most(backend, sandbox, &path, options.max_file_bytes)
+                    .await
+                    .map(|data| (None, data)),
+            };
             match read {
                 Ok((_held, data)) => {
                     reply(Ok(serde_json::Value::Null));

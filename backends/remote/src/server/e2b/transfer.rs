@@ -77,19 +77,12 @@ pub(super) async fn download(
     let budget = transfers(&state, &envd);
     // Taken before the read and held until the last byte is handed over, so a client
     // that asks and never reads holds at most its tenant's budget.
-    let mut held = match budget.try_reserve(info.size.min(limit)) {
-        Ok(held) => held,
-        Err(e) => return Ok(busy(&e)),
+    let read = sandcell::raw::read_within(state.backend.as_ref(), envd.id(), &path, limit, &budget);
+    let (data, held) = match read.await {
+        Ok(read) => read,
+        Err(e) if sandcell::raw::budget::is_refusal(&e) => return Ok(busy(&e)),
+        Err(e) => return Err(e.into()),
     };
-    let data = sandcell::raw::read_at_most(state.backend.as_ref(), envd.id(), &path, limit).await?;
-    if let Some(more) = (data.len() as u64)
-        .checked_sub(info.size)
-        .filter(|n| *n > 0)
-    {
-        if let Err(e) = held.grow(&budget, more) {
-            return Ok(busy(&e));
-        }
-    }
     let mut response = Response::new(Body::from_stream(copied_chunks(data, held)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
