@@ -143,6 +143,16 @@ async fn a_state_database_someone_else_placed_is_refused() {
         assert_eq!(meta.permissions().mode() & 0o777, 0o644, "{linked}");
         assert_eq!(std::fs::read(&victim).unwrap(), b"x", "{linked}");
     }
+    // A directory others may write, sticky or not (a shared /tmp), is refused before
+    // SQLite makes its `-wal` there.
+    let shared = dir.path().join("shared");
+    std::fs::create_dir(&shared).unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o1777)).unwrap();
+    let err = SqliteStateStore::open(shared.join("state.db"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+    assert!(!shared.join("state.db").exists());
     if rustix::process::geteuid().is_root() {
         let data = dir.path().join("theirs");
         std::fs::create_dir(&data).unwrap();

@@ -68,7 +68,9 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
     }
 
     /// Keeps state in `dir/state.db` (SQLite, feature `sqlite`) and snapshots in
-    /// `dir/snapshots`, unless a store is set explicitly.
+    /// `dir/snapshots`, unless a store is set explicitly. `build` creates it `0700` if
+    /// missing and refuses one that is not private
+    /// ([`ensure_private_dir`](crate::raw::private_dir::ensure_private_dir)).
     pub fn data_dir(mut self, dir: impl Into<PathBuf>) -> Self {
         self.data_dir = Some(dir.into());
         self
@@ -209,6 +211,11 @@ impl<B: SandboxBackend> ManagerBuilder<B> {
                     pool.name
                 )));
             }
+        }
+        // It holds every session's environment and its snapshots: never a directory
+        // another user made first or can replace (ADVERSARIAL 45).
+        if let Some(dir) = &self.data_dir {
+            crate::raw::private_dir::ensure_private_dir(dir)?;
         }
         let state = match (self.state, &self.data_dir) {
             (Some(state), _) => state,

@@ -111,10 +111,10 @@ pub fn check_private_dir(dir: &Path) -> Result<()> {
 }
 
 /// Above `dir`, a directory another user owns or may rename things in (unless it is
-/// sticky, as `/tmp` is) lets them move it away and put theirs in its place. Those
-/// that do not exist yet are skipped.
+/// sticky, as `/tmp` is), or a symbolic link another user owns, lets them move it away
+/// and put theirs in its place. Each component is judged as it is (a link by its own
+/// owner) and then wherever it leads. Those that do not exist yet are skipped.
 fn check_ancestors(dir: &Path, refuse: &dyn Fn(String) -> Error) -> Result<()> {
-    let me = rustix::process::geteuid().as_raw();
     let absolute = match dir.is_absolute() {
         true => dir.to_path_buf(),
         false => std::env::current_dir()
@@ -122,24 +122,49 @@ fn check_ancestors(dir: &Path, refuse: &dyn Fn(String) -> Error) -> Result<()> {
             .join(dir),
     };
     for ancestor in absolute.ancestors().skip(1) {
-        let Ok(meta) = std::fs::metadata(ancestor) else {
-            continue;
+        let meta = match std::fs::symlink_metadata(ancestor) {
+            Ok(meta) => meta,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => {
+                return Err(Error::io(
+                    format_args!("inspecting {}", ancestor.display()),
+                    e,
+                ))
+            }
         };
-        let mode = meta.permissions().mode() & 0o7777;
-        if meta.uid() != 0 && meta.uid() != me {
-            return Err(refuse(format!(
-                "{} above it is owned by uid {}, who could replace it",
-                ancestor.display(),
-                meta.uid()
-            )));
+        judge(ancestor, &meta, refuse)?;
+        if meta.file_type().is_symlink() {
+            // Where it leads, and everything above that, by the same rules.
+            let target = std::fs::canonicalize(ancestor)
+                .map_err(|e| Error::io(format_args!("following {}", ancestor.display()), e))?;
+            for real in target.ancestors() {
+                let meta = std::fs::symlink_metadata(real)
+                    .map_err(|e| Error::io(format_args!("inspecting {}", real.display()), e))?;
+                judge(real, &meta, refuse)?;
+            }
         }
-        if mode & 0o022 != 0 && mode & 0o1000 == 0 {
-            return Err(refuse(format!(
-                "{} above it is writable by its group or by other users and not sticky \
-                 (mode {mode:04o}), so they could replace it",
-                ancestor.display()
-            )));
-        }
+    }
+    Ok(())
+}
+
+/// Refuses `path` above a private directory unless root or this user owns it and,
+/// for a directory, nobody else may write it (or it is sticky).
+fn judge(path: &Path, meta: &std::fs::Metadata, refuse: &dyn Fn(String) -> Error) -> Result<()> {
+    let me = rustix::process::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != me {
+        return Err(refuse(format!(
+            "{} above it is owned by uid {}, who could replace it",
+            path.display(),
+            meta.uid()
+        )));
+    }
+    let mode = meta.permissions().mode() & 0o7777;
+    if meta.is_dir() && mode & 0o022 != 0 && mode & 0o1000 == 0 {
+        return Err(refuse(format!(
+            "{} above it is writable by its group or by other users and not sticky \
+             (mode {mode:04o}), so they could replace it",
+            path.display()
+        )));
     }
     Ok(())
 }
@@ -238,6 +263,22 @@ mod tests {
             rustix::fs::chown(&shared, nobody, None).unwrap();
             let err = check_private_dir(&dir).unwrap_err();
             assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+            rustix::fs::chown(&shared, Some(rustix::process::geteuid()), None).unwrap();
+            check_private_dir(&dir).unwrap();
+            // Through a link another user owns (in a sticky directory they could
+            // point it elsewhere): refused, though everything it leads to is fine.
+            let link = tmp.path().join("link");
+            std::os::unix::fs::symlink(&shared, &link).unwrap();
+            std::os::unix::fs::lchown(&link, Some(65534), None).unwrap();
+            let err = check_private_dir(&link.join("mine")).unwrap_err();
+            assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+            // And a link of one's own to a directory others may change is judged by
+            // where it leads.
+            std::os::unix::fs::lchown(&link, Some(rustix::process::geteuid().as_raw()), None)
+                .unwrap();
+            std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o777)).unwrap();
+            let err = check_private_dir(&link.join("mine")).unwrap_err();
+            assert!(err.to_string().contains("not sticky"), "{err}");
         }
     }
 

@@ -111,15 +111,21 @@ impl SqliteStateStore {
 /// Creates the database's missing parent directories `0700` and the database `0600`,
 /// and takes group and other permissions off an existing database and its `-wal` and
 /// `-shm` files (SQLite gives those the database's mode): the records hold every
-/// spec's environment. A symlink in their place, or a file another user owns, is
-/// refused (`PermissionDenied`): in a directory others could write first, it would
-/// send the records, or root's permission changes, where they chose.
+/// spec's environment. A symlink in their place, a file another user owns, or a
+/// directory that is not this user's alone (with everything above it) is refused
+/// (`PermissionDenied`): there another user could have made them first and had the
+/// records, or root's permission changes, sent where they chose.
 fn private_files(path: &Path) -> Result<()> {
     use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        crate::raw::private_dir::create_private_dir_all(parent)
-            .map_err(|e| Error::io(format_args!("creating {}", parent.display()), e))?;
-    }
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    crate::raw::private_dir::create_private_dir_all(parent)
+        .map_err(|e| Error::io(format_args!("creating {}", parent.display()), e))?;
+    // SQLite makes its `-wal` and `-shm` files beside the database later, by name: in
+    // a directory someone else may write (a shared /tmp), they could make them first.
+    crate::raw::private_dir::check_private_dir(parent)?;
     let me = rustix::process::geteuid().as_raw();
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();
