@@ -9,14 +9,43 @@ const RTF_UP: u32 = 0x1;
 const RTF_GATEWAY: u32 = 0x2;
 
 /// The networks (address and prefix length) this host reaches without a gateway, on
-/// any interface but loopback, IPv4 and IPv6. Read afresh on each call (two small
-/// `/proc` files), so an interface added since is seen; empty where they cannot be
-/// read.
+/// any interface but loopback, IPv4 and IPv6, and those of its interfaces' addresses
+/// whatever table routes them. Read on each call (two small `/proc` files; the
+/// interfaces from `ip` at most every two seconds), so an interface added since is
+/// seen; empty where none can be read.
 pub fn host_networks() -> Vec<(IpAddr, u8)> {
     let v4 = std::fs::read_to_string("/proc/net/route").unwrap_or_default();
     let v6 = std::fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
     let mut networks = parse_v4(&v4);
     networks.extend(parse_v6(&v6));
+    networks.extend(interface_networks());
+    networks
+}
+
+/// How long the interfaces' networks are reused before `ip` is asked again.
+const INTERFACES_FRESH: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The IPv4 networks of this host's interface addresses, whatever routing table
+/// routes them (`/proc/net/route` shows the main one only: policy routing, VRFs and
+/// VPN clients keep theirs elsewhere), from `ip`, asked at most every
+/// [`INTERFACES_FRESH`].
+fn interface_networks() -> Vec<(IpAddr, u8)> {
+    type Read = Option<(std::time::Instant, Vec<(IpAddr, u8)>)>;
+    static LAST: std::sync::Mutex<Read> = std::sync::Mutex::new(None);
+    let mut last = LAST.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some((at, networks)) = &*last {
+        if at.elapsed() < INTERFACES_FRESH {
+            return networks.clone();
+        }
+    }
+    let networks: Vec<(IpAddr, u8)> = crate::raw::host_tool::connected_networks(&[])
+        .iter()
+        .filter_map(|network| {
+            let (addr, prefix) = network.split_once('/')?;
+            Some((addr.parse().ok()?, prefix.parse().ok()?))
+        })
+        .collect();
+    *last = Some((std::time::Instant::now(), networks.clone()));
     networks
 }
 

@@ -466,18 +466,38 @@ async fn adversarial_38_an_allowlist_reaches_no_neighbour_of_the_host() {
         .await
         .unwrap()
         .id;
-    let outside = egress::fetch(&b, &id, "", &format!("http://outside.test:{OUTSIDE_PORT}/")).await;
-    let near = egress::fetch(
-        &b,
-        &id,
-        "",
-        &format!("http://neighbour.test:{OUTSIDE_PORT}/"),
-    )
-    .await;
-    b.destroy(&id).await.unwrap();
+    let outside_url = format!("http://outside.test:{OUTSIDE_PORT}/");
+    let near_url = format!("http://neighbour.test:{OUTSIDE_PORT}/");
+    let outside = egress::fetch(&b, &id, "", &outside_url).await;
+    let near = egress::fetch(&b, &id, "", &near_url).await;
     assert_eq!(outside.body.trim(), OUTSIDE_BODY, "{outside:?}");
     assert!(
         near.status != 200 && !near.body.contains(OUTSIDE_BODY),
         "the proxy relayed to the host's neighbour: {near:?}"
+    );
+
+    // The same network routed from a table of its own (policy routing, a VPN client):
+    // the main table no longer shows it, the interface's address still does.
+    let link = format!("sctv{}", &host.namespace()[3..]);
+    let network = Ipv4Addr::from(u32::from(host.neighbour_addr()) & !3);
+    sh(&format!(
+        "ip route del {network}/30 dev {link} && ip route add {network}/30 dev {link} table 4242 && \
+         ip rule add to {network}/30 lookup 4242"
+    ));
+    // Past the two seconds the interfaces' networks are reused for.
+    tokio::time::sleep(std::time::Duration::from_millis(2100)).await;
+    let again = b
+        .create(&SandboxSpec::default().network(Network::Allowlist(vec![neighbour])))
+        .await;
+    let near = egress::fetch(&b, &id, "", &near_url).await;
+    sh(&format!("ip rule del to {network}/30 lookup 4242"));
+    b.destroy(&id).await.unwrap();
+    if let Ok(made) = &again {
+        b.destroy(&made.id).await.unwrap();
+    }
+    assert_eq!(again.unwrap_err().kind(), ErrorKind::InvalidInput);
+    assert!(
+        near.status != 200 && !near.body.contains(OUTSIDE_BODY),
+        "the proxy relayed to a neighbour routed from another table: {near:?}"
     );
 }
