@@ -170,20 +170,31 @@ pub(crate) async fn commit(
         Some(s) => format!("{new}-{s}"),
         None => new.to_string(),
     };
-    docker
-        .commit_container(
-            CommitContainerOptions {
-                container: Some(name.to_owned()),
-                repo: Some(CLONE_REPO.to_owned()),
-                tag: Some(tag.clone()),
-                pause: true,
-                ..Default::default()
-            },
-            bollard::models::ContainerConfig::default(),
-        )
-        .await
-        .map_err(|e| engine(format_args!("committing {name}"), e))?;
-    Ok(format!("{CLONE_REPO}:{tag}"))
+    let mut attempt = 0;
+    loop {
+        let committed = docker
+            .commit_container(
+                CommitContainerOptions {
+                    container: Some(name.to_owned()),
+                    repo: Some(CLONE_REPO.to_owned()),
+                    tag: Some(tag.clone()),
+                    pause: true,
+                    ..Default::default()
+                },
+                bollard::models::ContainerConfig::default(),
+            )
+            .await;
+        match committed {
+            Ok(_) => return Ok(format!("{CLONE_REPO}:{tag}")),
+            // The runtime's freezer can fail to pause a busy container in time (runc
+            // under Podman on a loaded cgroup v1 host); nothing was committed then.
+            Err(e) if attempt < 2 && e.to_string().contains("pausing container") => {
+                attempt += 1;
+                tokio::time::sleep(std::time::Duration::from_millis(250 * attempt)).await;
+            }
+            Err(e) => return Err(engine(format_args!("committing {name}"), e)),
+        }
+    }
 }
 
 /// The create body that recreates container `name` from `image` under the new name,
