@@ -68,6 +68,12 @@ pub fn on_host_network(addr: IpAddr) -> bool {
         .any(|(network, prefix)| contains(network, prefix, addr))
 }
 
+/// What only an address rule the operator allowed may reach: private ranges and the
+/// networks this host is directly on (its neighbours, whatever their addresses).
+pub(super) fn private(addr: IpAddr) -> bool {
+    super::is_private(addr) || on_host_network(addr)
+}
+
 /// Whether the range `network/prefix` and the one `other/other_prefix` overlap.
 pub(crate) fn overlaps(network: IpAddr, prefix: u8, other: IpAddr, other_prefix: u8) -> bool {
     contains(network, prefix, other) || contains(other, other_prefix, network)

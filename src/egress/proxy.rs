@@ -10,13 +10,8 @@ use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::allowlist::{is_private, normalize_name, reaches_host, Allowlist};
-
-/// What only an address rule the operator allowed may reach: private ranges and the
-/// networks this host is directly on (its neighbours, whatever their addresses).
-fn private(addr: IpAddr) -> bool {
-    is_private(addr) || super::on_host_network(addr)
-}
+use super::allowlist::{normalize_name, reaches_host, Allowlist};
+use super::host_networks::private;
 use super::relay::{self, Socket};
 use super::sni::{self, Hello};
 
@@ -183,7 +178,7 @@ impl EgressProxy {
         )
     }
 
-    /// Lets an address rule allow a private address ([`is_private`]: the host's
+    /// Lets an address rule allow a private address ([`is_private`](super::is_private): the host's
     /// networks and reserved ranges), which an operator chooses, never a sandbox's
     /// allowlist alone (ADVERSARIAL 38). Off by default: a private address is refused
     /// whatever the rules. Loopback, link-local and the host's own addresses stay

@@ -96,3 +96,12 @@ fn client(
     let reader = tokio_util::io::StreamReader::new(Box::pin(stdout));
     WireClient::new(reader, input)
 }
+
+/// sha256 of the agent binary at `path`, hex: what an image's agent layer is keyed by.
+pub(crate) fn file_sha256(path: &std::path::Path) -> sandcell::Result<String> {
+    use sha2::{Digest, Sha256};
+    let data = std::fs::read(path).map_err(|e| {
+        sandcell::Error::io(format_args!("reading the agent {}", path.display()), e)
+    })?;
+    Ok(hex::encode(Sha256::digest(&data)))
+}

@@ -143,7 +143,7 @@ impl DockerBackend {
             .then(|| std::path::PathBuf::from(host.strip_prefix("unix://").unwrap_or(&host)));
         let root = crate::user::RootGuard::new(config.allow_host_root);
         let agent_hash = match &config.agent {
-            Some(agent) => Some(file_sha256(agent)?),
+            Some(agent) => Some(crate::agent::file_sha256(agent)?),
             None => None,
         };
         Ok(DockerBackend {
@@ -309,14 +309,6 @@ impl DockerBackend {
         lock(&self.inner.paused).remove(id);
         self.inner.ports.forget(id);
     }
-}
-
-/// sha256 of a file, hex.
-fn file_sha256(path: &std::path::Path) -> Result<String> {
-    use sha2::{Digest, Sha256};
-    let data = std::fs::read(path)
-        .map_err(|e| Error::io(format_args!("reading the agent {}", path.display()), e))?;
-    Ok(hex::encode(Sha256::digest(&data)))
 }
 
 #[async_trait]

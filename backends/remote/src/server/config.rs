@@ -1,8 +1,6 @@
 //! What a server is configured with: its tenants, the bounds on what clients send
 //! and hold, and what they may ask for.
 
-use std::sync::Arc;
-
 use super::{listen, tenants, Tenant};
 
 /// How a server answers: its tenants, body limits and what clients may ask for.
@@ -70,7 +68,7 @@ pub struct ServerConfig {
     /// The session manager whose sessions MCP's tools act on at `/mcp` (feature `mcp`;
     /// default none: no MCP route).
     #[cfg(feature = "mcp")]
-    pub(super) mcp: Option<Arc<sandcell_mcp::Manager>>,
+    pub(super) mcp: Option<std::sync::Arc<sandcell_mcp::Manager>>,
 }
 
 /// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
@@ -166,7 +164,7 @@ impl ServerConfig {
     /// tenant that opened it; the manager's id is reserved (no Fly or E2B client may
     /// label a sandbox as this manager's).
     #[cfg(feature = "mcp")]
-    pub fn with_mcp(mut self, manager: Arc<sandcell_mcp::Manager>) -> Self {
+    pub fn with_mcp(mut self, manager: std::sync::Arc<sandcell_mcp::Manager>) -> Self {
         self.mcp = Some(manager);
         self
     }
