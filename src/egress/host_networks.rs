@@ -53,25 +53,32 @@ fn interface_networks() -> Vec<(IpAddr, u8)> {
 /// IPv4).
 ///
 /// ```
-/// use sandcell::egress::on_host_network;
-/// // The host's own networks are host-specific; a documentation address routed
-/// // through a gateway is on none of them.
-/// let _ = on_host_network("192.0.2.7".parse().unwrap());
+/// use sandcell::egress::{on_host_network, reaches_host};
+/// // Loopback is never one of them: it is this host itself, which `reaches_host`
+/// // (and no rule at all) covers.
+/// let loopback = "127.0.0.1".parse().unwrap();
+/// assert!(!on_host_network(loopback) && reaches_host(loopback));
 /// ```
 pub fn on_host_network(addr: IpAddr) -> bool {
+    on(&host_networks(), addr)
+}
+
+/// Whether `addr` is on one of `networks` (an IPv4-mapped address judged as IPv4).
+fn on(networks: &[(IpAddr, u8)], addr: IpAddr) -> bool {
     let addr = match addr {
         IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
         v4 => v4,
     };
-    host_networks()
-        .into_iter()
-        .any(|(network, prefix)| contains(network, prefix, addr))
+    networks
+        .iter()
+        .any(|&(network, prefix)| contains(network, prefix, addr))
 }
 
-/// What only an address rule the operator allowed may reach: private ranges and the
-/// networks this host is directly on (its neighbours, whatever their addresses).
-pub(super) fn private(addr: IpAddr) -> bool {
-    super::is_private(addr) || on_host_network(addr)
+/// What only an address rule the operator allowed may reach: private ranges and
+/// `networks`, those this host is directly on (its neighbours, whatever their
+/// addresses), read once per connection by the caller.
+pub(super) fn private(addr: IpAddr, networks: &[(IpAddr, u8)]) -> bool {
+    super::is_private(addr) || on(networks, addr)
 }
 
 /// Whether the range `network/prefix` and the one `other/other_prefix` overlap.

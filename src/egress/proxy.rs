@@ -11,7 +11,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
 use super::allowlist::{normalize_name, reaches_host, Allowlist};
-use super::host_networks::private;
+use super::host_networks::{host_networks, private};
 use super::relay::{self, Socket};
 use super::sni::{self, Hello};
 
@@ -405,7 +405,10 @@ impl EgressProxy {
                      own addresses): no rule can allow it"
                 )));
             }
-            if private(addr) && !self.private_allowed() && !self.test_upstream(addr) {
+            if private(addr, &host_networks())
+                && !self.private_allowed()
+                && !self.test_upstream(addr)
+            {
                 self.count(&target.host, false);
                 return Err(Refusal::Denied(format!(
                     "address {addr} is private or on a network this host is on, and the \
@@ -434,11 +437,12 @@ impl EgressProxy {
             };
             let resolved = self.resolve(&name, port).await?;
             let pinned = self.inner.hosts.contains_key(&name);
+            let near = host_networks();
             let (passed, refused): (Vec<SocketAddr>, Vec<SocketAddr>) =
                 resolved.into_iter().partition(|addr| {
                     self.test_upstream(addr.ip())
                         || (!self.reaches_this_host(addr.ip(), pinned)
-                            && (!private(addr.ip())
+                            && (!private(addr.ip(), &near)
                                 || (self.private_allowed()
                                     && allowlist.allows_addr(addr.ip(), port).is_some())))
                 });
