@@ -5,6 +5,7 @@
 //! command is a child subreaper that orphans stay beneath — and output that drains.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -235,7 +236,7 @@ fn pump<R>(
     mut close: watch::Receiver<bool>,
 ) -> (ByteStream, tokio::sync::oneshot::Receiver<()>)
 where
-    R: AsyncRead + Unpin + Send + 'static,
+    R: AsyncRead + AsFd + Unpin + Send + 'static,
 {
     let (tx, rx) = mpsc::channel::<Result<Bytes>>(8);
     let (done_tx, done_rx) = tokio::sync::oneshot::channel();
@@ -258,7 +259,10 @@ where
                         }
                     },
                     // The guard wait_for returns is not Send; drop it inside.
-                    _ = async { let _ = close.wait_for(|closed| *closed).await; } => break,
+                    _ = async { let _ = close.wait_for(|closed| *closed).await; } => {
+                        drain_written(&mut pipe, &mut buf, &tx).await;
+                        break;
+                    }
                 }
             }
         }
@@ -269,6 +273,34 @@ where
     })
     .boxed();
     (stream, done_rx)
+}
+
+/// At most this much output is read after the command exited and the drain window
+/// closed: a background process that keeps writing cannot keep the reader going.
+const FINAL_DRAIN_BYTES: usize = 1 << 20;
+
+/// Reads what is already written to `pipe` (non-blocking, up to [`FINAL_DRAIN_BYTES`])
+/// once the drain window closed. Under load the reader task may not have run within
+/// the window: output written before the command exited is still the command's, and a
+/// terminal may still hold it (Linux hands it over, then answers `EIO`).
+async fn drain_written(pipe: &mut impl AsFd, buf: &mut [u8], tx: &mpsc::Sender<Result<Bytes>>) {
+    let mut left = FINAL_DRAIN_BYTES;
+    while left > 0 {
+        let want = buf.len().min(left);
+        // Both ends are non-blocking: an empty pipe answers EAGAIN, never waits.
+        match rustix::io::read(pipe.as_fd(), &mut buf[..want]) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                left -= n;
+                // A reader that stopped reading does not hold this task either.
+                let chunk = Ok(Bytes::copy_from_slice(&buf[..n]));
+                match tokio::time::timeout(DRAIN_AFTER_EXIT, tx.send(chunk)).await {
+                    Ok(Ok(())) => {}
+                    _ => return,
+                }
+            }
+        }
+    }
 }
 
 type Drains = (
@@ -506,5 +538,35 @@ impl ProcessControl for LocalControl {
                 "the process has no terminal: exec it with ExecRequest::pty",
             )),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use futures::StreamExt;
+
+    /// Output written before the command exited arrives even when the reader task had
+    /// not run before the drain window closed (a loaded machine): on a single-threaded
+    /// runtime the pump first runs after `close` is already sent.
+    #[test]
+    fn output_written_before_the_window_closed_is_not_dropped() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        runtime.block_on(async {
+            let (read, write) = rustix::pipe::pipe().unwrap();
+            rustix::io::write(&write, b"written before exit").unwrap();
+            drop(write);
+            let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read).unwrap();
+            let (close_tx, close_rx) = watch::channel(false);
+            let (stream, done) = pump(Some(read), close_rx);
+            close_tx.send(true).unwrap();
+            let chunks: Vec<_> = stream.collect().await;
+            done.await.unwrap();
+            let text: Vec<u8> = chunks.into_iter().flat_map(|c| c.unwrap()).collect();
+            assert_eq!(text, b"written before exit");
+        });
     }
 }

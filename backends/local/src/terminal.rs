@@ -3,7 +3,7 @@
 //! its stdin, stdout and stderr.
 
 use std::io;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{ready, Context, Poll};
@@ -113,6 +113,12 @@ impl Terminal {
         size.validate()?;
         rustix::termios::tcsetwinsize(self.master.get_ref(), winsize(size))
             .map_err(|e| Error::io("resizing a terminal", e.into()))
+    }
+}
+
+impl AsFd for Terminal {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.master.get_ref().as_fd()
     }
 }
 
