@@ -207,6 +207,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - A missing directory is `NotFound`; a file is `InvalidInput`.
     /// - Entries' paths are the directory's path joined with their name.
+    /// - A directory of more than [`MAX_DIR_ENTRIES`](crate::MAX_DIR_ENTRIES) entries, or
+    ///   whose names and paths total over [`MAX_LISTING_BYTES`](crate::MAX_LISTING_BYTES),
+    ///   is `LimitExceeded`; the backend stops reading it there
+    ///   ([`raw::ListingLimit`](crate::raw::ListingLimit)).
     async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>>;
 
     /// Removes a file, symlink or directory (a non-empty directory only when `recursive`).

@@ -3,7 +3,19 @@
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::error::{Error, Result};
 use crate::path::SandboxPath;
+
+/// Most entries one [`list_dir`](crate::SandboxBackend::list_dir) answers; a larger
+/// directory is `LimitExceeded` (list it by `exec`, or export it as a tar stream). A
+/// listing is held whole in memory, and a sandboxed program chooses how many files a
+/// directory holds.
+pub const MAX_DIR_ENTRIES: usize = 100_000;
+
+/// Most bytes of names and paths one [`list_dir`](crate::SandboxBackend::list_dir)
+/// answers (each entry counted as its path plus its name); past it the listing is
+/// `LimitExceeded`. With long paths this binds before [`MAX_DIR_ENTRIES`] does.
+pub const MAX_LISTING_BYTES: usize = 32 << 20;
 
 /// The type of a file system entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
@@ -87,5 +99,65 @@ impl DirEntry {
             kind,
             size,
         }
+    }
+}
+
+/// Counts a listing against [`MAX_DIR_ENTRIES`] and [`MAX_LISTING_BYTES`] as it is
+/// read, so a backend stops reading a huge directory instead of holding it first.
+///
+/// ```
+/// use sandcell::raw::ListingLimit;
+///
+/// let mut limit = ListingLimit::new("listing /workspace/data");
+/// limit.admit("data/a.txt", "a.txt").unwrap();
+/// assert_eq!(limit.entries(), 1);
+/// ```
+#[derive(Debug, Clone)]
+pub struct ListingLimit {
+    what: String,
+    entries: usize,
+    bytes: usize,
+}
+
+impl ListingLimit {
+    /// A fresh count; `what` names the listing in the error.
+    pub fn new(what: impl Into<String>) -> Self {
+        ListingLimit {
+            what: what.into(),
+            entries: 0,
+            bytes: 0,
+        }
+    }
+
+    /// Counts one more entry: `LimitExceeded` once the listing is over either limit.
+    pub fn admit(&mut self, path: &str, name: &str) -> Result<()> {
+        self.entries += 1;
+        self.bytes = self.bytes.saturating_add(path.len() + name.len());
+        if self.entries > MAX_DIR_ENTRIES {
+            return Err(Error::limit_exceeded(format!(
+                "{}: the directory holds more than {MAX_DIR_ENTRIES} entries; \
+                 list it with a command or export it as a tar stream",
+                self.what
+            )));
+        }
+        if self.bytes > MAX_LISTING_BYTES {
+            return Err(Error::limit_exceeded(format!(
+                "{}: the listing's names and paths are over {MAX_LISTING_BYTES} bytes",
+                self.what
+            )));
+        }
+        Ok(())
+    }
+
+    /// Counts every entry of a listing already held (one a remote peer sent).
+    pub fn admit_all(&mut self, entries: &[DirEntry]) -> Result<()> {
+        entries
+            .iter()
+            .try_for_each(|e| self.admit(e.path.as_str(), &e.name))
+    }
+
+    /// Entries counted so far.
+    pub fn entries(&self) -> usize {
+        self.entries
     }
 }

@@ -99,7 +99,7 @@ pub use ext::{
     EditOutcome, GrepMatch, GrepOutput, Language, SandboxBackendExt, GREP_MAX_BYTES,
     GREP_MAX_FILE_BYTES, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES,
 };
-pub use fs::{DirEntry, FileInfo, FileKind};
+pub use fs::{DirEntry, FileInfo, FileKind, MAX_DIR_ENTRIES, MAX_LISTING_BYTES};
 pub use limits::Limits;
 pub use manager::{
     EventKind, ManagerBuilder, ManagerEvent, ManagerSettings, ReleaseMode, SandboxHandle,

@@ -13,6 +13,7 @@
 //! | [`secret_file`] | a server's secret files (tokens, private keys), refused when other users may read them |
 //! | [`tree`] | directory trees walked through descriptors without following links: list, remove, copy, move (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
+//! | [`ListingLimit`] | a directory listing counted as it is read, against [`MAX_DIR_ENTRIES`](crate::MAX_DIR_ENTRIES) and [`MAX_LISTING_BYTES`](crate::MAX_LISTING_BYTES) |
 //! | [`read_at_most`], [`read_within`] | a read with a byte cap, the file sized before it is read (servers facing untrusted callers), within a [`budget::ByteBudget`] |
 //!
 //! These are as stable as the rest of the crate; they live apart so the user API stays
@@ -35,6 +36,7 @@ use bytes::Bytes;
 
 use crate::backend::{ByteStream, Changes};
 use crate::exec::ExitStatus;
+pub use crate::fs::ListingLimit;
 use crate::path::SandboxPath;
 pub use crate::process::ProcessControl;
 use crate::process::{Process, ProcessStdin};

@@ -64,6 +64,17 @@ pub fn is_mount_root(dir: BorrowedFd<'_>) -> bool {
 /// without `.` and `..`. Read in full before the caller changes the directory, since
 /// deleting while reading may skip entries on some file systems.
 pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
+    Ok(list_names_within(dir, |_| Ok(()))?.unwrap_or_default())
+}
+
+/// As [`list_names`], but asks `admit` about each name as it is read and stops at the
+/// first it refuses, answering that refusal (the outer result is the directory's
+/// own failure). Bounds what a huge directory costs before its size is known: see
+/// [`ListingLimit`](crate::raw::ListingLimit).
+pub fn list_names_within(
+    dir: BorrowedFd<'_>,
+    mut admit: impl FnMut(&CStr) -> crate::Result<()>,
+) -> rustix::io::Result<crate::Result<Vec<CString>>> {
     let fd = rustix::fs::openat(
         dir,
         c".",
@@ -75,11 +86,14 @@ pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
         let entry = entry?;
         let name = entry.file_name();
         if name != c"." && name != c".." {
+            if let Err(refused) = admit(name) {
+                return Ok(Err(refused));
+            }
             names.push(name.to_owned());
         }
     }
     names.sort();
-    Ok(names)
+    Ok(Ok(names))
 }
 
 /// Removes directory `name` in `parent` and everything in it. Directories are opened

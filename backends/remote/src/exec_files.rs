@@ -342,6 +342,7 @@ impl ExecFiles {
                 format!("{what}: the directory changed while it was listed; try again"),
             ));
         }
+        let mut limit = sandcell::raw::ListingLimit::new(what.clone());
         let mut entries = Vec::with_capacity(names.len());
         for (name, stat) in names.into_iter().zip(stats) {
             // A name that is not UTF-8 cannot be a sandbox path; the local backend
@@ -355,6 +356,7 @@ impl ExecFiles {
             let (kind, _) = kind_of(mode).ok_or_else(|| malformed(&what, &out))?;
             let size: u64 = size.trim().parse().map_err(|_| malformed(&what, &out))?;
             let entry_path = path.join(name)?;
+            limit.admit(entry_path.as_str(), name)?;
             entries.push(DirEntry::new(
                 entry_path,
                 kind,

@@ -142,8 +142,42 @@ impl WireClient {
     }
 
     /// Lists a directory, sorted by name.
+    ///
+    /// The agent is not trusted: a listing over
+    /// [`MAX_DIR_ENTRIES`](crate::MAX_DIR_ENTRIES) entries, or over twice
+    /// [`MAX_LISTING_BYTES`](crate::MAX_LISTING_BYTES) on the wire, is `LimitExceeded`
+    /// and is not read further.
     pub async fn list_dir(&self, path: &SandboxPath) -> Result<Vec<DirEntry>> {
-        self.simple(Call::ListDir { path: path.clone() }).await
+        let what = format!("listing {path}");
+        let mut request = self.call(&Call::ListDir { path: path.clone() })?;
+        let entries: Vec<DirEntry> = match request.reply().await?.into_result()? {
+            // An agent from before listings were streamed answers in the reply.
+            serde_json::Value::Array(entries) => {
+                serde_json::from_value(serde_json::Value::Array(entries))
+                    .map_err(|e| frame::protocol(format_args!("a listing ({e})")))?
+            }
+            serde_json::Value::Null => {
+                let mut data = BytesMut::new();
+                while let Some(chunk) = request.next_data().await? {
+                    if data.len() + chunk.len() > proto::MAX_LISTING_WIRE_BYTES {
+                        return Err(Error::limit_exceeded(format!(
+                            "{what}: over {} bytes on the wire",
+                            proto::MAX_LISTING_WIRE_BYTES
+                        )));
+                    }
+                    data.extend_from_slice(&chunk);
+                }
+                proto::decode(&data, "listing")?
+            }
+            other => {
+                return Err(frame::protocol(format_args!(
+                    "a listing reply of {}",
+                    other.to_string().chars().take(40).collect::<String>()
+                )))
+            }
+        };
+        crate::raw::ListingLimit::new(what).admit_all(&entries)?;
+        Ok(entries)
     }
 
     /// Removes a path.

@@ -5,6 +5,7 @@ use serde::{Deserialize, Serialize};
 use crate::archive::ImportOptions;
 use crate::error::{Error, ErrorKind, Result};
 use crate::exec::ExecRequest;
+use crate::fs::DirEntry;
 use crate::path::SandboxPath;
 
 /// One operation on the served sandbox. Bulk input (stdin, file content, a tar) follows
@@ -122,6 +123,22 @@ impl Reply {
             Reply::Err(e) => Err(e.into()),
         }
     }
+}
+
+/// Most bytes a listing takes on the wire: twice what its names and paths may total,
+/// room for JSON's quoting. Over it the server answers `LimitExceeded` and a client
+/// stops reading.
+pub(crate) const MAX_LISTING_WIRE_BYTES: usize = 2 * crate::MAX_LISTING_BYTES;
+
+/// A listing as the data of a `ListDir` reply.
+pub(crate) fn encode_listing(path: &SandboxPath, entries: &[DirEntry]) -> Result<Vec<u8>> {
+    let json = encode(&entries);
+    if json.len() > MAX_LISTING_WIRE_BYTES {
+        return Err(crate::Error::limit_exceeded(format!(
+            "listing {path}: over {MAX_LISTING_WIRE_BYTES} bytes on the wire"
+        )));
+    }
+    Ok(json)
 }
 
 /// Encodes a message for a frame payload.

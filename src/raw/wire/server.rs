@@ -215,7 +215,20 @@ async fn handle(
             reply(value(result));
         }
         Call::Stat { path } => reply(value(backend.stat(sandbox, &path).await)),
-        Call::ListDir { path } => reply(value(backend.list_dir(sandbox, &path).await)),
+        // Streamed: a listing of up to `MAX_DIR_ENTRIES` is far over one frame.
+        Call::ListDir { path } => match backend
+            .list_dir(sandbox, &path)
+            .await
+            .and_then(|entries| proto::encode_listing(&path, &entries))
+        {
+            Ok(json) => {
+                reply(Ok(serde_json::Value::Null));
+                if mux.send_data(id, MAIN, json.into()).await.is_ok() {
+                    let _ = mux.send_end(id, MAIN);
+                }
+            }
+            Err(e) => reply(Err(e)),
+        },
         Call::Remove { path, recursive } => {
             reply(value(backend.remove(sandbox, &path, recursive).await))
         }

@@ -25,6 +25,7 @@ mod host;
 mod identity;
 mod kernel;
 mod lifecycle;
+mod listing;
 mod manager;
 mod neighbours;
 mod observe;
@@ -68,6 +69,7 @@ pub use lifecycle::{
     create_rejects_bad_specs, lifecycle, pause_resume, published_ports, reset_keeps_workspace,
     unknown_sandbox_is_not_found,
 };
+pub use listing::huge_directories_are_refused_not_held;
 pub use manager::{manager_housekeeping, manager_sessions};
 pub use neighbours::manager_neighbours;
 pub use observe::{metrics_report_use, watch_outlives_a_clone, watch_reports_changes_in_order};
@@ -212,6 +214,7 @@ macro_rules! __conformance_cases {
             published_ports
             files_round_trip
             remove_mkdir_rename
+            huge_directories_are_refused_not_held
             hostile_paths_are_rejected
             prefix_confusion
             symlink_escapes_are_refused

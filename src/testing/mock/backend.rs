@@ -257,11 +257,14 @@ impl SandboxBackend for MockBackend {
                 };
             }
             let depth = real.depth() + 1;
+            let mut limit = crate::raw::ListingLimit::new(format!("listing {path}"));
             let mut out = Vec::new();
             for (child, node) in children(&sb.files, &real).filter(|(p, _)| p.depth() == depth) {
                 let name = child.file_name().unwrap_or_default();
                 let info = info_of(child.clone(), node);
-                out.push(DirEntry::new(path.join(name)?, info.kind, info.size));
+                let entry = path.join(name)?;
+                limit.admit(entry.as_str(), name)?;
+                out.push(DirEntry::new(entry, info.kind, info.size));
             }
             out.sort_by(|a, b| a.name.cmp(&b.name));
             Ok(out)

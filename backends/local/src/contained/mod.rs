@@ -26,7 +26,7 @@ use sandcell::{DirEntry, Error, ErrorKind, FileInfo, FileKind, Result, SandboxPa
 use meta::Meta;
 
 pub(crate) use sandcell::raw::tree::{copy_layer, copy_tree};
-pub(crate) use sandcell::raw::tree::{list_names, open_subdir, remove_tree};
+pub(crate) use sandcell::raw::tree::{list_names, list_names_within, open_subdir, remove_tree};
 mod export;
 mod meta;
 mod usage;
@@ -176,7 +176,13 @@ impl Workspace {
         let fd = self
             .open_dir_as(path, OFlags::RDONLY)
             .map_err(|e| fail(ctx(), e))?;
-        let names = list_names(fd.as_fd()).map_err(|e| fail(ctx(), e))?;
+        // Counted as read: a sandboxed program decides how large a directory is.
+        let mut limit = sandcell::raw::ListingLimit::new(ctx());
+        let names = list_names_within(fd.as_fd(), |name| {
+            let name = name.to_string_lossy();
+            limit.admit(&format!("{path}/{name}"), &name)
+        })
+        .map_err(|e| fail(ctx(), e))??;
         let mut out = Vec::with_capacity(names.len());
         for name in names {
             let Some(child) = name.to_str().ok().and_then(|n| path.join(n).ok()) else {

@@ -334,9 +334,11 @@ impl SandboxBackend for E2bBackend {
             .await?
             .unary("filesystem.Filesystem/ListDir", &request)
             .await?;
+        let mut limit = sandcell::raw::ListingLimit::new(format!("listing {path}"));
         let mut out = Vec::with_capacity(answer.entries.len());
         for entry in &answer.entries {
             let entry_path = self.inner.workspace_path(&entry.path)?;
+            limit.admit(entry_path.as_str(), &entry.name)?;
             let info = file_info(entry_path.clone(), entry);
             out.push(DirEntry::new(entry_path, info.kind, info.size));
         }
