@@ -187,6 +187,27 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - A missing file is `NotFound`; a directory is `InvalidInput`.
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes>;
 
+    /// Reads a whole file of at most `max_bytes`: the read a server facing untrusted
+    /// callers makes, since a sandboxed program may grow the file while it is read.
+    ///
+    /// # Behavior
+    /// - A file holding more than `max_bytes` is `LimitExceeded`; a backend that
+    ///   overrides this holds at most `max_bytes` and one chunk of it meanwhile.
+    /// - Otherwise as [`read`](Self::read).
+    ///
+    /// The default reads the whole file and then checks it: bounded in what it answers,
+    /// not in what it held. The local and Docker backends override it.
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
+        let data = self.read(id, path).await?;
+        check_read_limit(path, data.len() as u64, max_bytes)?;
+        Ok(data)
+    }
+
     /// Writes a whole file, creating missing parent directories and replacing the file
     /// if it exists.
     ///
@@ -361,6 +382,18 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ) -> Result<()>;
 }
 
+/// `LimitExceeded` for a read of `path` that came to `size` bytes, over `max_bytes`:
+/// what [`SandboxBackend::read_limited`] answers.
+pub fn check_read_limit(path: &SandboxPath, size: u64, max_bytes: u64) -> Result<()> {
+    if size <= max_bytes {
+        return Ok(());
+    }
+    Err(crate::Error::limit_exceeded(format!(
+        "{path} holds more than {max_bytes} bytes, the limit of one read: read it in \
+         parts with a command (`head -c`, `tail -c`), or export its directory as an archive"
+    )))
+}
+
 /// Forwards every method of the trait to `**self`. `missing_trait_methods` is denied so
 /// a method added to the trait cannot fall back to its default here and answer
 /// `Unsupported` for a backend that supports it.
@@ -407,6 +440,14 @@ macro_rules! forward_backend {
             }
             async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
                 (**self).read(id, path).await
+            }
+            async fn read_limited(
+                &self,
+                id: &SandboxId,
+                path: &SandboxPath,
+                max_bytes: u64,
+            ) -> Result<Bytes> {
+                (**self).read_limited(id, path, max_bytes).await
             }
             async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
                 (**self).write(id, path, data).await

@@ -19,10 +19,9 @@ const MAX_LINKS: usize = 40;
 /// size and the limit, before a byte is read.
 ///
 /// The file is sized with `stat`, following symbolic links whose targets stay in the
-/// workspace. A file whose size cannot be told first (a link leading out of the
-/// workspace, which most backends refuse to read anyway) is read and then checked,
-/// so the answer is bounded even where the read was not; so is a file that grows
-/// between the two calls.
+/// workspace. The read itself is [`SandboxBackend::read_limited`], so a file that grows
+/// between the two calls (or whose size cannot be told first) is refused at
+/// `max_bytes` too, by a backend that overrides it without holding more.
 pub async fn read_at_most(
     backend: &dyn SandboxBackend,
     id: &SandboxId,
@@ -30,17 +29,15 @@ pub async fn read_at_most(
     max_bytes: u64,
 ) -> Result<Bytes> {
     size_at_most(backend, id, path, max_bytes).await?;
-    let data = backend.read(id, path).await?;
-    if data.len() as u64 > max_bytes {
-        return Err(too_large(path, data.len() as u64, max_bytes));
-    }
-    Ok(data)
+    backend.read_limited(id, path, max_bytes).await
 }
 
-/// [`read_at_most`] within `budget`: the file's size (or `max_bytes`, where it cannot
-/// be told first) is reserved before it is read, and more if it grew meanwhile; the
-/// reservation is the caller's to hold while the bytes are. Past the budget it is
-/// `LimitExceeded`, before a byte is read.
+/// [`read_at_most`] within `budget`: the file's size (with room to grow by a quarter
+/// and 64 KiB, at most `max_bytes`; `max_bytes` where it cannot be told first) is
+/// reserved before it is read, and the read is limited to what was reserved, so a
+/// file that grows past it meanwhile is `LimitExceeded` rather than held over the
+/// budget. The reservation is the caller's to hold while the bytes are. Past the
+/// budget it is `LimitExceeded`, before a byte is read.
 pub async fn read_within(
     backend: &dyn SandboxBackend,
     id: &SandboxId,
@@ -49,16 +46,23 @@ pub async fn read_within(
     budget: &ByteBudget,
 ) -> Result<(Bytes, Reservation)> {
     let size = size_at_most(backend, id, path, max_bytes).await?;
-    let mut held = budget.try_reserve(size.unwrap_or(max_bytes))?;
-    let data = backend.read(id, path).await?;
-    if data.len() as u64 > max_bytes {
-        return Err(too_large(path, data.len() as u64, max_bytes));
-    }
-    if let Some(more) = (data.len() as u64).checked_sub(size.unwrap_or(max_bytes)) {
-        held.grow(budget, more)?;
-    }
+    // What is reserved is what the read may hold: the size seen, with room for a file
+    // being appended to meanwhile (a log), never past `max_bytes`.
+    let room = match size {
+        Some(size) => size
+            .saturating_add(size / 4)
+            .saturating_add(GROWTH)
+            .min(max_bytes),
+        None => max_bytes,
+    };
+    let held = budget.try_reserve(room)?;
+    let data = backend.read_limited(id, path, room).await?;
     Ok((data, held))
 }
+
+/// Growth allowed beyond a quarter of the size seen while a file is read within a
+/// budget.
+const GROWTH: u64 = 64 * 1024;
 
 /// The size of the file `path` leads to (following links that stay in the workspace),
 /// `LimitExceeded` past `max_bytes`; `None` where it cannot be told first.

@@ -34,6 +34,7 @@ pub mod wire;
 
 use bytes::Bytes;
 
+pub use crate::backend::check_read_limit;
 use crate::backend::{ByteStream, Changes};
 use crate::exec::ExitStatus;
 pub use crate::fs::ListingLimit;

@@ -147,6 +147,15 @@ impl SandboxBackend for WireLoop {
         self.live(id).await?.read(path).await
     }
 
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
+        self.live(id).await?.read_limited(path, max_bytes).await
+    }
+
     async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
         self.live(id).await?.write(path, data).await
     }

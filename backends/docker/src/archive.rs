@@ -76,6 +76,7 @@ pub(crate) async fn read_file(
     container: &str,
     workspace: &str,
     path: &SandboxPath,
+    max_bytes: u64,
 ) -> Result<Bytes> {
     let real = resolve(docker, container, workspace, path).await?;
     if stat(docker, container, &real, path).await?.mode & GO_MODE_DIR != 0 {
@@ -84,8 +85,15 @@ pub(crate) async fn read_file(
     let mut stream = docker
         .download_from_container(container, Some(DownloadFromContainerOptions { path: real }));
     let mut tar = BytesMut::new();
+    // The file's bytes, its headers (a long name's too) and the padding: past this
+    // the file holds more than `max_bytes`, and is not read further.
+    let tar_limit = max_bytes.saturating_add(64 * 1024);
     while let Some(chunk) = stream.next().await {
-        tar.extend_from_slice(&chunk.map_err(|e| engine(format_args!("reading {path}"), e))?);
+        let chunk = chunk.map_err(|e| engine(format_args!("reading {path}"), e))?;
+        if (tar.len() + chunk.len()) as u64 > tar_limit {
+            sandcell::raw::check_read_limit(path, u64::MAX, max_bytes)?;
+        }
+        tar.extend_from_slice(&chunk);
     }
     let mut archive = tar::Archive::new(&tar[..]);
     let entries = archive
@@ -94,6 +102,7 @@ pub(crate) async fn read_file(
     for entry in entries {
         let mut entry = entry.map_err(|e| Error::io(format_args!("reading {path}"), e))?;
         if entry.header().entry_type().is_file() {
+            sandcell::raw::check_read_limit(path, entry.size(), max_bytes)?;
             let mut data = Vec::with_capacity(entry.size() as usize);
             std::io::Read::read_to_end(&mut entry, &mut data)
                 .map_err(|e| Error::io(format_args!("reading {path}"), e))?;

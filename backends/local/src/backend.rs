@@ -483,8 +483,17 @@ impl SandboxBackend for LocalBackend {
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        self.read_limited(id, path, u64::MAX).await
+    }
+
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
         let path = path.clone();
-        self.with_workspace(id, move |ws| ws.read(&path).map(Bytes::from))
+        self.with_workspace(id, move |ws| ws.read(&path, max_bytes).map(Bytes::from))
             .await
     }
 

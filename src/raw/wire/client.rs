@@ -120,10 +120,18 @@ impl WireClient {
 
     /// Reads a whole file.
     pub async fn read(&self, path: &SandboxPath) -> Result<Bytes> {
+        self.read_limited(path, u64::MAX).await
+    }
+
+    /// Reads a whole file of at most `max_bytes`; see
+    /// [`SandboxBackend::read_limited`](crate::SandboxBackend::read_limited). The agent is
+    /// not trusted: reading stops, and the call ends, at the first byte past `max_bytes`.
+    pub async fn read_limited(&self, path: &SandboxPath, max_bytes: u64) -> Result<Bytes> {
         let mut request = self.call(&Call::Read { path: path.clone() })?;
         request.reply().await?.into_result::<()>()?;
         let mut data = BytesMut::new();
         while let Some(chunk) = request.next_data().await? {
+            crate::backend::check_read_limit(path, (data.len() + chunk.len()) as u64, max_bytes)?;
             data.extend_from_slice(&chunk);
         }
         Ok(data.freeze())

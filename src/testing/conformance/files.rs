@@ -30,6 +30,24 @@ pub async fn files_round_trip(b: &dyn SandboxBackend) {
         );
         b.write(&id, &p("rt/empty"), Bytes::new()).await.unwrap();
         assert_eq!(b.read(&id, &p("rt/empty")).await.unwrap().len(), 0);
+        // A limited read answers a file up to the limit, and refuses one past it.
+        let ten_k = Bytes::from(vec![b'x'; 10_000]);
+        b.write(&id, &p("rt/10k"), ten_k.clone()).await.unwrap();
+        assert_eq!(
+            b.read_limited(&id, &p("rt/10k"), 10_000).await.unwrap(),
+            ten_k
+        );
+        assert_kind(
+            b.read_limited(&id, &p("rt/10k"), 9_999).await,
+            ErrorKind::LimitExceeded,
+            "a read limited below the file's size",
+        );
+        assert_kind(
+            b.read_limited(&id, &p("rt/missing"), 10).await,
+            ErrorKind::NotFound,
+            "a limited read of a missing file",
+        );
+        b.remove(&id, &p("rt/10k"), false).await.unwrap();
         b.write(&id, &p("rt/b.txt"), Bytes::from_static(b"bb"))
             .await
             .unwrap();

@@ -476,6 +476,15 @@ impl SandboxBackend for DockerBackend {
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        self.read_limited(id, path, u64::MAX).await
+    }
+
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
         let settings = self.settings(id).await?;
         // Refused while paused like every file operation (`files_while_paused` is not
         // claimed): one read working would not make snapshots of a paused sandbox work.
@@ -486,10 +495,11 @@ impl SandboxBackend for DockerBackend {
                 id.as_str(),
                 self.workspace(),
                 path,
+                max_bytes,
             )
             .await;
         }
-        self.client(id).await?.read(path).await
+        self.client(id).await?.read_limited(path, max_bytes).await
     }
 
     async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {

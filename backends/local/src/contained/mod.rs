@@ -75,8 +75,9 @@ impl Workspace {
         self.root
     }
 
-    /// Reads a whole regular file, following a final symlink while it stays inside.
-    pub(crate) fn read(&self, path: &SandboxPath) -> Result<Vec<u8>> {
+    /// Reads a whole regular file of at most `max_bytes` (`LimitExceeded` past it, having
+    /// read at most one byte more), following a final symlink while it stays inside.
+    pub(crate) fn read(&self, path: &SandboxPath, max_bytes: u64) -> Result<Vec<u8>> {
         let ctx = || format!("reading {path}");
         if path.is_root() {
             return Err(Error::invalid_input(format!("{}: is a directory", ctx())));
@@ -98,10 +99,13 @@ impl Workspace {
                 )))
             }
         }
-        let mut data = Vec::new();
+        // The size is only a hint: the file may grow while it is read.
+        let mut data = Vec::with_capacity(meta.size.min(max_bytes).min(1 << 20) as usize);
         File::from(fd)
+            .take(max_bytes.saturating_add(1))
             .read_to_end(&mut data)
             .map_err(|e| Error::io(ctx(), e))?;
+        sandcell::raw::check_read_limit(path, data.len() as u64, max_bytes)?;
         Ok(data)
     }
 

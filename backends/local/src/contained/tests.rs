@@ -116,11 +116,14 @@ fn files_round_trip() {
     let f = Fixture::new();
     let data: Vec<u8> = (0..=255u8).cycle().take(70_000).collect();
     f.ws.write(&p("rt/deep/er/bin.dat"), &data).unwrap();
-    assert_eq!(f.ws.read(&p("rt/deep/er/bin.dat")).unwrap(), data);
+    assert_eq!(f.ws.read(&p("rt/deep/er/bin.dat"), u64::MAX).unwrap(), data);
     f.ws.write(&p("rt/deep/er/bin.dat"), b"short").unwrap();
-    assert_eq!(f.ws.read(&p("rt/deep/er/bin.dat")).unwrap(), b"short");
+    assert_eq!(
+        f.ws.read(&p("rt/deep/er/bin.dat"), u64::MAX).unwrap(),
+        b"short"
+    );
     f.ws.write(&p("rt/empty"), b"").unwrap();
-    assert!(f.ws.read(&p("rt/empty")).unwrap().is_empty());
+    assert!(f.ws.read(&p("rt/empty"), u64::MAX).unwrap().is_empty());
     f.ws.write(&p("rt/b.txt"), b"bb").unwrap();
 
     let st = f.ws.stat(&p("rt/b.txt")).unwrap();
@@ -168,7 +171,7 @@ fn write_keeps_an_existing_mode_and_creates_plain_files() {
     std::fs::set_permissions(f.host("x.sh"), std::fs::Permissions::from_mode(0o750)).unwrap();
     f.ws.write(&p("x.sh"), b"echo hi\n").unwrap();
     assert_eq!(f.ws.stat(&p("x.sh")).unwrap().mode, 0o750);
-    assert_eq!(f.ws.read(&p("x.sh")).unwrap(), b"echo hi\n");
+    assert_eq!(f.ws.read(&p("x.sh"), u64::MAX).unwrap(), b"echo hi\n");
 }
 
 #[test]
@@ -180,11 +183,11 @@ fn errors_have_the_reference_kinds() {
     let root = SandboxPath::root();
     use ErrorKind::*;
 
-    assert_eq!(kind(f.ws.read(&p("missing"))), NotFound);
-    assert_eq!(kind(f.ws.read(&p("d"))), InvalidInput);
-    assert_eq!(kind(f.ws.read(&root)), InvalidInput);
-    assert_eq!(kind(f.ws.read(&p("d/file/below"))), NotFound);
-    assert_eq!(kind(f.ws.read(&p("loop"))), InvalidInput);
+    assert_eq!(kind(f.ws.read(&p("missing"), u64::MAX)), NotFound);
+    assert_eq!(kind(f.ws.read(&p("d"), u64::MAX)), InvalidInput);
+    assert_eq!(kind(f.ws.read(&root, u64::MAX)), InvalidInput);
+    assert_eq!(kind(f.ws.read(&p("d/file/below"), u64::MAX)), NotFound);
+    assert_eq!(kind(f.ws.read(&p("loop"), u64::MAX)), InvalidInput);
 
     assert_eq!(kind(f.ws.write(&root, b"x")), InvalidInput);
     assert_eq!(kind(f.ws.write(&p("d"), b"x")), InvalidInput);
@@ -203,7 +206,7 @@ fn errors_have_the_reference_kinds() {
     assert_eq!(kind(f.ws.remove(&p("nope"), false)), NotFound);
     assert_eq!(kind(f.ws.remove(&p("full"), false)), InvalidInput);
     assert_eq!(
-        f.ws.read(&p("full/inner/x")).unwrap(),
+        f.ws.read(&p("full/inner/x"), u64::MAX).unwrap(),
         b"1",
         "a refused remove removes nothing"
     );
@@ -257,13 +260,13 @@ fn rename_moves_files_dirs_and_links() {
     let f = Fixture::new();
     f.ws.write(&p("mv/a/b/f"), b"1").unwrap();
     f.ws.rename(&p("mv/a/b/f"), &p("mv/new/parents/g")).unwrap();
-    assert_eq!(f.ws.read(&p("mv/new/parents/g")).unwrap(), b"1");
+    assert_eq!(f.ws.read(&p("mv/new/parents/g"), u64::MAX).unwrap(), b"1");
     assert_eq!(kind(f.ws.stat(&p("mv/a/b/f"))), ErrorKind::NotFound);
 
     f.ws.write(&p("mv/other"), b"2").unwrap();
     f.ws.rename(&p("mv/other"), &p("mv/new/parents/g"))
         .expect("replaces a file");
-    assert_eq!(f.ws.read(&p("mv/new/parents/g")).unwrap(), b"2");
+    assert_eq!(f.ws.read(&p("mv/new/parents/g"), u64::MAX).unwrap(), b"2");
 
     f.ws.rename(&p("mv/a"), &p("mv/moved")).unwrap();
     assert_eq!(f.ws.stat(&p("mv/moved/b")).unwrap().kind, FileKind::Dir);
@@ -281,7 +284,7 @@ fn rename_moves_files_dirs_and_links() {
     let st = f.ws.stat(&p("mv/link2")).unwrap();
     assert_eq!(st.kind, FileKind::Symlink, "the link itself moved");
     assert_eq!(st.symlink_target.as_deref(), Some("new/parents/g"));
-    assert_eq!(f.ws.read(&p("mv/new/parents/g")).unwrap(), b"2");
+    assert_eq!(f.ws.read(&p("mv/new/parents/g"), u64::MAX).unwrap(), b"2");
 
     // Into itself through an in-workspace link: the kernel refuses it.
     f.link("mv/via", "plain");
@@ -318,8 +321,8 @@ fn inner_symlinks_are_followed() {
     f.link("sl/inner", "sub");
     f.link("sl/sub/up", "..");
     f.ws.write(&p("sl/inner/f"), b"in").unwrap();
-    assert_eq!(f.ws.read(&p("sl/sub/f")).unwrap(), b"in");
-    assert_eq!(f.ws.read(&p("sl/sub/up/inner/f")).unwrap(), b"in");
+    assert_eq!(f.ws.read(&p("sl/sub/f"), u64::MAX).unwrap(), b"in");
+    assert_eq!(f.ws.read(&p("sl/sub/up/inner/f"), u64::MAX).unwrap(), b"in");
     let st = f.ws.stat(&p("sl/inner")).unwrap();
     assert_eq!(st.kind, FileKind::Symlink, "stat does not follow");
     assert_eq!((st.size, st.symlink_target.as_deref()), (3, Some("sub")));
@@ -388,8 +391,8 @@ fn escapes_are_refused_and_touch_nothing_outside() {
         let denied = |what: &str, got: ErrorKind| {
             assert_eq!(got, ErrorKind::PermissionDenied, "{what} under {base}");
         };
-        denied("read", kind(f.ws.read(&below("secret"))));
-        denied("read", kind(f.ws.read(&below("x"))));
+        denied("read", kind(f.ws.read(&below("secret"), u64::MAX)));
+        denied("read", kind(f.ws.read(&below("x"), u64::MAX)));
         denied("write", kind(f.ws.write(&below("owned"), b"x")));
         denied("write", kind(f.ws.write(&below("x"), b"x")));
         denied("write deep", kind(f.ws.write(&below("a/b/owned"), b"x")));
@@ -415,7 +418,7 @@ fn escapes_are_refused_and_touch_nothing_outside() {
         denied("export", kind(export(&f.ws, base.as_str())));
     }
     assert_eq!(
-        kind(f.ws.read(&p("sl/abs_file"))),
+        kind(f.ws.read(&p("sl/abs_file"), u64::MAX)),
         ErrorKind::PermissionDenied
     );
     assert_eq!(
@@ -610,7 +613,7 @@ fn swapping_a_directory_for_an_outside_link_never_escapes() {
         }
         let _ = f.ws.write(&p("d/new"), b"inside");
         let _ = f.ws.mkdir(&p("d/sub/deeper"));
-        if let Ok(data) = f.ws.read(&p("d/f")) {
+        if let Ok(data) = f.ws.read(&p("d/f"), u64::MAX) {
             assert_ne!(data, SECRET, "read through the swapped link");
         }
         if let Ok(entries) = f.ws.list_dir(&p("d")) {
