@@ -358,9 +358,9 @@ mod tests {
         let (target, planted) = (real.clone(), share.join("race"));
         walk::race::set(move || link(&target, &planted, owner));
         let err = ensure_private_dir(&share.join("race/a/b")).unwrap_err();
+        assert!(empty(&real), "made through the link: {:?}", real.join("a"));
         assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
         assert!(err.to_string().contains("symbolic link"), "{err}");
-        assert!(empty(&real), "made through the link: {:?}", real.join("a"));
 
         if is_root() {
             // A directory of theirs appearing there instead: nothing is made in it.
