@@ -108,6 +108,8 @@ pub fn check_private_dir(dir: &Path) -> Result<()> {
 }
 
 /// Creates `dir` and its missing parents `0700` (existing ones are left as they are).
+/// It follows links and judges nothing: use it only beneath a directory
+/// [`ensure_private_dir`] has accepted, or use that instead.
 pub fn create_private_dir_all(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
