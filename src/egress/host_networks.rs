@@ -63,15 +63,50 @@ pub fn on_host_network(addr: IpAddr) -> bool {
     on(&host_networks(), addr)
 }
 
-/// Whether `addr` is on one of `networks` (an IPv4-mapped address judged as IPv4).
+/// Whether `addr` is on one of `networks`; an IPv6 address carrying an IPv4 one
+/// (mapped, compatible, NAT64, 6to4) is judged by that too.
 fn on(networks: &[(IpAddr, u8)], addr: IpAddr) -> bool {
-    let addr = match addr {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(addr, IpAddr::V4),
-        v4 => v4,
-    };
+    let max = if addr.is_ipv4() { 32 } else { 128 };
     networks
         .iter()
-        .any(|&(network, prefix)| contains(network, prefix, addr))
+        .any(|&(network, prefix)| overlaps(network, prefix, addr, max))
+}
+
+/// IPv6 blocks that carry IPv4 addresses: the block, its prefix length, and the bit
+/// at which the IPv4 address starts.
+const EMBEDDING: [(Ipv6Addr, u8, u8); 4] = [
+    // IPv4-mapped, ::ffff:a.b.c.d
+    (Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0), 96, 96),
+    // IPv4-compatible, ::a.b.c.d (deprecated, still routed by some stacks)
+    (Ipv6Addr::new(0, 0, 0, 0, 0, 0, 0, 0), 96, 96),
+    // NAT64, 64:ff9b::a.b.c.d: a gateway connects to the IPv4 address
+    (Ipv6Addr::new(0x64, 0xff9b, 0, 0, 0, 0, 0, 0), 96, 96),
+    // 6to4, 2002:aabb:ccdd::/48: a relay reaches the IPv4 address
+    (Ipv6Addr::new(0x2002, 0, 0, 0, 0, 0, 0, 0), 16, 16),
+];
+
+/// The IPv4 ranges an IPv6 range reaches through the blocks that carry IPv4
+/// addresses; `0.0.0.0/0` where it covers a whole block.
+fn embedded_v4(network: Ipv6Addr, prefix: u8) -> Vec<(IpAddr, u8)> {
+    let bits = u128::from(network);
+    EMBEDDING
+        .iter()
+        .filter_map(|&(block, block_prefix, start)| {
+            let whole = IpAddr::V4(Ipv4Addr::UNSPECIFIED);
+            if prefix <= block_prefix {
+                return contains(IpAddr::V6(network), prefix, IpAddr::V6(block))
+                    .then_some((whole, 0));
+            }
+            if !contains(IpAddr::V6(block), block_prefix, IpAddr::V6(network)) {
+                return None;
+            }
+            let v4 = ((bits >> (128 - u32::from(start) - 32)) & 0xffff_ffff) as u32;
+            Some((
+                IpAddr::V4(Ipv4Addr::from(v4)),
+                (prefix - block_prefix).min(32),
+            ))
+        })
+        .collect()
 }
 
 /// What only an address rule the operator allowed may reach: private ranges and
@@ -81,9 +116,20 @@ pub(super) fn private(addr: IpAddr, networks: &[(IpAddr, u8)]) -> bool {
     super::is_private(addr) || on(networks, addr)
 }
 
-/// Whether the range `network/prefix` and the one `other/other_prefix` overlap.
+/// Whether the range `network/prefix` (this host's) and the one `other/other_prefix`
+/// overlap, the IPv4 ranges `other` carries (an IPv6 range of NAT64 or 6to4
+/// addresses) included.
 pub(crate) fn overlaps(network: IpAddr, prefix: u8, other: IpAddr, other_prefix: u8) -> bool {
-    contains(network, prefix, other) || contains(other, other_prefix, network)
+    let direct = |other: IpAddr, other_prefix: u8| {
+        contains(network, prefix, other) || contains(other, other_prefix, network)
+    };
+    direct(other, other_prefix)
+        || match (network, other) {
+            (IpAddr::V4(_), IpAddr::V6(v6)) => embedded_v4(v6, other_prefix)
+                .into_iter()
+                .any(|(v4, p)| direct(v4, p)),
+            _ => false,
+        }
 }
 
 fn contains(network: IpAddr, prefix: u8, addr: IpAddr) -> bool {
@@ -159,5 +205,32 @@ mod tests {
         assert!(!contains(ip("203.0.113.0"), 24, ip("203.0.114.9")));
         assert!(overlaps(ip("203.0.0.0"), 16, ip("203.0.113.0"), 24));
         assert!(!overlaps(ip("2001:db8:0:1::"), 64, ip("203.0.113.0"), 24));
+    }
+
+    /// An IPv6 address or range that carries an IPv4 one reaches that network through
+    /// a NAT64 gateway or a 6to4 relay: it is on the host's network as that is.
+    #[test]
+    fn ipv6_forms_of_a_host_network_are_on_it() {
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        let host = [(ip("192.0.2.0"), 24)];
+        for on_it in ["::ffff:192.0.2.7", "64:ff9b::c000:207", "2002:c000:207::1"] {
+            assert!(on(&host, ip(on_it)), "{on_it}");
+        }
+        for off in ["64:ff9b::cb00:7107", "2002:cb00:7107::1", "2001:db8::1"] {
+            assert!(!on(&host, ip(off)), "{off}");
+        }
+        let (net, p) = host[0];
+        assert!(
+            overlaps(net, p, ip("64:ff9b::c000:200"), 120),
+            "NAT64 range"
+        );
+        assert!(overlaps(net, p, ip("2002:c000:200::"), 40), "6to4 range");
+        assert!(overlaps(net, p, ip("64:ff9b::"), 64), "all of NAT64");
+        assert!(overlaps(net, p, ip("2002::"), 16), "all of 6to4");
+        assert!(
+            !overlaps(net, p, ip("2002:cb00::"), 24),
+            "6to4 of another network"
+        );
+        assert!(!overlaps(net, p, ip("2001:db8::"), 32), "no IPv4 inside");
     }
 }
