@@ -577,9 +577,18 @@ impl SandboxBackend for RemoteBackend {
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        self.read_limited(id, path, u64::MAX).await
+    }
+
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
         match self.route(id).await? {
-            Route::Wire(wire) => wire.read(path).await,
-            Route::Exec(files) => files.read(id, path).await,
+            Route::Wire(wire) => wire.read_limited(path, max_bytes).await,
+            Route::Exec(files) => files.read(id, path, max_bytes).await,
         }
     }
 

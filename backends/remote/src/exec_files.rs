@@ -209,7 +209,14 @@ impl ExecFiles {
         }
     }
 
-    pub(crate) async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+    /// Reads a whole file in chunks, stopping (`LimitExceeded`) once it holds more than
+    /// `max_bytes`, however large the machine said the file was.
+    pub(crate) async fn read(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
         let what = format!("reading {path}");
         let count = blocks(CHUNK_BYTES).to_string();
         let mut data = Vec::new();
@@ -224,6 +231,7 @@ impl ExecFiles {
             let chunk = decode(body, &what)?;
             let expected = *size.get_or_insert(total);
             let done = chunk.len() < CHUNK_BYTES;
+            sandcell::raw::check_read_limit(path, (data.len() + chunk.len()) as u64, max_bytes)?;
             data.extend_from_slice(&chunk);
             if done || data.len() >= expected {
                 return Ok(Bytes::from(data));

@@ -307,8 +307,17 @@ impl SandboxBackend for E2bBackend {
     }
 
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+        self.read_limited(id, path, u64::MAX).await
+    }
+
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
         let envd = self.envd(id).await?;
-        envd.download(&self.inner.path(path)).await
+        envd.download(path, &self.inner.path(path), max_bytes).await
     }
 
     async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {

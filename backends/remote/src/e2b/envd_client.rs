@@ -15,6 +15,10 @@ use serde::Serialize;
 use super::envd::{self, EndStream, FrameDecoder, END_STREAM, ENVD_PORT};
 use crate::http::transport_error;
 
+/// Most bytes a unary envd answer may hold; sandcell-server answers at most 64 MiB for
+/// a listing, the largest unary answer.
+const MAX_UNARY_ANSWER: usize = 80 << 20;
+
 /// Where one sandbox's envd is and how to reach it.
 #[derive(Debug, Clone)]
 pub(crate) struct EnvdClient {
@@ -142,7 +146,8 @@ impl EnvdClient {
             .set_temporary(matches!(status, 429 | 503))
     }
 
-    /// A unary call: `POST /{service}/{method}` with `request`, answering the reply.
+    /// A unary call: `POST /{service}/{method}` with `request`, answering the reply
+    /// (`LimitExceeded` past [`MAX_UNARY_ANSWER`] bytes: a `ListDir` of a huge tree).
     pub(crate) async fn unary<Req: Serialize, Resp: DeserializeOwned>(
         &self,
         method: &str,
@@ -156,10 +161,23 @@ impl EnvdClient {
             .header(CONTENT_TYPE, "application/json")
             .body(body);
         let response = self.send(request, &what, Some(self.deadline)).await?;
-        let text = tokio::time::timeout(self.deadline, response.bytes())
+        let read = async {
+            let mut body = response.bytes_stream();
+            let mut text = bytes::BytesMut::new();
+            while let Some(chunk) = body.next().await {
+                let chunk = chunk.map_err(|e| transport_error(&what, &e))?;
+                if text.len() + chunk.len() > MAX_UNARY_ANSWER {
+                    return Err(Error::limit_exceeded(format!(
+                        "{what}: the answer is over {MAX_UNARY_ANSWER} bytes"
+                    )));
+                }
+                text.extend_from_slice(&chunk);
+            }
+            Ok(text)
+        };
+        let text = tokio::time::timeout(self.deadline, read)
             .await
-            .map_err(|_| Error::new(ErrorKind::Timeout, format!("{what}: the answer stalled")))?
-            .map_err(|e| transport_error(&what, &e))?;
+            .map_err(|_| Error::new(ErrorKind::Timeout, format!("{what}: the answer stalled")))??;
         let text: &[u8] = if text.is_empty() { b"{}" } else { &text };
         serde_json::from_slice(text).map_err(|e| {
             Error::with_source(ErrorKind::Backend, format!("{what}: a malformed answer"), e)
@@ -199,17 +217,31 @@ impl EnvdClient {
         Ok(frames(response.bytes_stream().boxed(), what))
     }
 
-    /// `GET /files?path=`: a whole file.
-    pub(crate) async fn download(&self, path: &str) -> Result<Bytes> {
+    /// `GET /files?path=`: a whole file, read until it holds more than `max_bytes`
+    /// (`LimitExceeded`), whatever the machine sends.
+    pub(crate) async fn download(
+        &self,
+        workspace_path: &sandcell::SandboxPath,
+        path: &str,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
         let what = format!("reading {path}");
         let request = self
             .request(Method::GET, "/files")
             .query(&[("path", path), ("username", self.user())]);
         let response = self.send(request, &what, Some(self.deadline)).await?;
-        response
-            .bytes()
-            .await
-            .map_err(|e| transport_error(&what, &e))
+        let mut body = response.bytes_stream();
+        let mut data = bytes::BytesMut::new();
+        while let Some(chunk) = body.next().await {
+            let chunk = chunk.map_err(|e| transport_error(&what, &e))?;
+            sandcell::raw::check_read_limit(
+                workspace_path,
+                (data.len() + chunk.len()) as u64,
+                max_bytes,
+            )?;
+            data.extend_from_slice(&chunk);
+        }
+        Ok(data.freeze())
     }
 
     /// `POST /files?path=`: writes a whole file (parents made as needed).

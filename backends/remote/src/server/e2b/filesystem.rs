@@ -26,6 +26,13 @@ use crate::server::AppState;
 /// Most entries one `ListDir` answers, however deep it goes; past it the call is
 /// refused (`LimitExceeded`), never cut short silently.
 pub(crate) const MAX_LISTED: usize = 100_000;
+/// Most bytes one `ListDir` answer holds, each entry counted as its path, name and
+/// link target plus [`ENTRY_OVERHEAD`]; past it the call is refused (`LimitExceeded`).
+/// What it holds is reserved from the tenant's transfer budget as it grows, and held
+/// until the answer is sent.
+pub(crate) const MAX_LISTED_BYTES: u64 = 64 << 20;
+/// What an entry's other fields (kind, mode, owner, time) and their JSON cost.
+const ENTRY_OVERHEAD: u64 = 256;
 /// Deepest `ListDir` answers. E2B's SDKs ask for 1 unless told otherwise; a deeper
 /// request is refused as invalid (`400`), not clamped, so a client never takes a
 /// partial tree for the whole one.
@@ -73,7 +80,7 @@ pub(super) async fn call(
     let id = envd.id();
     let answer = match method.as_str() {
         "Stat" => stat(backend, id, rpc::message(request).await).await,
-        "ListDir" => list_dir(backend, id, rpc::message(request).await).await,
+        "ListDir" => list_dir(&state, &envd, rpc::message(request).await).await,
         "MakeDir" => make_dir(backend, id, rpc::message(request).await).await,
         "Move" => rename(backend, id, rpc::message(request).await).await,
         "Remove" => remove(backend, id, rpc::message(request).await).await,
@@ -150,10 +157,11 @@ async fn stat(
 /// ends at the deepest level that has directories, gives the runtime back between
 /// directories, and stops at [`MAX_LISTED`] entries.
 async fn list_dir(
-    backend: &dyn SandboxBackend,
-    id: &SandboxId,
+    state: &AppState,
+    envd: &Envd,
     request: RpcResult<ListDirRequest>,
 ) -> RpcResult<Response> {
+    let (backend, id) = (state.backend.as_ref(), envd.id());
     let request = request?;
     let root = paths::to_workspace(&request.path)?;
     if request.depth > MAX_DEPTH {
@@ -165,6 +173,12 @@ async fn list_dir(
         .into());
     }
     let depth = request.depth.max(1);
+    let budget = super::transfer::transfers(state, envd);
+    let mut listed = Listed {
+        held: budget.try_reserve(RESERVE_STEP)?,
+        reserved: RESERVE_STEP,
+        used: 0,
+    };
     let mut entries = Vec::new();
     let mut level = vec![root];
     for _ in 0..depth {
@@ -186,12 +200,56 @@ async fn list_dir(
                 if info.kind == FileKind::Dir {
                     next.push(item.path.clone());
                 }
-                entries.push(entry_of(&info));
+                let entry = entry_of(&info);
+                listed.count(&entry, &budget)?;
+                entries.push(entry);
             }
         }
         level = next;
     }
-    Ok(rpc::reply(&ListDirResponse { entries }))
+    let json = serde_json::to_vec(&ListDirResponse { entries })
+        .map_err(|e| Error::new(ErrorKind::Backend, format!("encoding a listing: {e}")))?;
+    let body = super::transfer::copied_chunks(json.into(), listed.held);
+    let mut response = Response::new(axum::body::Body::from_stream(body));
+    response.headers_mut().insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    Ok(response)
+}
+
+/// How much of the tenant's budget a `ListDir` reserves at a time.
+const RESERVE_STEP: u64 = 1 << 20;
+
+/// What a `ListDir` answer holds so far, and what it reserved for it.
+struct Listed {
+    held: sandcell::raw::budget::Reservation,
+    reserved: u64,
+    used: u64,
+}
+
+impl Listed {
+    /// Counts `entry`: `LimitExceeded` past [`MAX_LISTED_BYTES`] or the tenant's budget.
+    fn count(
+        &mut self,
+        entry: &EntryInfo,
+        budget: &sandcell::raw::budget::ByteBudget,
+    ) -> sandcell::Result<()> {
+        let text = entry.path.len()
+            + entry.name.len()
+            + entry.symlink_target.as_ref().map_or(0, String::len);
+        self.used += text as u64 + ENTRY_OVERHEAD;
+        if self.used > MAX_LISTED_BYTES {
+            return Err(Error::limit_exceeded(format!(
+                "the listing holds more than {MAX_LISTED_BYTES} bytes: list less deep"
+            )));
+        }
+        if self.used > self.reserved {
+            self.held.grow(budget, RESERVE_STEP)?;
+            self.reserved += RESERVE_STEP;
+        }
+        Ok(())
+    }
 }
 
 async fn make_dir(

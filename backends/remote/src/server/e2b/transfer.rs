@@ -92,7 +92,7 @@ pub(super) async fn download(
 }
 
 /// The budget the sandbox's tenant's whole-file transfers share.
-fn transfers(state: &AppState, envd: &Envd) -> sandcell::raw::budget::ByteBudget {
+pub(super) fn transfers(state: &AppState, envd: &Envd) -> sandcell::raw::budget::ByteBudget {
     let tenant = envd.info.labels.get(crate::server::tenants::TENANT_LABEL);
     state.transfers(tenant.map(String::as_str).unwrap_or_default())
 }
@@ -109,7 +109,7 @@ fn busy(e: &Error) -> Response {
 /// The bytes of `data` as copied chunks, `held` until the last is taken: a slice
 /// would keep all of `data` alive in the connection's buffers after the budget let
 /// it go.
-fn copied_chunks(
+pub(super) fn copied_chunks(
     data: Bytes,
     held: sandcell::raw::budget::Reservation,
 ) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
