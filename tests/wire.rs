@@ -212,3 +212,44 @@ async fn a_call_the_server_cannot_take_gets_the_kind_that_says_why() {
         );
     }
 }
+
+/// A peer that sends calls and never reads an answer does not make the server queue
+/// answers without end: once the frames waiting for it pass a bound, the server ends
+/// the connection (before, 100,000 calls left 100,000 replies queued).
+#[tokio::test]
+async fn a_peer_that_reads_nothing_has_its_connection_ended() {
+    use std::sync::Arc;
+
+    use sandcell::raw::wire::serve;
+    use sandcell::{SandboxBackend, SandboxSpec};
+
+    let backend = Arc::new(sandcell::testing::MockBackend::new());
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let (agent, caller) = tokio::io::duplex(64 * 1024);
+    let (agent_read, agent_write) = tokio::io::split(agent);
+    let served = tokio::spawn(serve(backend, sandbox.id, agent_read, agent_write));
+    // The read half is kept, and never read.
+    let (_read, mut write) = tokio::io::split(caller);
+    let call = br#"{"op":"stat","path":"missing"}"#;
+    let flood = tokio::spawn(async move {
+        for id in 0..100_000u64 {
+            if write.write_all(&frame(1, id, call)).await.is_err() {
+                return id;
+            }
+        }
+        100_000
+    });
+    // Whatever `serve` answers, it must answer: the connection ended.
+    let _answer = tokio::time::timeout(Duration::from_secs(120), served)
+        .await
+        .expect("the connection ended")
+        .unwrap();
+    let sent = tokio::time::timeout(Duration::from_secs(10), flood)
+        .await
+        .expect("the flood stopped once the connection ended")
+        .unwrap();
+    assert!(
+        sent < 100_000,
+        "the connection ended before every call was sent"
+    );
+}

@@ -24,6 +24,19 @@ use crate::lock_unpoisoned as lock;
 /// peer granted: what a caller still holds past this is held, and counted, by it.
 const QUEUED_DATA: usize = 1 << 20;
 
+/// Frames other than data (replies, credits, ends, exits) one connection may have
+/// waiting to be written. They are small, but a peer that sends calls or data and
+/// never reads would have them pile up: past this the connection ends.
+const QUEUED_CONTROL: usize = 65_536;
+
+/// Requests a peer may have open on one connection at once: each holds a task and its
+/// state here. Past it the connection ends (a protocol error).
+pub(crate) const MAX_OPEN_REQUESTS: usize = 16_384;
+
+/// How long frames still queued when the connection ends may take to be written: a
+/// peer that reads nothing must not hold the writer (and the connection) forever.
+const WRITE_AFTER_END: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Called by the reader for a `Call` frame opening a new request (server side).
 pub(crate) type OnCall = Box<dyn Fn(Arc<Mux>, Frame, mpsc::UnboundedReceiver<Frame>) + Send + Sync>;
 
@@ -33,6 +46,11 @@ pub(crate) struct Mux {
     /// Room for data waiting to be written: a peer that grants itself credit and reads
     /// nothing must not have this side queue whatever it asks for.
     queued: Arc<Semaphore>,
+    /// Control frames waiting to be written (see [`QUEUED_CONTROL`]).
+    queued_control: std::sync::atomic::AtomicUsize,
+    /// Cancelled when the connection ends: the writer then gives what is queued
+    /// [`WRITE_AFTER_END`] to go out, and stops, however the peer reads.
+    closing: tokio_util::sync::CancellationToken,
     state: Mutex<State>,
     ended: tokio::sync::Notify,
     reader: Mutex<Option<JoinHandle<()>>>,
@@ -102,11 +120,14 @@ impl Mux {
         let mux = Arc::new(Mux {
             out,
             queued: Arc::new(Semaphore::new(QUEUED_DATA)),
+            queued_control: std::sync::atomic::AtomicUsize::new(0),
+            closing: tokio_util::sync::CancellationToken::new(),
             state: Mutex::new(State::default()),
             ended: tokio::sync::Notify::new(),
             reader: Mutex::new(None),
         });
-        tokio::spawn(write_loop(Arc::downgrade(&mux), rx, writer));
+        let closing = mux.closing.clone();
+        tokio::spawn(write_loop(Arc::downgrade(&mux), rx, writer, closing));
         let task = tokio::spawn(read_loop(Arc::downgrade(&mux), reader, on_call));
         *lock(&mux.reader) = Some(task);
         mux
@@ -144,6 +165,7 @@ impl Mux {
         drop(state);
         // Nothing more will be written: senders waiting for room fail.
         self.queued.close();
+        self.closing.cancel();
         self.ended.notify_waiters();
     }
 
@@ -179,6 +201,14 @@ impl Mux {
     /// Queues a frame.
     pub(crate) fn send(&self, frame: Frame) -> Result<()> {
         if let Some(reason) = self.closed() {
+            return Err(Self::closed_error(&reason));
+        }
+        let waiting = 1 + self
+            .queued_control
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if waiting > QUEUED_CONTROL {
+            let reason = format!("the peer read nothing while {QUEUED_CONTROL} frames waited");
+            self.shutdown(reason.clone());
             return Err(Self::closed_error(&reason));
         }
         self.out
@@ -256,6 +286,10 @@ impl Mux {
     /// Routes one incoming frame. An error ends the connection.
     fn dispatch(self: &Arc<Self>, frame: Frame, on_call: Option<&OnCall>) -> Result<()> {
         let mut state = lock(&self.state);
+        // Ended: the reader stops, and lets its half of the connection go.
+        if let Some(reason) = &state.closed {
+            return Err(Self::closed_error(reason));
+        }
         match frame.kind {
             Kind::Call => {
                 let Some(on_call) = on_call else {
@@ -265,6 +299,11 @@ impl Mux {
                     return Err(frame::protocol(format_args!(
                         "reuse of request {}",
                         frame.id
+                    )));
+                }
+                if state.slots.len() >= MAX_OPEN_REQUESTS {
+                    return Err(frame::protocol(format_args!(
+                        "more than {MAX_OPEN_REQUESTS} requests open at once"
                     )));
                 }
                 let (tx, rx) = mpsc::unbounded_channel();
@@ -334,7 +373,26 @@ where
     }
 }
 
-async fn write_loop<W>(mux: Weak<Mux>, mut rx: mpsc::UnboundedReceiver<(Frame, u32)>, writer: W)
+async fn write_loop<W>(
+    mux: Weak<Mux>,
+    mut rx: mpsc::UnboundedReceiver<(Frame, u32)>,
+    writer: W,
+    closing: tokio_util::sync::CancellationToken,
+) where
+    W: AsyncWrite + Send + Unpin + 'static,
+{
+    let given_up = async {
+        closing.cancelled().await;
+        tokio::time::sleep(WRITE_AFTER_END).await;
+    };
+    tokio::select! {
+        () = write_frames(&mux, &mut rx, writer) => {}
+        // The writer (and its half of the connection) goes; so does what is queued.
+        () = given_up => {}
+    }
+}
+
+async fn write_frames<W>(mux: &Weak<Mux>, rx: &mut mpsc::UnboundedReceiver<(Frame, u32)>, writer: W)
 where
     W: AsyncWrite + Send + Unpin + 'static,
 {
@@ -342,6 +400,8 @@ where
     let mut buf = BytesMut::new();
     let result: std::io::Result<()> = async {
         while let Some((frame, mut held)) = rx.recv().await {
+            // Data frames hold bytes of `queued`; the others are counted as frames.
+            let mut control = usize::from(held == 0);
             frame.encode(&mut buf);
             // Batch whatever else is already queued into one write.
             while buf.len() < 4 * CHUNK {
@@ -349,6 +409,7 @@ where
                     Ok((frame, more)) => {
                         frame.encode(&mut buf);
                         held += more;
+                        control += usize::from(more == 0);
                     }
                     Err(_) => break,
                 }
@@ -359,6 +420,8 @@ where
             // Written: its room is free for the next.
             if let Some(mux) = mux.upgrade() {
                 mux.queued.add_permits(held as usize);
+                mux.queued_control
+                    .fetch_sub(control, std::sync::atomic::Ordering::Relaxed);
             }
         }
         writer.shutdown().await
