@@ -166,6 +166,42 @@ async fn a_state_database_someone_else_placed_is_refused() {
     }
 }
 
+/// Attack 1D: the database's missing parents were made (through any link on the way)
+/// before the parent was checked, so a refused open still left root's directories
+/// wherever another user's link pointed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nothing_is_made_beneath_a_refused_database_directory() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let err = SqliteStateStore::open(open.join("made/by/me/state.db"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), sandcell::ErrorKind::PermissionDenied, "{err}");
+    assert!(
+        !open.join("made").exists(),
+        "made beneath a refused directory"
+    );
+    if rustix::process::geteuid().is_root() {
+        // Another user's link, in a directory they share, to a directory of root's.
+        let share = dir.path().join("share");
+        std::fs::create_dir(&share).unwrap();
+        std::fs::set_permissions(&share, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let private = dir.path().join("private");
+        std::fs::create_dir(&private).unwrap();
+        std::fs::set_permissions(&private, std::fs::Permissions::from_mode(0o700)).unwrap();
+        std::os::unix::fs::symlink(&private, share.join("evil")).unwrap();
+        std::os::unix::fs::lchown(share.join("evil"), Some(65534), None).unwrap();
+        let err = SqliteStateStore::open(share.join("evil/made/by/root/state.db"))
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("owned by uid 65534"), "{err}");
+        assert_eq!(std::fs::read_dir(&private).unwrap().count(), 0);
+    }
+}
+
 fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
     let mut out = vec![dir.to_path_buf()];
     for entry in std::fs::read_dir(dir).unwrap() {

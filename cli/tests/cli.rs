@@ -314,6 +314,22 @@ fn a_data_directory_someone_else_could_have_placed_is_refused() {
     let cli = Cli::new(dir.path());
     assert_one_line_error(&cli.run(&["list"]), 1, "symbolic link");
     assert_eq!(std::fs::read_dir(&real).unwrap().count(), 0);
+    // A trailing `/` (as a shell's completion adds) or `/.` must not follow the link,
+    // in the check or in anything done with the directory after it.
+    for form in ["data/", "data/."] {
+        let cli = Cli {
+            data_dir: dir.path().join(form),
+            backend: Vec::new(),
+        };
+        assert_one_line_error(&cli.run(&["list"]), 1, "symbolic link");
+        let source = dir.path().join("template");
+        std::fs::create_dir_all(&source).unwrap();
+        let out = cli.run(&["template", "add", "t", source.to_str().unwrap()]);
+        assert_one_line_error(&out, 1, "symbolic link");
+        assert_eq!(std::fs::read_dir(&real).unwrap().count(), 0);
+        let meta = std::fs::metadata(&real).unwrap();
+        assert_eq!(meta.permissions().mode() & 0o7777, 0o700, "{form}");
+    }
 
     let shared = dir.path().join("shared");
     std::fs::create_dir(&shared).unwrap();

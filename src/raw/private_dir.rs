@@ -9,10 +9,14 @@
 //! [`ensure_private_dir`]: a real directory (not a symlink), owned by the effective
 //! user, writable by nobody else.
 
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+
+mod walk;
+
+pub use walk::normalize;
 
 /// Where a backend keeps its host state by default, `name` being its directory's
 /// name (`sandcell-local`, `sandcell-docker`):
@@ -52,124 +56,60 @@ pub fn default_dir(name: &str) -> PathBuf {
 /// writable by no one else unless sticky. Anything else is refused with
 /// [`ErrorKind::PermissionDenied`](crate::ErrorKind::PermissionDenied) naming the
 /// directory and what is wrong with it; nothing is changed then.
+///
+/// The path is resolved by hand, one component at a time: trailing slashes and `.`
+/// are dropped first (see [`normalize`]), so a final symbolic link is refused as one
+/// rather than followed, and every link met on the way (its target's links too) must
+/// be root's or this user's. What is missing is made beneath the descriptor of the
+/// deepest directory already judged, and each new directory is opened without
+/// following a link and judged before anything is made in it: nothing put in its
+/// place meanwhile is followed, and nothing is made beneath a refused directory.
 pub fn ensure_private_dir(dir: &Path) -> Result<()> {
-    // Nothing is made beneath a directory that is refused.
-    check_ancestors(dir, &|problem| {
-        Error::permission_denied(format!(
-            "refusing to use {}: {problem}; choose another directory",
-            dir.display()
-        ))
-    })?;
-    match std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o700)
-        .create(dir)
-    {
-        Ok(()) => {}
-        // A symlink to a directory makes `create` succeed too; the check below refuses it.
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
-        Err(e) => return Err(Error::io(format_args!("creating {}", dir.display()), e)),
-    }
-    check_private_dir(dir)
-}
-
-/// The check of [`ensure_private_dir`], without creating anything.
-pub fn check_private_dir(dir: &Path) -> Result<()> {
-    let meta = std::fs::symlink_metadata(dir)
-        .map_err(|e| Error::io(format_args!("inspecting {}", dir.display()), e))?;
     let refuse = |problem: String| {
-        Err(Error::permission_denied(format!(
-            "refusing to use {}: {problem}; remove it or choose another directory",
-            dir.display()
-        )))
-    };
-    if meta.file_type().is_symlink() {
-        return refuse("it is a symbolic link".to_owned());
-    }
-    if !meta.is_dir() {
-        return refuse("it is not a directory".to_owned());
-    }
-    let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != me {
-        return refuse(format!(
-            "it is owned by uid {}, not by this process's uid {me}",
-            meta.uid()
-        ));
-    }
-    let mode = meta.permissions().mode() & 0o7777;
-    if mode & 0o022 != 0 {
-        return refuse(format!(
-            "it is writable by its group or by other users (mode {mode:04o})"
-        ));
-    }
-    check_ancestors(dir, &|problem| {
         Error::permission_denied(format!(
             "refusing to use {}: {problem}; remove it or choose another directory",
             dir.display()
         ))
-    })
-}
-
-/// Above `dir`, a directory another user owns or may rename things in (unless it is
-/// sticky, as `/tmp` is), or a symbolic link another user owns, lets them move it away
-/// and put theirs in its place. Each component is judged as it is (a link by its own
-/// owner) and then wherever it leads. Those that do not exist yet are skipped.
-fn check_ancestors(dir: &Path, refuse: &dyn Fn(String) -> Error) -> Result<()> {
-    let absolute = match dir.is_absolute() {
-        true => dir.to_path_buf(),
-        false => std::env::current_dir()
-            .map_err(|e| Error::io("finding the current directory", e))?
-            .join(dir),
     };
-    for ancestor in absolute.ancestors().skip(1) {
-        let meta = match std::fs::symlink_metadata(ancestor) {
-            Ok(meta) => meta,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-            Err(e) => {
-                return Err(Error::io(
-                    format_args!("inspecting {}", ancestor.display()),
-                    e,
-                ))
-            }
-        };
-        judge(ancestor, &meta, refuse)?;
-        if meta.file_type().is_symlink() {
-            // Where it leads, and everything above that, by the same rules.
-            let target = std::fs::canonicalize(ancestor)
-                .map_err(|e| Error::io(format_args!("following {}", ancestor.display()), e))?;
-            for real in target.ancestors() {
-                let meta = std::fs::symlink_metadata(real)
-                    .map_err(|e| Error::io(format_args!("inspecting {}", real.display()), e))?;
-                judge(real, &meta, refuse)?;
-            }
+    let walk = walk::walk(dir, &refuse)?;
+    match &walk.end {
+        walk::End::Found(stat) => walk::judge_private(stat, &refuse),
+        walk::End::Missing(_) => {
+            #[cfg(test)]
+            walk::race::run();
+            walk.make_missing(&refuse)
         }
     }
-    Ok(())
 }
 
-/// Refuses `path` above a private directory unless root or this user owns it and,
-/// for a directory, nobody else may write it (or it is sticky).
-fn judge(path: &Path, meta: &std::fs::Metadata, refuse: &dyn Fn(String) -> Error) -> Result<()> {
-    let me = rustix::process::geteuid().as_raw();
-    if meta.uid() != 0 && meta.uid() != me {
-        return Err(refuse(format!(
-            "{} above it is owned by uid {}, who could replace it",
-            path.display(),
-            meta.uid()
-        )));
+/// The check of [`ensure_private_dir`], without creating anything: a missing
+/// directory is an error of kind [`ErrorKind::NotFound`](crate::ErrorKind::NotFound).
+pub fn check_private_dir(dir: &Path) -> Result<()> {
+    let refuse = |problem: String| {
+        Error::permission_denied(format!(
+            "refusing to use {}: {problem}; remove it or choose another directory",
+            dir.display()
+        ))
+    };
+    match walk::walk(dir, &refuse)?.end {
+        walk::End::Found(stat) => walk::judge_private(&stat, &refuse),
+        walk::End::Missing(names) => {
+            let missing = names.first().map(PathBuf::from).unwrap_or_default();
+            Err(Error::io(
+                format_args!(
+                    "inspecting {} ({} is missing)",
+                    dir.display(),
+                    missing.display()
+                ),
+                std::io::Error::from(std::io::ErrorKind::NotFound),
+            ))
+        }
     }
-    let mode = meta.permissions().mode() & 0o7777;
-    if meta.is_dir() && mode & 0o022 != 0 && mode & 0o1000 == 0 {
-        return Err(refuse(format!(
-            "{} above it is writable by its group or by other users and not sticky \
-             (mode {mode:04o}), so they could replace it",
-            path.display()
-        )));
-    }
-    Ok(())
 }
 
 /// Creates `dir` and its missing parents `0700` (existing ones are left as they are).
+/// It follows links and judges nothing: use it only beneath a directory
+/// [`ensure_private_dir`] has accepted, or use that instead.
 pub fn create_private_dir_all(dir: &Path) -> std::io::Result<()> {
     std::fs::DirBuilder::new()
         .recursive(true)
@@ -182,6 +122,43 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
     use crate::ErrorKind;
+    use std::os::unix::fs::PermissionsExt;
+
+    const NOBODY: u32 = 65534;
+
+    fn is_root() -> bool {
+        rustix::process::geteuid().is_root()
+    }
+
+    /// A directory `0700` holding nothing, as root's private ones are.
+    fn private(path: &Path) -> PathBuf {
+        std::fs::create_dir(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o700)).unwrap();
+        path.to_path_buf()
+    }
+
+    /// A directory others may add to but not rename in (`/tmp`, a shared directory).
+    fn sticky(path: &Path) -> PathBuf {
+        std::fs::create_dir(path).unwrap();
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        path.to_path_buf()
+    }
+
+    /// `link -> target`, owned by `uid`.
+    fn link(target: &Path, link: &Path, uid: u32) {
+        std::os::unix::fs::symlink(target, link).unwrap();
+        std::os::unix::fs::lchown(link, Some(uid), None).unwrap();
+    }
+
+    fn assert_refused(result: Result<()>, what: &str) {
+        let err = result.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains(what), "{err}");
+    }
+
+    fn empty(dir: &Path) -> bool {
+        std::fs::read_dir(dir).unwrap().next().is_none()
+    }
 
     fn mode(p: &Path) -> u32 {
         std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
@@ -280,6 +257,126 @@ mod tests {
             let err = check_private_dir(&link.join("mine")).unwrap_err();
             assert!(err.to_string().contains("not sticky"), "{err}");
         }
+    }
+
+    /// Attack 1A: `data/` and `data/.` made the check follow a final link (the kernel
+    /// does) while the ancestors were taken from `Path::parent`, which drops them.
+    #[test]
+    fn a_trailing_slash_or_dot_does_not_follow_a_final_link() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = private(&tmp.path().join("real"));
+        let me = rustix::process::geteuid().as_raw();
+        link(&real, &tmp.path().join("data"), me);
+        for form in ["data/", "data/.", "data//", "data/./"] {
+            let dir = tmp.path().join(form);
+            assert_refused(ensure_private_dir(&dir), "symbolic link");
+            assert_refused(check_private_dir(&dir), "symbolic link");
+        }
+        // The directory itself, however written, is fine.
+        for form in ["real/", "real/.", "./real/./"] {
+            ensure_private_dir(&tmp.path().join(form)).unwrap();
+            check_private_dir(&tmp.path().join(form)).unwrap();
+        }
+        assert_eq!(
+            normalize(&tmp.path().join("data/./")).unwrap(),
+            tmp.path().join("data")
+        );
+        if is_root() {
+            // Another user's link in a shared directory, to a directory of root's.
+            let share = sticky(&tmp.path().join("share"));
+            link(&real, &share.join("data"), NOBODY);
+            assert_refused(ensure_private_dir(&share.join("data/")), "symbolic link");
+            assert_refused(ensure_private_dir(&share.join("data/./x")), "uid 65534");
+            assert!(empty(&real));
+            assert_eq!(mode(&real), 0o700);
+        }
+    }
+
+    /// Attack 1B: in `mine -> theirs -> dir`, only the first link and the ancestors of
+    /// where the chain ends were judged.
+    #[test]
+    fn every_link_in_a_chain_is_judged() {
+        let tmp = tempfile::tempdir().unwrap();
+        let me = rustix::process::geteuid().as_raw();
+        let real = private(&tmp.path().join("real"));
+        private(&real.join("data"));
+        // The middle link lies in a directory anyone may rename things in.
+        let open = tmp.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        link(&real, &open.join("middle"), me);
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+        link(&open.join("middle"), &tmp.path().join("mine"), me);
+        assert_refused(
+            check_private_dir(&tmp.path().join("mine/data")),
+            "not sticky",
+        );
+        assert_refused(
+            ensure_private_dir(&tmp.path().join("mine/new")),
+            "not sticky",
+        );
+        assert!(!real.join("new").exists());
+        std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o755)).unwrap();
+        check_private_dir(&tmp.path().join("mine/data")).unwrap();
+        // Relative links, and `..` after a link, resolve as the kernel resolves them.
+        link(Path::new("../real"), &open.join("up"), me);
+        check_private_dir(&open.join("up/data")).unwrap();
+        check_private_dir(&open.join("up/data/../data")).unwrap();
+        // A loop is an error, not a hang.
+        link(&open.join("b"), &open.join("a"), me);
+        link(&open.join("a"), &open.join("b"), me);
+        let err = check_private_dir(&open.join("a/x")).unwrap_err();
+        assert!(err.to_string().contains("symbolic links"), "{err}");
+
+        if is_root() {
+            // Root's link to another user's link (in a shared directory) to a
+            // directory of root's: that user could point theirs elsewhere.
+            let share = sticky(&tmp.path().join("share"));
+            link(&real, &share.join("theirs"), NOBODY);
+            link(&share.join("theirs"), &tmp.path().join("roots"), 0);
+            assert_refused(
+                check_private_dir(&tmp.path().join("roots/data")),
+                "uid 65534",
+            );
+            assert_refused(
+                ensure_private_dir(&tmp.path().join("roots/new")),
+                "uid 65534",
+            );
+            assert!(!real.join("new").exists());
+        }
+    }
+
+    /// Attack 1C: a link planted where a missing component is to be made, after the
+    /// check and before the making, was followed by `create_dir_all`.
+    #[test]
+    fn nothing_is_made_through_what_appears_during_the_call() {
+        let tmp = tempfile::tempdir().unwrap();
+        let real = private(&tmp.path().join("real"));
+        let share = sticky(&tmp.path().join("share"));
+        let owner = if is_root() {
+            NOBODY
+        } else {
+            rustix::process::geteuid().as_raw()
+        };
+        let (target, planted) = (real.clone(), share.join("race"));
+        walk::race::set(move || link(&target, &planted, owner));
+        let err = ensure_private_dir(&share.join("race/a/b")).unwrap_err();
+        assert!(empty(&real), "made through the link: {:?}", real.join("a"));
+        assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
+        assert!(err.to_string().contains("symbolic link"), "{err}");
+
+        if is_root() {
+            // A directory of theirs appearing there instead: nothing is made in it.
+            let planted = share.join("race2");
+            walk::race::set(move || {
+                std::fs::create_dir(&planted).unwrap();
+                rustix::fs::chown(&planted, Some(rustix::fs::Uid::from_raw(NOBODY)), None).unwrap();
+            });
+            assert_refused(ensure_private_dir(&share.join("race2/a")), "uid 65534");
+            assert!(empty(&share.join("race2")));
+        }
+        // Undisturbed, the missing directories are made and judged.
+        ensure_private_dir(&share.join("calm/a/b")).unwrap();
+        assert_eq!(mode(&share.join("calm/a/b")), 0o700);
     }
 
     #[test]

@@ -121,11 +121,10 @@ fn private_files(path: &Path) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    crate::raw::private_dir::create_private_dir_all(parent)
-        .map_err(|e| Error::io(format_args!("creating {}", parent.display()), e))?;
     // SQLite makes its `-wal` and `-shm` files beside the database later, by name: in
     // a directory someone else may write (a shared /tmp), they could make them first.
-    crate::raw::private_dir::check_private_dir(parent)?;
+    // Judged before anything is made, and made without following a link.
+    crate::raw::private_dir::ensure_private_dir(parent)?;
     let me = rustix::process::geteuid().as_raw();
     for suffix in ["", "-wal", "-shm"] {
         let mut file = path.as_os_str().to_owned();

@@ -22,16 +22,18 @@ use crate::session::{
 use crate::templates::Templates;
 
 pub(crate) async fn run(cli: Cli) -> Result<ExitCode, CliError> {
-    let data_dir = &cli.data_dir;
     // It holds every session's environment, and root mounts and writes beneath it:
     // never a directory another user made first or can replace (`./.sandcell` in a
-    // shared directory, ADVERSARIAL 45).
-    sandcell::raw::private_dir::ensure_private_dir(data_dir).map_err(|e| {
+    // shared directory, ADVERSARIAL 45). The path that was judged is the one used: with
+    // no trailing `/` or `.`, which would make every later use follow a final link.
+    let refused = |e: sandcell::Error| {
         CliError::failure(
             crate::error::error_chain(&e),
             "pass --data-dir DIR with a directory of your own (a missing one is made 0700)",
         )
-    })?;
+    };
+    let data_dir = &sandcell::raw::private_dir::normalize(&cli.data_dir).map_err(refused)?;
+    sandcell::raw::private_dir::ensure_private_dir(data_dir).map_err(refused)?;
     if cli.backend != BackendKind::Remote && cli.remote_url.is_some() {
         return Err(CliError::bad_input(
             "--remote-url applies to --backend remote only",
