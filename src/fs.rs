@@ -131,8 +131,14 @@ impl ListingLimit {
 
     /// Counts one more entry: `LimitExceeded` once the listing is over either limit.
     pub fn admit(&mut self, path: &str, name: &str) -> Result<()> {
+        self.admit_sized(path.len(), name.len())
+    }
+
+    /// [`admit`](Self::admit) by the lengths alone, for a reader that has not built
+    /// the entry's path yet (and need not, for a directory it will refuse).
+    pub fn admit_sized(&mut self, path_bytes: usize, name_bytes: usize) -> Result<()> {
         self.entries += 1;
-        self.bytes = self.bytes.saturating_add(path.len() + name.len());
+        self.bytes = self.bytes.saturating_add(path_bytes + name_bytes);
         if self.entries > MAX_DIR_ENTRIES {
             return Err(Error::limit_exceeded(format!(
                 "{}: the directory holds more than {MAX_DIR_ENTRIES} entries; \

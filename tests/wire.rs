@@ -213,7 +213,7 @@ async fn a_call_the_server_cannot_take_gets_the_kind_that_says_why() {
     }
 }
 
-/// A peer that sends calls and never reads an answer does not make the server queue
+/// ADVERSARIAL 40: a peer that sends calls and never reads an answer does not make the server queue
 /// answers without end: once the frames waiting for it pass a bound, the server ends
 /// the connection (before, 100,000 calls left 100,000 replies queued).
 #[tokio::test]

@@ -183,8 +183,8 @@ impl Workspace {
         // Counted as read: a sandboxed program decides how large a directory is.
         let mut limit = sandcell::raw::ListingLimit::new(ctx());
         let names = list_names_within(fd.as_fd(), |name| {
-            let name = name.to_string_lossy();
-            limit.admit(&format!("{path}/{name}"), &name)
+            let name = name.to_bytes().len();
+            limit.admit_sized(path.as_str().len() + 1 + name, name)
         })
         .map_err(|e| fail(ctx(), e))??;
         let mut out = Vec::with_capacity(names.len());
