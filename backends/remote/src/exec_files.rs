@@ -70,8 +70,8 @@ const ABORT: &str = include_str!("scripts/abort.sh");
 /// `STAT rel`: `hexmode size mtime`, then a symlink's target in base64.
 const STAT: &str = include_str!("scripts/stat.sh");
 
-/// `LIST rel`: the names (NUL-separated, in base64), a `.` line, then `hexmode size`
-/// per name in the same order.
+/// `LIST rel max`: the names (NUL-separated, in base64), a `.` line, then `hexmode size`
+/// per name in the same order; `limit_exceeded` past `max` entries, before any is sent.
 const LIST: &str = include_str!("scripts/list.sh");
 
 /// `REMOVE rel recursive|single`.
@@ -334,7 +334,10 @@ impl ExecFiles {
         path: &SandboxPath,
     ) -> Result<Vec<DirEntry>> {
         let what = format!("listing {path}");
-        let out = self.run(id, &what, LIST, &[path.as_str()], None).await?;
+        let max = sandcell::MAX_DIR_ENTRIES.to_string();
+        let out = self
+            .run(id, &what, LIST, &[path.as_str(), &max], None)
+            .await?;
         if out.trim().is_empty() {
             return Ok(Vec::new());
         }
