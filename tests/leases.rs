@@ -11,7 +11,8 @@ use futures::StreamExt;
 use sandcell::manager::ShutdownPolicy;
 use sandcell::snapshot::SnapshotManifest;
 use sandcell::store::{
-    InMemorySnapshotStore, SessionKey, SnapshotKey, SnapshotStore, SqliteStateStore, StateStore,
+    Claim, ClaimOutcome, InMemorySnapshotStore, SessionKey, SessionRecord, SnapshotKey,
+    SnapshotStore, SqliteStateStore, StateStore,
 };
 use sandcell::testing::MockBackend;
 use sandcell::{
@@ -165,17 +166,22 @@ async fn an_expired_lease_is_taken_over_from_the_latest_snapshot_and_the_old_own
     assert!(hosts.state.list(None).await.unwrap().is_empty());
 }
 
-/// A snapshot store whose `put_blob` waits for a permit: a manager paused mid-snapshot.
+/// A snapshot store whose `put_blob` (or, with `reads`, `blob`) waits for a permit: a
+/// manager paused mid-snapshot or mid-restore.
 #[derive(Clone)]
 struct Gated {
     inner: InMemorySnapshotStore,
     gate: Arc<tokio::sync::Semaphore>,
+    reads: bool,
 }
 
 #[async_trait]
 impl SnapshotStore for Gated {
     async fn put_blob(&self, key: &SnapshotKey, blob: ByteStream) -> Result<u64> {
-        let _permit = self.gate.acquire().await.unwrap();
+        let _permit = match self.reads {
+            false => Some(self.gate.acquire().await.unwrap()),
+            true => None,
+        };
         self.inner.put_blob(key, blob).await
     }
     async fn put_manifest(&self, key: &SnapshotKey, manifest: &SnapshotManifest) -> Result<()> {
@@ -185,6 +191,10 @@ impl SnapshotStore for Gated {
         self.inner.manifest(key).await
     }
     async fn blob(&self, key: &SnapshotKey) -> Result<ByteStream> {
+        let _permit = match self.reads {
+            true => Some(self.gate.acquire().await.unwrap()),
+            false => None,
+        };
         self.inner.blob(key).await
     }
     async fn list(&self, session: &SessionKey) -> Result<Vec<SnapshotManifest>> {
@@ -214,6 +224,7 @@ async fn a_snapshot_committed_under_a_lost_lease_is_taken_back() {
         .snapshot_store(Gated {
             inner: hosts.snapshots.clone(),
             gate: Arc::clone(&gate),
+            reads: false,
         })
         .build()
         .await
@@ -265,4 +276,78 @@ async fn a_suspended_session_moves_to_another_host_at_once() {
     );
     assert_eq!(backend_a.live_count(), 0);
     assert_eq!(backend_b.live_count(), 1);
+}
+
+/// A claim left in flight by a process that died lapses with its lease, even while a
+/// restarted process with the same manager id renews that id's leases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_left_by_a_dead_process_lapses_though_its_manager_id_lives_on() {
+    let hosts = Hosts::new().await;
+    let backend = MockBackend::new();
+    let now = chrono::Utc::now();
+    let dead = Claim::new(
+        SessionRecord::provisioning(key(), backend.name(), spec(), now),
+        "host-a",
+        now + chrono::Duration::from_std(TTL).unwrap(),
+        None,
+        now - chrono::Duration::seconds(600),
+    );
+    assert!(matches!(
+        hosts.state.claim(&dead).await.unwrap(),
+        ClaimOutcome::Claimed { .. }
+    ));
+    // The restarted manager's renewals run for several lease lifetimes.
+    let a = hosts.manager("host-a", &backend).await;
+    tokio::time::sleep(TTL * 3).await;
+    let acquired = tokio::time::timeout(Duration::from_secs(10), a.acquire(&key(), &spec()))
+        .await
+        .expect("the dead claim lapsed: acquire does not wait for provision_timeout");
+    acquired.unwrap();
+    assert_eq!(backend.live_count(), 1);
+}
+
+/// A restore that outlasts the lease keeps its claim: the claimer renews it while it
+/// works, so another host waits instead of provisioning the session a second time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_that_outlasts_its_lease_keeps_its_claim() {
+    let hosts = Hosts::new().await;
+    let (backend_a, backend_b, backend_c) =
+        (MockBackend::new(), MockBackend::new(), MockBackend::new());
+    let a = hosts.manager("host-a", &backend_a).await;
+    a.acquire(&key(), &spec()).await.unwrap();
+    a.release(&key(), ReleaseMode::Suspend).await.unwrap();
+
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let c = SandboxManager::builder(backend_c.clone())
+        .manager_id("host-c")
+        .lease_ttl(TTL)
+        .shutdown_policy(ShutdownPolicy::Keep)
+        .state_store(hosts.state.clone())
+        .snapshot_store(Gated {
+            inner: hosts.snapshots.clone(),
+            gate: Arc::clone(&gate),
+            reads: true,
+        })
+        .build()
+        .await
+        .unwrap();
+    let b = hosts.manager("host-b", &backend_b).await;
+    // C claims and stalls reading the snapshot for three lease lifetimes.
+    let restoring = tokio::spawn({
+        let c = c.clone();
+        async move { c.acquire(&key(), &spec()).await.map(drop) }
+    });
+    tokio::time::sleep(TTL).await;
+    let waiting = tokio::spawn({
+        let b = b.clone();
+        async move { b.acquire(&key(), &spec()).await.map(drop) }
+    });
+    tokio::time::sleep(TTL * 2).await;
+    gate.add_permits(1);
+    restoring.await.unwrap().unwrap();
+    let err = waiting.await.unwrap().unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Conflict, "{err:#}");
+    assert!(err.to_string().contains("'host-c'"), "{err}");
+    assert_eq!(backend_b.live_count(), 0, "provisioned once");
+    assert_eq!(backend_c.live_count(), 1);
 }

@@ -169,16 +169,15 @@ impl<B: SandboxBackend> Inner<B> {
         };
         let mut created: Option<SandboxId> = None;
         let session_created_at = previous.as_ref().map(|p| p.created_at);
-        let result = self
-            .provision_inner(
-                key,
-                spec,
-                snapshot.as_ref(),
-                session_created_at,
-                claimed,
-                &mut created,
-            )
-            .await;
+        let work = self.provision_inner(
+            key,
+            spec,
+            snapshot.as_ref(),
+            session_created_at,
+            claimed,
+            &mut created,
+        );
+        let result = self.renewing_claim(key, work).await;
         match result {
             Ok(info) => Ok(info),
             Err(e) => {
@@ -200,6 +199,36 @@ impl<B: SandboxBackend> Inner<B> {
                     tracing::error!(session = %key, error = %rollback, "could not roll back a claim; it expires after provision_timeout");
                 }
                 Err(e)
+            }
+        }
+    }
+
+    /// Runs `work` while renewing this manager's lease on `key`'s claim. The store's
+    /// `renew_leases` leaves claims to their claimer, so a claim outlives its lease
+    /// only while the process that made it works on it: one left by a process that
+    /// died is abandoned even when a process with the same manager id (a restart) lives.
+    async fn renewing_claim<T>(
+        &self,
+        key: &SessionKey,
+        work: impl std::future::Future<Output = Result<T>>,
+    ) -> Result<T> {
+        tokio::pin!(work);
+        let period = (self.settings.lease_ttl / 3).max(Duration::from_millis(50));
+        loop {
+            tokio::select! {
+                result = &mut work => return result,
+                () = tokio::time::sleep(period) => {
+                    let now = self.clock.now();
+                    let renewed = self
+                        .state
+                        .take_lease(key, &self.manager_id, now, self.lease_until())
+                        .await;
+                    if let Err(e) = renewed {
+                        // The claim's final write is fenced: if another manager took the
+                        // session over meanwhile, that write fails and the claim rolls back.
+                        tracing::warn!(session = %key, error = %e, "could not renew the lease of a claim being provisioned");
+                    }
+                }
             }
         }
     }

@@ -102,7 +102,7 @@ impl StateStore for InMemoryStateStore {
     async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64> {
         let mut renewed = 0;
         for record in lock(&self.inner).sessions.values_mut() {
-            let holds = record.holds_sandbox();
+            let holds = record.is_live();
             if let Some(lease) = record.lease.as_mut() {
                 if lease.owner == owner && holds {
                     *lease = Lease::new(owner, lease.token, until);

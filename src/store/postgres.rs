@@ -273,13 +273,15 @@ impl StateStore for PostgresStateStore {
     }
 
     async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64> {
-        let done =
-            sqlx::query("UPDATE sessions SET lease_expires = $1 WHERE lease_owner = $2 AND live")
-                .bind(micros(until))
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_error("renewing leases", e))?;
+        let done = sqlx::query(
+            "UPDATE sessions SET lease_expires = $1 \
+             WHERE lease_owner = $2 AND live AND sandbox_id IS NOT NULL",
+        )
+        .bind(micros(until))
+        .bind(owner)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| db_error("renewing leases", e))?;
         Ok(done.rows_affected())
     }
 

@@ -460,8 +460,12 @@ pub trait StateStore: Send + Sync + 'static {
         until: DateTime<Utc>,
     ) -> Result<SessionRecord>;
 
-    /// Extends to `until` every lease `owner` holds on a session that holds a sandbox;
-    /// returns how many.
+    /// Extends to `until` every lease `owner` holds on a live session (one that holds a
+    /// sandbox, [`SessionRecord::is_live`]); returns how many.
+    ///
+    /// A claim still provisioning is not renewed here: its claimer renews it with
+    /// [`take_lease`](Self::take_lease) while it works, so a claim whose claimer died
+    /// expires with its lease even when a process with the same owner id lives on.
     async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64>;
 
     /// Records activity: sets `last_active` (never moving it backwards). Unknown keys are ignored.

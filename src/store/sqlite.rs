@@ -349,13 +349,15 @@ impl StateStore for SqliteStateStore {
     }
 
     async fn renew_leases(&self, owner: &str, until: DateTime<Utc>) -> Result<u64> {
-        let done =
-            sqlx::query("UPDATE sessions SET lease_expires = ? WHERE lease_owner = ? AND live = 1")
-                .bind(micros(until))
-                .bind(owner)
-                .execute(&self.pool)
-                .await
-                .map_err(|e| db_error("renewing leases", e))?;
+        let done = sqlx::query(
+            "UPDATE sessions SET lease_expires = ? \
+             WHERE lease_owner = ? AND live = 1 AND sandbox_id IS NOT NULL",
+        )
+        .bind(micros(until))
+        .bind(owner)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| db_error("renewing leases", e))?;
         Ok(done.rows_affected())
     }
 

@@ -213,7 +213,8 @@ pub async fn state_claim(store: &dyn StateStore) {
 /// Leases: a live session under another manager's unexpired lease is held (claim and
 /// `take_lease` refuse, naming the owner); an expired lease is taken over with a higher
 /// token; writes and deletes carrying an old token are refused and change nothing;
-/// `put` keeps the stored lease; `renew_leases` renews only its owner's live sessions.
+/// `put` keeps the stored lease; `renew_leases` renews only its owner's live sessions,
+/// never a claim still provisioning.
 pub async fn state_leases(store: &dyn StateStore) {
     let tenant = unique("t");
     let key = SessionKey::new(&tenant, "s").unwrap();
@@ -231,6 +232,24 @@ pub async fn state_leases(store: &dyn StateStore) {
     let first = record.token();
     assert!(first > 0, "a claim carries a fencing token");
     assert_eq!(record.lease.as_ref().unwrap().owner, "m1");
+    // A claim still provisioning is its claimer's to renew (by take_lease), not
+    // renew_leases': one left by a dead process must lapse even while its owner id
+    // lives on in a restarted one.
+    store.renew_leases("m1", now + secs(900)).await.unwrap();
+    let claimed = store.get(&key).await.unwrap().unwrap();
+    assert_eq!(
+        claimed.lease, record.lease,
+        "renew_leases skips a claim in flight"
+    );
+    let kept = store
+        .take_lease(&key, "m1", now, now + secs(60))
+        .await
+        .unwrap();
+    assert_eq!(
+        kept.token(),
+        first,
+        "the claimer renews its claim, keeping the token"
+    );
     let mut live = record.clone();
     live.status = SandboxStatus::Running;
     live.sandbox_id = Some(SandboxId::new("sb-1").unwrap());
