@@ -232,12 +232,12 @@ async fn a_peer_that_reads_nothing_has_its_connection_ended() {
     let (_read, mut write) = tokio::io::split(caller);
     let call = br#"{"op":"stat","path":"missing"}"#;
     let flood = tokio::spawn(async move {
-        for id in 0..100_000u64 {
+        for id in 0..1_000_000u64 {
             if write.write_all(&frame(1, id, call)).await.is_err() {
                 return id;
             }
         }
-        100_000
+        1_000_000
     });
     // Whatever `serve` answers, it must answer: the connection ended.
     let _answer = tokio::time::timeout(Duration::from_secs(120), served)
@@ -249,7 +249,118 @@ async fn a_peer_that_reads_nothing_has_its_connection_ended() {
         .expect("the flood stopped once the connection ended")
         .unwrap();
     assert!(
-        sent < 100_000,
+        sent < 1_000_000,
         "the connection ended before every call was sent"
+    );
+}
+
+/// A wire server facing a new sandbox of `backend` over a fresh connection: the
+/// client's raw halves, the server's task and the sandbox.
+async fn raw_server(
+    options: sandcell::raw::wire::ServeOptions,
+    backend: std::sync::Arc<sandcell::testing::MockBackend>,
+) -> (
+    tokio::io::ReadHalf<tokio::io::DuplexStream>,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+    tokio::task::JoinHandle<sandcell::Result<()>>,
+    sandcell::SandboxId,
+) {
+    use sandcell::{SandboxBackend, SandboxSpec};
+    let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
+    let (agent, caller) = tokio::io::duplex(64 * 1024);
+    let (agent_read, agent_write) = tokio::io::split(agent);
+    let served = tokio::spawn(sandcell::raw::wire::serve_with(
+        options,
+        backend,
+        sandbox.id.clone(),
+        agent_read,
+        agent_write,
+    ));
+    let (read, write) = tokio::io::split(caller);
+    (read, write, served, sandbox.id)
+}
+
+/// ADVERSARIAL 40: frames sent to a request that is busy elsewhere (a read waiting for
+/// credit the client never grants) are counted: past the connection's bound on frames
+/// not yet taken it ends, where before 1 MiB `End` frames queued without limit (2 GiB in
+/// 6 s). An empty data frame, which costs memory and no credit, ends it at once.
+#[tokio::test]
+async fn frames_piled_on_a_busy_request_end_the_connection() {
+    use std::sync::Arc;
+
+    use sandcell::raw::wire::ServeOptions;
+    use sandcell::SandboxBackend;
+
+    let backend = Arc::new(sandcell::testing::MockBackend::new());
+    let (_read, mut write, served, id) = raw_server(ServeOptions::default(), backend.clone()).await;
+    backend
+        .write(&id, &"big".parse().unwrap(), vec![1u8; 4 << 20].into())
+        .await
+        .unwrap();
+    write
+        .write_all(&frame(1, 1, br#"{"op":"read","path":"big"}"#))
+        .await
+        .unwrap();
+    let end = frame(4, 1, &vec![0u8; 1 << 20][..]);
+    let flood = tokio::spawn(async move {
+        for sent in 0..1024u32 {
+            if write.write_all(&end).await.is_err() {
+                return sent;
+            }
+        }
+        1024
+    });
+    tokio::time::timeout(Duration::from_secs(60), served)
+        .await
+        .expect("the connection ended")
+        .unwrap()
+        .unwrap();
+    let sent = flood.await.unwrap();
+    assert!(sent < 256, "ended after {sent} MiB of frames, not 1 GiB");
+
+    // An empty data frame for an upload.
+    let (_read, mut write, served, _) = raw_server(ServeOptions::default(), backend).await;
+    write
+        .write_all(&frame(1, 1, br#"{"op":"write","path":"f"}"#))
+        .await
+        .unwrap();
+    write.write_all(&frame(2, 1, b"")).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("an empty data frame ends the connection")
+        .unwrap()
+        .unwrap();
+}
+
+/// A listing is held within the server's budget until it is sent, its worst case taken
+/// before the directory is read: with less than that free it is refused (`LimitExceeded`,
+/// a refusal to retry), and once sent the budget is whole again.
+#[tokio::test]
+async fn a_listing_is_held_within_the_budget() {
+    use std::sync::Arc;
+
+    use sandcell::raw::budget::{is_refusal, ByteBudget};
+    use sandcell::raw::wire::ServeOptions;
+
+    let budget = ByteBudget::new(80 << 20);
+    let backend = Arc::new(sandcell::testing::MockBackend::new());
+    let (read, write, _served, _) =
+        raw_server(ServeOptions::default().budget(budget.clone()), backend).await;
+    let client = WireClient::new(read, write);
+    let root = sandcell::SandboxPath::root();
+    client
+        .write(&"a".parse().unwrap(), "x".into())
+        .await
+        .unwrap();
+    assert_eq!(client.list_dir(&root).await.unwrap().len(), 1);
+
+    let held = budget.try_reserve(20 << 20).unwrap();
+    let err = client.list_dir(&root).await.unwrap_err();
+    assert!(is_refusal(&err), "{err}");
+    drop(held);
+    assert_eq!(client.list_dir(&root).await.unwrap().len(), 1);
+    assert!(
+        budget.try_reserve(80 << 20).is_ok(),
+        "what the listings held came back"
     );
 }

@@ -84,8 +84,25 @@ impl Reservation {
                 Err(_) => return Err(Error::new(ErrorKind::LimitExceeded, BUSY)),
             }
         }
-        self.permits.extend(taken);
+        // One permit per layer: merged, so `shrink_to` can give back from each.
+        if self.permits.is_empty() {
+            self.permits = taken;
+        } else {
+            for (held, more) in self.permits.iter_mut().zip(taken) {
+                held.merge(more);
+            }
+        }
         Ok(())
+    }
+
+    /// Gives back all but `bytes` (rounded up to whole KiB): a caller that reserved a
+    /// worst case keeps what it turned out to need.
+    pub fn shrink_to(&mut self, bytes: u64) {
+        let keep = usize::try_from(units(bytes)).unwrap_or(usize::MAX);
+        for held in &mut self.permits {
+            let surplus = held.num_permits().saturating_sub(keep);
+            drop(held.split(surplus));
+        }
     }
 }
 
@@ -124,5 +141,27 @@ mod tests {
         assert!(growing.grow(&b, UNIT).is_err(), "b's share is full");
         drop(growing);
         assert!(b.try_reserve(8 * UNIT).is_ok());
+    }
+
+    #[test]
+    fn a_shrunk_reservation_gives_back_the_rest_of_every_layer() {
+        let server = ByteBudget::new(10 * UNIT);
+        let tenant = server.share(8 * UNIT);
+        let mut held = tenant.try_reserve(4 * UNIT).unwrap();
+        held.grow(&tenant, 4 * UNIT).unwrap();
+        assert!(tenant.try_reserve(1).is_err(), "the share is full");
+        held.shrink_to(3 * UNIT - 1);
+        let other = server.share(8 * UNIT);
+        assert!(
+            tenant.try_reserve(5 * UNIT).is_ok(),
+            "5 KiB came back to the share"
+        );
+        let rest = other.try_reserve(7 * UNIT).expect("and to the server");
+        assert!(other.try_reserve(UNIT).is_err(), "3 KiB are still held");
+        held.shrink_to(u64::MAX);
+        assert!(other.try_reserve(UNIT).is_err(), "shrinking never grows");
+        drop(held);
+        assert!(other.try_reserve(UNIT).is_ok());
+        drop(rest);
     }
 }

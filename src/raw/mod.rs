@@ -41,7 +41,7 @@ pub use crate::fs::ListingLimit;
 use crate::path::SandboxPath;
 pub use crate::process::ProcessControl;
 use crate::process::{Process, ProcessStdin};
-pub use crate::store::session::decide_claim;
+pub use crate::store::decide_claim;
 pub use bounded::{read_at_most, read_within};
 
 /// Archive checks and host-directory archives, for backends that read or write tars.

@@ -11,11 +11,11 @@ use futures::StreamExt;
 use crate::backend::ByteStream;
 use crate::error::{Error, Result};
 use crate::snapshot::SnapshotManifest;
-use crate::store::session::{
+use crate::store::snapshots::{sort_manifests, SnapshotKey, SnapshotStore};
+use crate::store::{
     check_fence, decide_claim, decide_lease, Claim, ClaimOutcome, Lease, PoolEntry, SessionKey,
     SessionRecord, StateStore,
 };
-use crate::store::snapshots::{sort_manifests, SnapshotKey, SnapshotStore};
 
 use crate::lock_unpoisoned as lock;
 

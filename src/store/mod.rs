@@ -19,6 +19,7 @@ mod object;
 mod postgres;
 #[cfg(any(feature = "sqlite", feature = "postgres"))]
 mod records;
+mod rules;
 pub(crate) mod session;
 mod snapshots;
 #[cfg(feature = "sqlite")]
@@ -31,10 +32,10 @@ pub use memory::{InMemorySnapshotStore, InMemoryStateStore};
 pub use object::ObjectSnapshotStore;
 #[cfg(feature = "postgres")]
 pub use postgres::PostgresStateStore;
-pub use session::{
-    check_fence, decide_claim, decide_lease, held_elsewhere, Claim, ClaimOutcome, Lease, PoolEntry,
-    SessionKey, SessionRecord, StateStore,
+pub use rules::{
+    check_fence, decide_claim, decide_lease, held_elsewhere, Claim, ClaimOutcome, Lease,
 };
+pub use session::{PoolEntry, SessionKey, SessionRecord, StateStore};
 pub use snapshots::{SnapshotKey, SnapshotStore};
 #[cfg(feature = "sqlite")]
 pub use sqlite::SqliteStateStore;

@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 
 use crate::error::{Error, ErrorKind, Result};
-use crate::store::session::{check_fence, Lease, SessionKey, SessionRecord};
+use crate::store::{check_fence, Lease, SessionKey, SessionRecord};
 
 /// A stored record read back.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(json: &str) -> Result<T> {

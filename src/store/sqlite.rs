@@ -13,7 +13,7 @@ use sqlx::Row;
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::store::records::{decode, encode, micros, refused, session_from_row, LeaseColumns};
-use crate::store::session::{
+use crate::store::{
     check_fence, decide_claim, decide_lease, Claim, ClaimOutcome, PoolEntry, SessionKey,
     SessionRecord, StateStore,
 };

@@ -6,10 +6,9 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite};
-use tokio::sync::mpsc;
 
 use super::frame::{self, Frame, Kind, MAIN};
-use super::mux::Mux;
+use super::mux::{Inbound, Mux};
 use super::proto::{self, Call, Reply, WireError};
 use crate::archive::ImportOptions;
 use crate::backend::{ByteStream, Changes};
@@ -270,7 +269,7 @@ impl WireClient {
 struct Request {
     mux: Arc<Mux>,
     id: u64,
-    rx: mpsc::UnboundedReceiver<Frame>,
+    rx: Inbound,
 }
 
 impl Drop for Request {

@@ -24,10 +24,20 @@ use crate::lock_unpoisoned as lock;
 /// peer granted: what a caller still holds past this is held, and counted, by it.
 const QUEUED_DATA: usize = 1 << 20;
 
-/// Frames other than data (replies, credits, ends, exits) one connection may have
-/// waiting to be written. They are small, but a peer that sends calls or data and
-/// never reads would have them pile up: past this the connection ends.
-const QUEUED_CONTROL: usize = 65_536;
+/// Bytes of frames other than data (replies, credits, ends, exits) one connection may
+/// have waiting to be written, each counted with [`FRAME_COST`]. A peer that sends
+/// calls and never reads would have their replies pile up: past this the connection
+/// ends.
+const QUEUED_CONTROL: usize = 16 << 20;
+
+/// Bytes of frames one connection may have received and its requests not yet taken,
+/// each counted with [`FRAME_COST`]. Data is held back by credit, but a peer can still
+/// send small frames, or frames to a request busy elsewhere: past this the connection
+/// ends.
+const QUEUED_INBOUND: usize = 64 << 20;
+
+/// What a frame costs beyond its payload, in memory here: its header and bookkeeping.
+const FRAME_COST: usize = 64;
 
 /// Requests a peer may have open on one connection at once: each holds a task and its
 /// state here. Past it the connection ends (a protocol error).
@@ -38,7 +48,44 @@ pub(crate) const MAX_OPEN_REQUESTS: usize = 16_384;
 const WRITE_AFTER_END: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Called by the reader for a `Call` frame opening a new request (server side).
-pub(crate) type OnCall = Box<dyn Fn(Arc<Mux>, Frame, mpsc::UnboundedReceiver<Frame>) + Send + Sync>;
+pub(crate) type OnCall = Box<dyn Fn(Arc<Mux>, Frame, Inbound) + Send + Sync>;
+
+/// The frames a request receives, in order. Each is counted against the connection's
+/// [`QUEUED_INBOUND`] until it is taken (or the request goes).
+pub(crate) struct Inbound {
+    rx: mpsc::UnboundedReceiver<Charged>,
+}
+
+impl Inbound {
+    /// The next frame; `None` once the request is closed or the connection ended.
+    pub(crate) async fn recv(&mut self) -> Option<Frame> {
+        self.rx.recv().await.map(|Charged { frame, .. }| frame)
+    }
+}
+
+/// A received frame with its count in [`QUEUED_INBOUND`].
+struct Charged {
+    frame: Frame,
+    _charge: Charge,
+}
+
+/// Bytes counted in [`QUEUED_INBOUND`], given back on drop.
+struct Charge {
+    bytes: usize,
+    queued: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.queued
+            .fetch_sub(self.bytes, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+/// What `frame` counts for in [`QUEUED_CONTROL`] and [`QUEUED_INBOUND`].
+fn cost(frame: &Frame) -> usize {
+    frame.payload.len() + FRAME_COST
+}
 
 pub(crate) struct Mux {
     /// Frames to write, each with the bytes of `queued` it holds until written.
@@ -46,8 +93,10 @@ pub(crate) struct Mux {
     /// Room for data waiting to be written: a peer that grants itself credit and reads
     /// nothing must not have this side queue whatever it asks for.
     queued: Arc<Semaphore>,
-    /// Control frames waiting to be written (see [`QUEUED_CONTROL`]).
+    /// Control frames waiting to be written, in bytes (see [`QUEUED_CONTROL`]).
     queued_control: std::sync::atomic::AtomicUsize,
+    /// Frames received and not yet taken, in bytes (see [`QUEUED_INBOUND`]).
+    queued_inbound: Arc<std::sync::atomic::AtomicUsize>,
     /// Cancelled when the connection ends: the writer then gives what is queued
     /// [`WRITE_AFTER_END`] to go out, and stops, however the peer reads.
     closing: tokio_util::sync::CancellationToken,
@@ -64,7 +113,7 @@ struct State {
 }
 
 struct Slot {
-    inbound: mpsc::UnboundedSender<Frame>,
+    inbound: mpsc::UnboundedSender<Charged>,
     /// What this side may still send, per stream.
     send_credit: [Arc<Semaphore>; 2],
     /// What the peer may still send, per stream.
@@ -72,7 +121,7 @@ struct Slot {
 }
 
 impl Slot {
-    fn new(inbound: mpsc::UnboundedSender<Frame>) -> Self {
+    fn new(inbound: mpsc::UnboundedSender<Charged>) -> Self {
         Slot {
             inbound,
             send_credit: [
@@ -121,6 +170,7 @@ impl Mux {
             out,
             queued: Arc::new(Semaphore::new(QUEUED_DATA)),
             queued_control: std::sync::atomic::AtomicUsize::new(0),
+            queued_inbound: Arc::new(std::sync::atomic::AtomicUsize::new(0)),
             closing: tokio_util::sync::CancellationToken::new(),
             state: Mutex::new(State::default()),
             ended: tokio::sync::Notify::new(),
@@ -181,14 +231,14 @@ impl Mux {
     }
 
     /// Registers request `id` and returns the channel its frames arrive on.
-    pub(crate) fn open(&self, id: u64) -> Result<mpsc::UnboundedReceiver<Frame>> {
+    pub(crate) fn open(&self, id: u64) -> Result<Inbound> {
         let mut state = lock(&self.state);
         if let Some(reason) = &state.closed {
             return Err(Self::closed_error(reason));
         }
         let (tx, rx) = mpsc::unbounded_channel();
         state.slots.insert(id, Slot::new(tx));
-        Ok(rx)
+        Ok(Inbound { rx })
     }
 
     /// Forgets request `id`: later frames for it are dropped, pending sends fail.
@@ -203,11 +253,16 @@ impl Mux {
         if let Some(reason) = self.closed() {
             return Err(Self::closed_error(&reason));
         }
-        let waiting = 1 + self
-            .queued_control
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let bytes = cost(&frame);
+        let waiting = bytes
+            + self
+                .queued_control
+                .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         if waiting > QUEUED_CONTROL {
-            let reason = format!("the peer read nothing while {QUEUED_CONTROL} frames waited");
+            let reason = format!(
+                "the peer read nothing while {} MiB of replies waited",
+                QUEUED_CONTROL >> 20
+            );
             self.shutdown(reason.clone());
             return Err(Self::closed_error(&reason));
         }
@@ -309,7 +364,7 @@ impl Mux {
                 let (tx, rx) = mpsc::unbounded_channel();
                 state.slots.insert(frame.id, Slot::new(tx));
                 drop(state);
-                on_call(Arc::clone(self), frame, rx);
+                on_call(Arc::clone(self), frame, Inbound { rx });
             }
             Kind::Credit => {
                 if frame.payload.len() != 5 {
@@ -332,6 +387,10 @@ impl Mux {
                 } else {
                     MAIN
                 };
+                // Nobody sends empty data; queued, it would cost memory and no credit.
+                if frame.payload.is_empty() {
+                    return Err(frame::protocol("an empty data frame"));
+                }
                 if let Some(slot) = state.slots.get_mut(&frame.id) {
                     let budget = &mut slot.recv_budget[usize::from(tag)];
                     let len = frame.payload.len() as u64;
@@ -339,16 +398,43 @@ impl Mux {
                         return Err(frame::protocol("data beyond the granted window"));
                     }
                     *budget -= len;
-                    let _ = slot.inbound.send(frame);
+                    let charged = self.charge(frame)?;
+                    let _ = slot.inbound.send(charged);
                 }
             }
             _ => {
                 if let Some(slot) = state.slots.get(&frame.id) {
-                    let _ = slot.inbound.send(frame);
+                    let charged = self.charge(frame)?;
+                    let _ = slot.inbound.send(charged);
                 }
             }
         }
         Ok(())
+    }
+}
+
+impl Mux {
+    /// Counts a received frame against [`QUEUED_INBOUND`], or refuses it (ending the
+    /// connection) when its requests have that much waiting already.
+    fn charge(&self, frame: Frame) -> Result<Charged> {
+        let bytes = cost(&frame);
+        let before = self
+            .queued_inbound
+            .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
+        let charged = Charged {
+            frame,
+            _charge: Charge {
+                bytes,
+                queued: Arc::clone(&self.queued_inbound),
+            },
+        };
+        if before + bytes > QUEUED_INBOUND {
+            return Err(frame::protocol(format_args!(
+                "the peer sent {} MiB its requests had not taken",
+                QUEUED_INBOUND >> 20
+            )));
+        }
+        Ok(charged)
     }
 }
 
@@ -400,8 +486,8 @@ where
     let mut buf = BytesMut::new();
     let result: std::io::Result<()> = async {
         while let Some((frame, mut held)) = rx.recv().await {
-            // Data frames hold bytes of `queued`; the others are counted as frames.
-            let mut control = usize::from(held == 0);
+            // Data frames hold bytes of `queued`; the others count in `queued_control`.
+            let mut control = if held == 0 { cost(&frame) } else { 0 };
             frame.encode(&mut buf);
             // Batch whatever else is already queued into one write.
             while buf.len() < 4 * CHUNK {
@@ -409,7 +495,9 @@ where
                     Ok((frame, more)) => {
                         frame.encode(&mut buf);
                         held += more;
-                        control += usize::from(more == 0);
+                        if more == 0 {
+                            control += cost(&frame);
+                        }
                     }
                     Err(_) => break,
                 }

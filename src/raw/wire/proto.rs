@@ -130,15 +130,34 @@ impl Reply {
 /// stops reading.
 pub(crate) const MAX_LISTING_WIRE_BYTES: usize = 2 * crate::MAX_LISTING_BYTES;
 
-/// A listing as the data of a `ListDir` reply.
+/// A listing as the data of a `ListDir` reply. Encoding stops at
+/// [`MAX_LISTING_WIRE_BYTES`]: names of control characters take six bytes each in
+/// JSON, so the encoding may be several times the names' own size.
 pub(crate) fn encode_listing(path: &SandboxPath, entries: &[DirEntry]) -> Result<Vec<u8>> {
-    let json = encode(&entries);
-    if json.len() > MAX_LISTING_WIRE_BYTES {
-        return Err(crate::Error::limit_exceeded(format!(
+    let mut out = CappedWriter(Vec::new());
+    serde_json::to_writer(&mut out, &entries).map_err(|_| {
+        crate::Error::limit_exceeded(format!(
             "listing {path}: over {MAX_LISTING_WIRE_BYTES} bytes on the wire"
-        )));
+        ))
+    })?;
+    Ok(out.0)
+}
+
+/// A buffer that refuses to grow past [`MAX_LISTING_WIRE_BYTES`].
+struct CappedWriter(Vec<u8>);
+
+impl std::io::Write for CappedWriter {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + bytes.len() > MAX_LISTING_WIRE_BYTES {
+            return Err(std::io::Error::other("over the listing's size cap"));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
     }
-    Ok(json)
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 /// Encodes a message for a frame payload.

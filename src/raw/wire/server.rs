@@ -8,7 +8,7 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::mpsc;
 
 use super::frame::{Frame, Kind, ERR, MAIN};
-use super::mux::Mux;
+use super::mux::{Inbound, Mux};
 use super::proto::{self, Call, Reply, WireError};
 use crate::archive::ArchiveLimits;
 use crate::backend::{ByteStream, SandboxBackend};
@@ -129,7 +129,7 @@ async fn handle(
     sandbox: &SandboxId,
     mux: &Arc<Mux>,
     frame: Frame,
-    rx: mpsc::UnboundedReceiver<Frame>,
+    rx: Inbound,
 ) {
     let id = frame.id;
     let reply = |result: Result<serde_json::Value>| {
@@ -216,12 +216,8 @@ async fn handle(
         }
         Call::Stat { path } => reply(value(backend.stat(sandbox, &path).await)),
         // Streamed: a listing of up to `MAX_DIR_ENTRIES` is far over one frame.
-        Call::ListDir { path } => match backend
-            .list_dir(sandbox, &path)
-            .await
-            .and_then(|entries| proto::encode_listing(&path, &entries))
-        {
-            Ok(json) => {
+        Call::ListDir { path } => match list_within(options, backend, sandbox, &path).await {
+            Ok((_held, json)) => {
                 reply(Ok(serde_json::Value::Null));
                 if mux.send_data(id, MAIN, json.into()).await.is_ok() {
                     let _ = mux.send_end(id, MAIN);
@@ -272,15 +268,35 @@ async fn handle(
     }
 }
 
+/// Lists `path` as the data of a `ListDir` reply, held within the budget until it is
+/// sent: the worst case is taken before the directory is read (the listing is in
+/// memory before it can be counted), and given back down to what it encodes to.
+async fn list_within(
+    options: &ServeOptions,
+    backend: &dyn SandboxBackend,
+    sandbox: &SandboxId,
+    path: &crate::SandboxPath,
+) -> Result<(Option<Reservation>, Vec<u8>)> {
+    let worst = proto::MAX_LISTING_WIRE_BYTES as u64;
+    let reserved = options.budget.as_ref().map_or(0, |b| worst.min(b.bytes()));
+    let mut held = options.reserve(reserved)?;
+    let entries = backend.list_dir(sandbox, path).await?;
+    let json = proto::encode_listing(path, &entries)?;
+    drop(entries);
+    if let (Some(held), Some(budget)) = (&mut held, &options.budget) {
+        let size = json.len() as u64;
+        match size.checked_sub(reserved) {
+            Some(more) => held.grow(budget, more)?,
+            None => held.shrink_to(size),
+        }
+    }
+    Ok((held, json))
+}
+
 /// Sends a watch's events as JSON lines until the watch ends (then `End`, or `Abort` on
 /// an error) or the client sends `Kill` or goes. While the client does not read, the
 /// credit runs out and the backend's own bounded buffer overflows, not this one.
-async fn send_events(
-    mux: &Mux,
-    id: u64,
-    mut events: crate::WatchStream,
-    mut rx: mpsc::UnboundedReceiver<Frame>,
-) {
+async fn send_events(mux: &Mux, id: u64, mut events: crate::WatchStream, mut rx: Inbound) {
     // Any frame from the client (its `Kill`) or its going away ends the watch.
     let mut stopped = std::pin::pin!(async move {
         let _ = rx.recv().await;
@@ -320,7 +336,7 @@ async fn send_events(
 
 /// The client's data frames for request `id` as a byte stream, granting credit as
 /// chunks are taken. Ends at `End`; an `Abort` or a lost connection is an error item.
-fn incoming(mux: Arc<Mux>, id: u64, rx: mpsc::UnboundedReceiver<Frame>) -> ByteStream {
+fn incoming(mux: Arc<Mux>, id: u64, rx: Inbound) -> ByteStream {
     futures::stream::unfold(Some((mux, rx)), move |state| async move {
         let (mux, mut rx) = state?;
         match rx.recv().await {
@@ -381,7 +397,7 @@ async fn exec(
     mux: &Arc<Mux>,
     id: u64,
     request: crate::ExecRequest,
-    mut rx: mpsc::UnboundedReceiver<Frame>,
+    mut rx: Inbound,
 ) {
     let mut process = match backend.exec(sandbox, request).await {
         Ok(process) => process,
