@@ -159,8 +159,10 @@ async fn case40_a_listing_of_long_link_targets_is_held_within_the_budget() {
         .local
         .run_shell(
             &sandbox,
-            "mkdir links small && touch small/a && t=$(head -c 4000 /dev/zero | tr '\\0' a) \
-             && i=0 && while [ $i -lt 5000 ]; do ln -s $t links/$i || exit 1; i=$((i+1)); done",
+            "mkdir links small escaped && touch small/a && t=$(head -c 4000 /dev/zero | tr '\\0' a) \
+             && i=0 && while [ $i -lt 5000 ]; do ln -s $t links/$i || exit 1; i=$((i+1)); done \
+             && t=$(head -c 4000 /dev/zero | tr '\\0' '\\001') \
+             && i=0 && while [ $i -lt 800 ]; do ln -s \"$t\" escaped/$i || exit 1; i=$((i+1)); done",
         )
         .await
         .unwrap();
@@ -181,10 +183,76 @@ async fn case40_a_listing_of_long_link_targets_is_held_within_the_budget() {
         "{status}, {} bytes: {head}",
         body.len()
     );
+    // 3.2 MB of link targets, 19 MB as JSON escapes them: counted as JSON.
+    let escaped = list("escaped").await.unwrap();
+    assert_eq!(
+        escaped.status(),
+        429,
+        "{} bytes",
+        escaped.text().await.unwrap().len()
+    );
     let small = list("small").await.unwrap();
     assert_eq!(small.status(), 200);
     let listed: Value = small.json().await.unwrap();
     assert_eq!(listed["entries"].as_array().unwrap().len(), 1, "{listed}");
+    server.local.destroy(&sandbox).await.unwrap();
+}
+
+/// ADVERSARIAL 40: a listing reads a directory whole before it can count its entries,
+/// so it takes room for a whole directory from the budget first (all of a budget under
+/// 64 MiB): with a stalled 8 MiB download holding part of a 16 MiB budget, a listing
+/// of one file is refused (`429`); once the download goes, it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_listing_is_read_only_with_room_for_a_whole_directory() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_file_bytes = 16 << 20;
+    config.max_transfer_bytes_per_tenant = 16 << 20;
+    let server = common::serve_local_with(config).await;
+    let http = reqwest::Client::new();
+    let (id, access) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
+    let sandbox = SandboxId::new(&id).unwrap();
+    let made = server
+        .local
+        .run_shell(
+            &sandbox,
+            "head -c 8388608 /dev/zero > f.bin && mkdir small && touch small/a",
+        )
+        .await
+        .unwrap();
+    assert!(made.success(), "{}", made.stderr_str());
+    let list = || {
+        http.post(format!("{}/filesystem.Filesystem/ListDir", server.url))
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &access)
+            .json(&json!({"path": "small", "depth": 1}))
+            .send()
+    };
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = server.url.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let request = format!(
+        "GET /files?path=f.bin HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\n\r\n"
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    let mut first = [0u8; 16];
+    stalled.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first[..12], b"HTTP/1.1 200");
+    assert_eq!(
+        list().await.unwrap().status(),
+        429,
+        "no room for a directory"
+    );
+    drop(stalled);
+    let mut status = 0;
+    for _ in 0..50 {
+        status = list().await.unwrap().status().as_u16();
+        if status == 200 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(status, 200, "served once the download went");
     server.local.destroy(&sandbox).await.unwrap();
 }
 

@@ -27,12 +27,17 @@ use crate::server::AppState;
 /// refused (`LimitExceeded`), never cut short silently.
 pub(crate) const MAX_LISTED: usize = 100_000;
 /// Most bytes one `ListDir` answer holds, each entry counted as its path, name and
-/// link target plus [`ENTRY_OVERHEAD`]; past it the call is refused (`LimitExceeded`).
-/// What it holds is reserved from the tenant's transfer budget as it grows, and held
-/// until the answer is sent.
+/// link target as JSON escapes them plus [`ENTRY_OVERHEAD`]; past it the call is
+/// refused (`LimitExceeded`). What it holds is reserved from the tenant's transfer
+/// budget as it grows, and held until the answer is sent.
 pub(crate) const MAX_LISTED_BYTES: u64 = 64 << 20;
 /// What an entry's other fields (kind, mode, owner, time) and their JSON cost.
 const ENTRY_OVERHEAD: u64 = 256;
+/// What reading one directory may hold before its entries can be counted: the
+/// backend's listing of up to `MAX_LISTING_BYTES` of names, with each entry's own
+/// fields. Reserved from the budget (at most all of it) for the read, and given back
+/// down to what was counted once the directory is done.
+const DIRECTORY_HOLD: u64 = 64 << 20;
 /// Deepest `ListDir` answers. E2B's SDKs ask for 1 unless told otherwise; a deeper
 /// request is refused as invalid (`400`), not clamped, so a client never takes a
 /// partial tree for the whole one.
@@ -178,6 +183,7 @@ async fn list_dir(
         held: budget.try_reserve(RESERVE_STEP)?,
         reserved: RESERVE_STEP,
         used: 0,
+        directory_hold: DIRECTORY_HOLD.min(budget.bytes()),
     };
     let mut entries = Vec::new();
     let mut level = vec![root];
@@ -189,6 +195,7 @@ async fn list_dir(
         for dir in level {
             // A backend answering from memory never yields on its own.
             tokio::task::consume_budget().await;
+            listed.before_directory(&budget)?;
             for item in backend.list_dir(id, &dir).await? {
                 if entries.len() >= MAX_LISTED {
                     return Err(Error::limit_exceeded(format!(
@@ -204,6 +211,7 @@ async fn list_dir(
                 listed.count(&entry, &budget)?;
                 entries.push(entry);
             }
+            listed.after_directory();
         }
         level = next;
     }
@@ -226,19 +234,43 @@ struct Listed {
     held: sandcell::raw::budget::Reservation,
     reserved: u64,
     used: u64,
+    /// [`DIRECTORY_HOLD`], or the whole budget where that is smaller.
+    directory_hold: u64,
 }
 
 impl Listed {
+    /// Reserves room for reading one directory whole (see [`DIRECTORY_HOLD`]).
+    fn before_directory(
+        &mut self,
+        budget: &sandcell::raw::budget::ByteBudget,
+    ) -> sandcell::Result<()> {
+        let wanted = self.used + self.directory_hold;
+        if wanted > self.reserved {
+            self.held.grow(budget, wanted - self.reserved)?;
+            self.reserved = wanted;
+        }
+        Ok(())
+    }
+
+    /// Gives back what reading a directory reserved beyond what its entries counted.
+    fn after_directory(&mut self) {
+        let keep = self.used.div_ceil(RESERVE_STEP).max(1) * RESERVE_STEP;
+        if keep < self.reserved {
+            self.held.shrink_to(keep);
+            self.reserved = keep;
+        }
+    }
+
     /// Counts `entry`: `LimitExceeded` past [`MAX_LISTED_BYTES`] or the tenant's budget.
     fn count(
         &mut self,
         entry: &EntryInfo,
         budget: &sandcell::raw::budget::ByteBudget,
     ) -> sandcell::Result<()> {
-        let text = entry.path.len()
-            + entry.name.len()
-            + entry.symlink_target.as_ref().map_or(0, String::len);
-        self.used += text as u64 + ENTRY_OVERHEAD;
+        let text = json_len(&entry.path)
+            + json_len(&entry.name)
+            + entry.symlink_target.as_deref().map_or(0, json_len);
+        self.used += text + ENTRY_OVERHEAD;
         if self.used > MAX_LISTED_BYTES {
             return Err(Error::limit_exceeded(format!(
                 "the listing holds more than {MAX_LISTED_BYTES} bytes: list less deep"
@@ -250,6 +282,18 @@ impl Listed {
         }
         Ok(())
     }
+}
+
+/// The most bytes `text` takes as a JSON string's contents: a control character is
+/// escaped to six, a quote or backslash to two.
+fn json_len(text: &str) -> u64 {
+    text.bytes()
+        .map(|b| match b {
+            b'"' | b'\\' => 2,
+            0..=0x1f => 6,
+            _ => 1,
+        })
+        .sum()
 }
 
 async fn make_dir(
