@@ -121,6 +121,20 @@ pub(super) fn walk(dir: &Path, refuse: Refuse<'_>) -> Result<Walk> {
                 return Err(refuse("it is a symbolic link".to_owned()));
             }
             FileType::Symlink => {
+                // The link judged is the one read: both through one descriptor of it,
+                // so it cannot be swapped for another between the two.
+                let reading = |e| io(format_args!("reading the link {}", path.display()), e);
+                let link = rustix::fs::openat(
+                    &parent.fd,
+                    &name,
+                    OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                )
+                .map_err(reading)?;
+                let stat = rustix::fs::fstat(&link).map_err(reading)?;
+                if FileType::from_raw_mode(stat.st_mode) != FileType::Symlink {
+                    return Err(refuse("it changed while it was inspected".to_owned()));
+                }
                 // Whoever owns it could point it elsewhere; the directory it lies in
                 // is on the real path, judged already.
                 judge_above(&path, &stat, refuse)?;
@@ -131,8 +145,7 @@ pub(super) fn walk(dir: &Path, refuse: Refuse<'_>) -> Result<Walk> {
                         Errno::LOOP,
                     ));
                 }
-                let target = rustix::fs::readlinkat(&parent.fd, &name, Vec::new())
-                    .map_err(|e| io(format_args!("reading the link {}", path.display()), e))?;
+                let target = rustix::fs::readlinkat(&link, c"", Vec::new()).map_err(reading)?;
                 let target = Path::new(OsStr::from_bytes(target.as_bytes()));
                 if target.is_absolute() {
                     above.clear();
