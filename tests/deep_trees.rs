@@ -198,3 +198,37 @@ fn a_removal_climbing_back_into_a_moved_directory_stops() {
     assert_eq!(climbed, Err(rustix::io::Errno::STALE));
     assert!(keep.join("precious").exists());
 }
+
+/// Wide directories are removed a batch of names at a time, and only the directory
+/// being cleared holds names: whatever the tree's shape (directories of many thousand
+/// hard links, which cost no inodes, nested under each other and placed between
+/// batches), everything goes. Before, each directory's names were read whole and every
+/// level above kept its own: 2 million links held some 500 MB.
+#[test]
+fn wide_directories_are_removed_a_batch_at_a_time() {
+    let base = fast_tempdir();
+    let tree = base.path().join("wide");
+    std::fs::create_dir(&tree).unwrap();
+    let file = base.path().join("one-file");
+    std::fs::write(&file, "x").unwrap();
+    let fill = |dir: &Path, prefix: &str, links: usize| {
+        for i in 0..links {
+            std::fs::hard_link(&file, dir.join(format!("{prefix}-{i:06}"))).unwrap();
+        }
+    };
+    fill(&tree, "link", 20_000);
+    let mut dir = tree.clone();
+    for level in 0..3 {
+        for side in 0..3 {
+            let sub = dir.join(format!("sub-{level}-{side}"));
+            std::fs::create_dir(&sub).unwrap();
+            fill(&sub, "link", 1_000 * (side + 1));
+        }
+        dir = dir.join(format!("sub-{level}-1"));
+        fill(&dir, "more", 5_000);
+    }
+    sandcell::raw::tree::remove_dir_all(&tree).unwrap();
+    assert!(!tree.exists(), "everything removed");
+    let left = rustix::fs::stat(&file).unwrap().st_nlink;
+    assert_eq!(left, 1, "every link went");
+}

@@ -96,15 +96,63 @@ pub fn list_names_within(
     Ok(Ok(names))
 }
 
+/// How many names [`remove_tree`] reads of one directory at a time: it unlinks them
+/// and reads again, so a directory of millions of names (hard links cost no inodes) is
+/// never held whole.
+const REMOVE_BATCH: usize = 4096;
+
+/// Most times [`remove_tree`] reads one directory: past it the directory is taken to
+/// be filling as fast as it is emptied (`ENOTEMPTY`).
+const MAX_REMOVE_READS: u32 = 1 << 20;
+
+/// Up to `max` names of directory `dir` (any descriptor of it), without `.` and `..`,
+/// in the directory's own order; and whether it stopped at `max` (more may follow).
+fn first_names(dir: BorrowedFd<'_>, max: usize) -> rustix::io::Result<(Vec<CString>, bool)> {
+    let fd = rustix::fs::openat(
+        dir,
+        c".",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
+        Mode::empty(),
+    )?;
+    let mut names = Vec::new();
+    for entry in Dir::new(fd)? {
+        let entry = entry?;
+        let name = entry.file_name();
+        if name != c"." && name != c".." {
+            if names.len() == max {
+                return Ok((names, true));
+            }
+            names.push(name.to_owned());
+        }
+    }
+    Ok((names, false))
+}
+
 /// Removes directory `name` in `parent` and everything in it. Directories are opened
 /// with `O_NOFOLLOW`, and entries are unlinked before being looked into, so a symlink
 /// is only ever removed, never followed. At most [`OPEN_LEVELS`] descriptors are held,
-/// however deep the tree ([`DirStack`]). A mount point in the tree fails the removal
-/// with `EBUSY` before anything beneath it is removed.
+/// however deep the tree ([`DirStack`]), and at most [`REMOVE_BATCH`] names, however
+/// wide: only the directory being cleared holds names, read a batch at a time (the
+/// one above reads again once it is back). A mount point in the tree fails the
+/// removal with `EBUSY` before anything beneath it is removed.
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()> {
     struct Pending {
         names: Vec<CString>,
+        /// Whether the directory may hold names not read yet.
+        more: bool,
+        reads: u32,
         relists: u8,
+    }
+    impl Pending {
+        /// Takes the next batch of names of the directory, `dir`.
+        fn read(&mut self, dir: BorrowedFd<'_>) -> rustix::io::Result<()> {
+            self.reads += 1;
+            if self.reads > MAX_REMOVE_READS {
+                return Err(Errno::NOTEMPTY);
+            }
+            (self.names, self.more) = first_names(dir, REMOVE_BATCH)?;
+            Ok(())
+        }
     }
     // A mount point is refused before anything in it is touched: its contents are
     // another file system's (a host directory bound into a workspace), and the mount
@@ -115,8 +163,14 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()
             if is_mount_root(fd.as_fd()) {
                 return Err(Errno::BUSY);
             }
-            let names = list_names(fd.as_fd())?;
-            Ok((fd, Pending { names, relists: 0 }))
+            let mut pending = Pending {
+                names: Vec::new(),
+                more: false,
+                reads: 0,
+                relists: 0,
+            };
+            pending.read(fd.as_fd())?;
+            Ok((fd, pending))
         };
     let mut stack = DirStack::new();
     let (fd, pending) = open_level(parent, name)?;
@@ -140,8 +194,20 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()
                 Err(e) => return Err(e),
             };
             if let Some((fd, pending)) = descend {
+                // Names wait in one directory only: this one reads again once the
+                // child is gone.
+                level.data.names = Vec::new();
+                level.data.more = true;
                 stack.push(fd, child, pending)?;
             }
+            continue;
+        }
+        if level.data.more {
+            let Level { fd, data, .. } = level;
+            let Some(fd) = fd else {
+                return Err(Errno::BADF);
+            };
+            data.read(fd.as_fd())?;
             continue;
         }
         let Some(mut done) = stack.pop()? else { break };
@@ -154,7 +220,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()
             // Something was created in it meanwhile: clear it again, a few times at most.
             Err(Errno::NOTEMPTY | Errno::EXIST) if done.data.relists < 3 => {
                 done.data.relists += 1;
-                done.data.names = list_names(done.fd()?)?;
+                done.data.more = true;
                 let Level { fd, name, data, .. } = done;
                 let Some(fd) = fd else {
                     return Err(Errno::BADF);
