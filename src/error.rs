@@ -289,6 +289,8 @@ impl Error {
             | std::io::ErrorKind::IsADirectory
             | std::io::ErrorKind::DirectoryNotEmpty => ErrorKind::InvalidInput,
             std::io::ErrorKind::TimedOut => ErrorKind::Timeout,
+            // A file past a size limit, or a directory past a walk's (`raw::tree`).
+            std::io::ErrorKind::FileTooLarge => ErrorKind::LimitExceeded,
             std::io::ErrorKind::UnexpectedEof => ErrorKind::Corrupt,
             _ => ErrorKind::Backend,
         };

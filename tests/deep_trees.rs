@@ -232,3 +232,30 @@ fn wide_directories_are_removed_a_batch_at_a_time() {
     let left = rustix::fs::stat(&file).unwrap().st_nlink;
     assert_eq!(left, 1, "every link went");
 }
+
+/// A directory past what one walk holds of it (`MAX_WALK_NAME_BYTES` of names, here
+/// in 250-byte hard links) is refused as the reading passes the cap, as `EFBIG`, which
+/// reads as `LimitExceeded`; one just under it is listed whole.
+#[test]
+fn a_directory_too_large_to_walk_is_refused_as_a_limit() {
+    use sandcell::raw::tree::{list_names, MAX_WALK_NAME_BYTES};
+
+    let base = fast_tempdir();
+    let dir = base.path().join("many");
+    std::fs::create_dir(&dir).unwrap();
+    let file = base.path().join("one-file");
+    std::fs::write(&file, "x").unwrap();
+    let name = |i: usize| format!("{i:0250}");
+    let under = MAX_WALK_NAME_BYTES / 250;
+    for i in 0..under {
+        std::fs::hard_link(&file, dir.join(name(i))).unwrap();
+    }
+    let open = || rustix::fs::open(&dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
+    assert_eq!(list_names(open().as_fd()).unwrap().len(), under);
+    std::fs::hard_link(&file, dir.join(name(under))).unwrap();
+    let refused = list_names(open().as_fd()).unwrap_err();
+    assert_eq!(refused, rustix::io::Errno::FBIG);
+    let error = sandcell::Error::io("listing many", refused.into());
+    assert_eq!(error.kind(), sandcell::ErrorKind::LimitExceeded, "{error}");
+    sandcell::raw::tree::remove_dir_all(&dir).unwrap();
+}

@@ -60,11 +60,33 @@ pub fn is_mount_root(dir: BorrowedFd<'_>) -> bool {
     }
 }
 
+/// Most names [`list_names`] holds for one directory.
+pub const MAX_WALK_NAMES: usize = 1_000_000;
+/// Most bytes of names [`list_names`] holds for one directory.
+pub const MAX_WALK_NAME_BYTES: usize = 64 << 20;
+
 /// The names in directory `dir` (any descriptor of it, `O_PATH` too), sorted by bytes,
 /// without `.` and `..`. Read in full before the caller changes the directory, since
 /// deleting while reading may skip entries on some file systems.
+///
+/// A directory of more than [`MAX_WALK_NAMES`] names, or [`MAX_WALK_NAME_BYTES`] of
+/// them, fails with `EFBIG` (which [`Error::io`](crate::Error::io) reads as
+/// `LimitExceeded`) as soon as the reading passes it: hard links cost no inodes, so a
+/// sandbox can make a directory of millions of names, and walks that go in sorted
+/// order (snapshots, exports, copies) hold one directory's names whole.
 pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
-    Ok(list_names_within(dir, |_| Ok(()))?.unwrap_or_default())
+    let (mut names, mut bytes) = (0usize, 0usize);
+    let admitted = list_names_within(dir, |name| {
+        names += 1;
+        bytes += name.to_bytes().len();
+        match names > MAX_WALK_NAMES || bytes > MAX_WALK_NAME_BYTES {
+            true => Err(crate::Error::limit_exceeded(
+                "a directory too large to walk",
+            )),
+            false => Ok(()),
+        }
+    })?;
+    admitted.map_err(|_| Errno::FBIG)
 }
 
 /// As [`list_names`], but asks `admit` about each name as it is read and stops at the
