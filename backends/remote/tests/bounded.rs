@@ -1085,3 +1085,50 @@ mod mcp {
         assert_eq!(spec.limits.disk_bytes, Some(10 << 30));
     }
 }
+
+/// ADVERSARIAL 40: a download whose client stops taking chunks is cut short after
+/// `held_response_timeout`, and what it held goes back to the budget while the
+/// connection is still open: before, a stalled reader held its share for as long as
+/// its connection lived (130 s and more).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_stalled_download_lets_go_of_the_budget() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_file_bytes = 16 << 20;
+    config.max_transfer_bytes_per_tenant = 16 << 20;
+    config.held_response_timeout = std::time::Duration::from_secs(2);
+    let server = common::serve_local_with(config).await;
+    let http = reqwest::Client::new();
+    let (id, access) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
+    let sandbox = SandboxId::new(&id).unwrap();
+    let made = server
+        .local
+        .run_shell(&sandbox, "head -c 12582912 /dev/zero > f.bin")
+        .await
+        .unwrap();
+    assert!(made.success(), "{}", made.stderr_str());
+    let get = || {
+        http.get(format!("{}/files", server.url))
+            .query(&[("path", "f.bin")])
+            .header("E2b-Sandbox-Id", &id)
+            .header("X-Access-Token", &access)
+            .send()
+    };
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let addr = server.url.trim_start_matches("http://").parse().unwrap();
+    let mut stalled = socket.connect(addr).await.unwrap();
+    let request = format!(
+        "GET /files?path=f.bin HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\n\r\n"
+    );
+    stalled.write_all(request.as_bytes()).await.unwrap();
+    let mut first = [0u8; 16];
+    stalled.read_exact(&mut first).await.unwrap();
+    assert_eq!(&first[..12], b"HTTP/1.1 200");
+    assert_eq!(get().await.unwrap().status(), 429, "held while it is taken");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let served = get().await.unwrap();
+    assert_eq!(served.status(), 200, "let go after the stall");
+    assert_eq!(served.bytes().await.unwrap().len(), 12 << 20);
+    drop(stalled);
+    server.local.destroy(&sandbox).await.unwrap();
+}

@@ -29,6 +29,12 @@ pub struct ServerConfig {
     /// HTTP/1 the shorter of this and `header_read_timeout` applies between requests
     /// too, since the wait for a next request is also the wait for its head.
     pub idle_timeout: std::time::Duration,
+    /// The longest a response the server holds in memory (a file download, a
+    /// directory listing) waits for its client to take the next chunk (default 30 s):
+    /// past it the response is cut short and what it held goes back to the tenant's
+    /// transfer budget, so a client that asks and reads nothing holds no share of it
+    /// for as long as its connection lives. A command's output is not bounded.
+    pub held_response_timeout: std::time::Duration,
     /// The most connections served at once, TLS handshakes included (default 1024);
     /// past it the server accepts no more until one closes. A connection upgraded to
     /// the wire protocol leaves the count once upgraded (each is one tenant's
@@ -107,6 +113,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("header_read_timeout", &self.header_read_timeout)
             .field("body_read_timeout", &self.body_read_timeout)
             .field("idle_timeout", &self.idle_timeout)
+            .field("held_response_timeout", &self.held_response_timeout)
             .field("max_connections", &self.max_connections)
             .field("max_file_bytes", &self.max_file_bytes)
             .field(
@@ -144,6 +151,7 @@ impl ServerConfig {
             header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
             body_read_timeout: listen::DEFAULT_BODY_READ_TIMEOUT,
             idle_timeout: listen::DEFAULT_IDLE_TIMEOUT,
+            held_response_timeout: std::time::Duration::from_secs(30),
             max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_file_bytes: 64 << 20,
             max_transfer_bytes_per_tenant: 256 << 20,

@@ -217,7 +217,8 @@ async fn list_dir(
     }
     let json = serde_json::to_vec(&ListDirResponse { entries })
         .map_err(|e| Error::new(ErrorKind::Backend, format!("encoding a listing: {e}")))?;
-    let body = super::transfer::copied_chunks(json.into(), listed.held);
+    let stall = state.config.held_response_timeout;
+    let body = super::transfer::copied_chunks(json.into(), listed.held, stall);
     let mut response = Response::new(axum::body::Body::from_stream(body));
     response.headers_mut().insert(
         axum::http::header::CONTENT_TYPE,

@@ -12,6 +12,7 @@ use serde::Deserialize;
 
 use super::{paths, AppState, Envd};
 use crate::e2b::envd::{FilesError, WrittenEntry};
+use crate::lock;
 
 /// The query of both routes.
 #[derive(Debug, Deserialize)]
@@ -83,7 +84,8 @@ pub(super) async fn download(
         Err(e) if sandcell::raw::budget::is_refusal(&e) => return Ok(busy(&e)),
         Err(e) => return Err(e.into()),
     };
-    let mut response = Response::new(Body::from_stream(copied_chunks(data, held)));
+    let stall = state.config.held_response_timeout;
+    let mut response = Response::new(Body::from_stream(copied_chunks(data, held, stall)));
     response.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
@@ -108,20 +110,69 @@ fn busy(e: &Error) -> Response {
 
 /// The bytes of `data` as copied chunks, `held` until the last is taken: a slice
 /// would keep all of `data` alive in the connection's buffers after the budget let
-/// it go.
+/// it go. A client that takes no chunk for `stall` has the answer cut short (an
+/// error ends the body) and `data` and `held` let go at once.
 pub(super) fn copied_chunks(
     data: Bytes,
     held: sandcell::raw::budget::Reservation,
-) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> + Send {
+    stall: std::time::Duration,
+) -> impl futures::Stream<Item = Result<Bytes, std::io::Error>> + Send {
     const CHUNK: usize = 64 << 10;
-    futures::stream::unfold((data, 0, Some(held)), |(data, offset, held)| async move {
-        if offset >= data.len() {
-            drop(held);
+    let holding = std::sync::Arc::new(std::sync::Mutex::new(Some((data, held))));
+    let taken = std::sync::Arc::new(tokio::sync::Notify::new());
+    let watched = std::sync::Arc::downgrade(&holding);
+    let progress = std::sync::Arc::clone(&taken);
+    tokio::spawn(async move {
+        // A permit is stored when nobody waits: no chunk taken is missed.
+        while tokio::time::timeout(stall, progress.notified())
+            .await
+            .is_ok()
+        {
+            if watched.strong_count() == 0 {
+                return;
+            }
+        }
+        if let Some(holding) = watched.upgrade() {
+            lock(&holding).take();
+        }
+    });
+    futures::stream::unfold((holding, taken, 0), |(holding, taken, offset)| async move {
+        // Cut short: the error was the last item.
+        if offset == usize::MAX {
             return None;
         }
-        let end = (offset + CHUNK).min(data.len());
-        let chunk = Bytes::copy_from_slice(&data[offset..end]);
-        Some((Ok(chunk), (data, end, held)))
+        taken.notify_one();
+        let chunk = {
+            let mut slot = lock(&holding);
+            let Some((data, _)) = slot.as_ref() else {
+                return Some((
+                    Err(std::io::Error::other(
+                        "the client took nothing for too long",
+                    )),
+                    (
+                        std::sync::Arc::clone(&holding),
+                        std::sync::Arc::clone(&taken),
+                        usize::MAX,
+                    ),
+                ));
+            };
+            if offset >= data.len() {
+                slot.take();
+                None
+            } else {
+                let end = (offset + CHUNK).min(data.len());
+                Some((Bytes::copy_from_slice(&data[offset..end]), end))
+            }
+        };
+        match chunk {
+            Some((chunk, end)) => Some((Ok(chunk), (holding, taken, end))),
+            None => {
+                // Wakes the watch, which finds nothing held and ends.
+                drop(holding);
+                taken.notify_one();
+                None
+            }
+        }
     })
 }
 
