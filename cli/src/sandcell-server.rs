@@ -87,6 +87,11 @@ struct Args {
     /// Seconds a connection may go with no request in flight before it is closed.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     idle_timeout: u64,
+    /// Seconds a response held in memory (a file download, a directory listing) waits
+    /// for its client to take the next chunk before it is cut short and what it held
+    /// goes back to the tenant's transfer budget.
+    #[arg(long, value_name = "SECS", default_value_t = 30)]
+    held_response_timeout: u64,
     /// The most connections served at once (TLS handshakes included); past it the
     /// server accepts no more until one closes.
     #[arg(long, value_name = "N", default_value_t = 1024)]
@@ -284,6 +289,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     config.header_read_timeout = std::time::Duration::from_secs(args.header_read_timeout);
     config.body_read_timeout = std::time::Duration::from_secs(args.body_read_timeout);
     config.idle_timeout = std::time::Duration::from_secs(args.idle_timeout);
+    config.held_response_timeout = std::time::Duration::from_secs(args.held_response_timeout);
     config.max_connections = args.max_connections;
     config.default_limits = sandcell::Limits::new()
         .cpu_millis(args.default_cpu_millis)
