@@ -184,6 +184,7 @@ pub(crate) fn container_body(
         nano_cpus: limits.cpu_millis.map(|m| i64::from(m) * 1_000_000),
         network_mode: Some(network_mode),
         extra_hosts: task_network.map(crate::task_network::TaskNetwork::hosts),
+        dns: task_network.and_then(crate::task_network::TaskNetwork::dns),
         init: Some(true),
         runtime: config.runtime.clone(),
         ulimits: ulimits.map(<[ResourcesUlimits]>::to_vec),

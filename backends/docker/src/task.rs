@@ -60,6 +60,7 @@ pub(crate) async fn start_service(
             cap_drop: Some(vec!["NET_RAW".to_owned()]),
             network_mode: Some(network.name.clone()),
             extra_hosts: Some(network.hosts()),
+            dns: network.dns(),
             init: Some(true),
             ulimits: ulimits.map(<[_]>::to_vec),
             ..Default::default()
@@ -216,6 +217,7 @@ pub(crate) async fn recreate_body(
     if let Some(network) = network {
         host.network_mode = Some(network.name.clone());
         host.extra_hosts = Some(network.hosts());
+        host.dns = network.dns();
     }
     Ok(ContainerCreateBody {
         image: Some(image),

@@ -44,7 +44,13 @@ pub(crate) struct TaskNetwork {
     /// `ExtraHosts` entries (`name:address`) naming every service, for every
     /// container on the network.
     hosts: Vec<String>,
+    /// Whether it has no route out.
+    internal: bool,
 }
+
+/// The name server an internal network's containers are given: TEST-NET-1, which
+/// nothing answers and the host's rules drop.
+const UNREACHABLE_DNS: &str = "192.0.2.1";
 
 impl TaskNetwork {
     /// Every container on it will find `services` (each a host name and a service
@@ -103,6 +109,16 @@ impl TaskNetwork {
     /// The `ExtraHosts` of each container on it.
     pub(crate) fn hosts(&self) -> Vec<String> {
         self.hosts.clone()
+    }
+
+    /// The `Dns` of each container on it: none of the engine's choosing on an internal
+    /// network. Docker's resolver, inside each container, forwards what it cannot
+    /// answer upstream, and before 26.0.0 did so from the host's network namespace
+    /// where the host's resolver is on loopback (CVE-2024-29018), so a sandbox without
+    /// a network could send data out in its queries. A named upstream is asked from
+    /// the container's own namespace, where an internal network has no way out.
+    pub(crate) fn dns(&self) -> Option<Vec<String>> {
+        self.internal.then(|| vec![UNREACHABLE_DNS.to_owned()])
     }
 }
 
@@ -182,6 +198,7 @@ pub(crate) async fn create(
         name,
         subnet,
         hosts: Vec::new(),
+        internal,
     })
 }
 
@@ -209,6 +226,7 @@ mod tests {
             name: "n".to_owned(),
             subnet: Ipv4Addr::new(100, 126, 0, 16),
             hosts: Vec::new(),
+            internal: true,
         }
     }
 

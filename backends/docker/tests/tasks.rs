@@ -104,6 +104,13 @@ async fn services_are_reachable_by_hostname_and_go_with_their_sandbox() {
         .await
         .unwrap();
     assert_eq!(network.internal, Some(true));
+    // Docker's resolver in each container forwards upstream (before 26.0.0 from the
+    // host's namespace, CVE-2024-29018): every container names one nothing answers.
+    for name in [sandbox.id.to_string(), format!("{}-web", sandbox.id)] {
+        let inspected = backend.docker().inspect_container(&name, None).await;
+        let dns = inspected.unwrap().host_config.unwrap().dns;
+        assert_eq!(dns, Some(vec!["192.0.2.1".to_owned()]), "{name}");
+    }
     // The names come from the hosts file: no resolver on the bridge answers a sandbox
     // without a network (Podman's would forward any other name upstream, carrying
     // whatever the sandbox put in it).
