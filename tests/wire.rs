@@ -364,3 +364,52 @@ async fn a_listing_is_held_within_the_budget() {
         "what the listings held came back"
     );
 }
+
+/// ADVERSARIAL 40: data a client takes from the connection but its caller has not read
+/// yet still counts against the connection's bound: an agent that answers a command
+/// with its whole window of output in 1-byte frames, paced so the client keeps up,
+/// which the caller does not read, ends the connection (64 MiB of frames counted with
+/// their overhead) instead of queueing a million small allocations (some 80 MB) past
+/// the bound.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tiny_frames_a_caller_has_not_read_still_count() {
+    let (agent, caller) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(async move {
+        let (mut read, mut write) = tokio::io::split(agent);
+        let mut buf = [0u8; 4096];
+        if read.read(&mut buf).await.unwrap_or(0) == 0 {
+            return;
+        }
+        if write
+            .write_all(&frame(5, 1, br#"{"ok":null}"#))
+            .await
+            .is_err()
+        {
+            return;
+        }
+        let batch: Vec<u8> = (0..500).flat_map(|_| frame(2, 1, b"x")).collect();
+        for _ in 0..2_096 {
+            if write.write_all(&batch).await.is_err() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let (read, write) = tokio::io::split(caller);
+    let client = WireClient::new(read, write);
+    let process = client
+        .exec(sandcell::ExecRequest::new(["sh"]))
+        .await
+        .unwrap();
+    let mut ended = false;
+    for _ in 0..600 {
+        if client.closed().is_some() {
+            ended = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ended, "the connection ended past its bound");
+    drop(process);
+}

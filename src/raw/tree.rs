@@ -61,9 +61,9 @@ pub fn is_mount_root(dir: BorrowedFd<'_>) -> bool {
 }
 
 /// Most names [`list_names`] holds for one directory.
-pub const MAX_WALK_NAMES: usize = 1_000_000;
+pub const MAX_WALK_NAMES: usize = 250_000;
 /// Most bytes of names [`list_names`] holds for one directory.
-pub const MAX_WALK_NAME_BYTES: usize = 64 << 20;
+pub const MAX_WALK_NAME_BYTES: usize = 32 << 20;
 
 /// The names in directory `dir` (any descriptor of it, `O_PATH` too), sorted by bytes,
 /// without `.` and `..`. Read in full before the caller changes the directory, since
@@ -123,9 +123,11 @@ pub fn list_names_within(
 /// never held whole.
 const REMOVE_BATCH: usize = 4096;
 
-/// Most times [`remove_tree`] reads one directory: past it the directory is taken to
-/// be filling as fast as it is emptied (`ENOTEMPTY`).
-const MAX_REMOVE_READS: u32 = 1 << 20;
+/// Most directory reads one [`remove_tree`] makes (each directory is read once, again
+/// after each of its subdirectories is gone, and once more per batch): past it the
+/// tree is taken to be filling as fast as it is emptied (`ENOTEMPTY`), rather than
+/// keep a thread busy for as long as a racing sandbox likes.
+const MAX_REMOVE_READS: u32 = 1 << 24;
 
 /// Up to `max` names of directory `dir` (any descriptor of it), without `.` and `..`,
 /// in the directory's own order; and whether it stopped at `max` (more may follow).
@@ -162,20 +164,18 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()
         names: Vec<CString>,
         /// Whether the directory may hold names not read yet.
         more: bool,
-        reads: u32,
         relists: u8,
     }
-    impl Pending {
-        /// Takes the next batch of names of the directory, `dir`.
-        fn read(&mut self, dir: BorrowedFd<'_>) -> rustix::io::Result<()> {
-            self.reads += 1;
-            if self.reads > MAX_REMOVE_READS {
-                return Err(Errno::NOTEMPTY);
-            }
-            (self.names, self.more) = first_names(dir, REMOVE_BATCH)?;
-            Ok(())
+    let reads = std::cell::Cell::new(0u32);
+    // Takes the next batch of names of directory `dir` into `pending`.
+    let read = |pending: &mut Pending, dir: BorrowedFd<'_>| -> rustix::io::Result<()> {
+        reads.set(reads.get() + 1);
+        if reads.get() > MAX_REMOVE_READS {
+            return Err(Errno::NOTEMPTY);
         }
-    }
+        (pending.names, pending.more) = first_names(dir, REMOVE_BATCH)?;
+        Ok(())
+    };
     // A mount point is refused before anything in it is touched: its contents are
     // another file system's (a host directory bound into a workspace), and the mount
     // point itself could not be removed anyway.
@@ -188,10 +188,9 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()
             let mut pending = Pending {
                 names: Vec::new(),
                 more: false,
-                reads: 0,
                 relists: 0,
             };
-            pending.read(fd.as_fd())?;
+            read(&mut pending, fd.as_fd())?;
             Ok((fd, pending))
         };
     let mut stack = DirStack::new();
@@ -229,7 +228,7 @@ pub fn remove_tree(parent: BorrowedFd<'_>, name: &CStr) -> rustix::io::Result<()
             let Some(fd) = fd else {
                 return Err(Errno::BADF);
             };
-            data.read(fd.as_fd())?;
+            read(data, fd.as_fd())?;
             continue;
         }
         let Some(mut done) = stack.pop()? else { break };

@@ -208,11 +208,17 @@ pub fn decide_claim<'a>(
             || (r.updated_at >= claim.stale_before
                 && r.lease.as_ref().is_none_or(|l| l.expires_at > now))
     };
-    let lease = Lease::next(
+    let mut lease = Lease::next(
         existing.and_then(|r| r.lease.as_ref()),
         &claim.owner,
         claim.lease_until,
     );
+    // An abandoned claim is replaced under a new token whoever claims, its own owner
+    // id included (a restart, or one of the processes sharing the default id): the
+    // claimer that stalled past its lease must find its writes refused.
+    if let Some(stale) = existing.filter(|r| r.status == SandboxStatus::Provisioning && !fresh(r)) {
+        lease.token = lease.token.max(stale.token() + 1);
+    }
     if let Some(existing) = existing {
         if existing.holds_sandbox() && fresh(existing) {
             if existing.status == SandboxStatus::Provisioning {
@@ -318,6 +324,21 @@ mod tests {
             decide_claim(&claim("c", None), Some(&inflight), [&inflight]).unwrap(),
             ClaimOutcome::Claimed { record, .. } if record.token() == 4
         ));
+        // Its own owner id too takes it over under a new token: the stalled claimer's
+        // late writes, under the old one, are refused.
+        inflight.lease = Some(Lease::new("m1", 3, now - chrono::Duration::seconds(1)));
+        let ClaimOutcome::Claimed { record, .. } =
+            decide_claim(&claim("c", None), Some(&inflight), [&inflight]).unwrap()
+        else {
+            panic!("an abandoned claim is taken over")
+        };
+        assert_eq!(record.token(), 4, "a new token for the same owner");
+        assert_eq!(
+            check_fence(&record.key, Some(&record), 3)
+                .unwrap_err()
+                .kind(),
+            ErrorKind::Conflict
+        );
         inflight.lease = None;
         inflight.updated_at = now - chrono::Duration::seconds(120);
         assert!(matches!(

@@ -61,16 +61,26 @@ impl Inbound {
     pub(crate) async fn recv(&mut self) -> Option<Frame> {
         self.rx.recv().await.map(|Charged { frame, .. }| frame)
     }
+
+    /// The next frame with its count, for a consumer that passes its data on to be
+    /// used later (a process's stdin, a caller's stream): the count holds until the
+    /// [`Charge`] is dropped, so data taken but not yet used is bounded too.
+    pub(crate) async fn recv_charged(&mut self) -> Option<(Frame, Charge)> {
+        self.rx
+            .recv()
+            .await
+            .map(|Charged { frame, charge }| (frame, charge))
+    }
 }
 
 /// A received frame with its count in [`QUEUED_INBOUND`].
 struct Charged {
     frame: Frame,
-    _charge: Charge,
+    charge: Charge,
 }
 
 /// Bytes counted in [`QUEUED_INBOUND`], given back on drop.
-struct Charge {
+pub(crate) struct Charge {
     bytes: usize,
     queued: Arc<std::sync::atomic::AtomicUsize>,
 }
@@ -423,7 +433,7 @@ impl Mux {
             .fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
         let charged = Charged {
             frame,
-            _charge: Charge {
+            charge: Charge {
                 bytes,
                 queued: Arc::clone(&self.queued_inbound),
             },

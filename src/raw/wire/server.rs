@@ -143,6 +143,8 @@ async fn handle(
         Ok(call) => call,
         Err(e) => return reply(Err(e)),
     };
+    // What the call says is kept, not how the client padded it.
+    drop(frame);
     fn value<T: serde::Serialize>(r: Result<T>) -> Result<serde_json::Value> {
         r.and_then(|v| {
             serde_json::to_value(v)
@@ -416,11 +418,13 @@ async fn exec(
     ];
     // Stdin is fed from its own task, so a command that never reads it cannot stop
     // kill requests from being handled.
-    let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<Bytes>();
+    // Each chunk keeps its count in the connection's bound until it is written: a
+    // client's tiny frames for a command that reads nothing are bounded too.
+    let (stdin_tx, mut stdin_rx) = mpsc::unbounded_channel::<(Bytes, super::mux::Charge)>();
     if let Some(mut stdin) = process.take_stdin() {
         let mux = Arc::clone(mux);
         tokio::spawn(async move {
-            while let Some(chunk) = stdin_rx.recv().await {
+            while let Some((chunk, _charge)) = stdin_rx.recv().await {
                 if stdin.write_all(&chunk).await.is_err() {
                     break;
                 }
@@ -434,17 +438,17 @@ async fn exec(
     let status = loop {
         tokio::select! {
             status = process.wait() => break status,
-            frame = rx.recv(), if connected => match frame {
-                Some(f) if f.kind == Kind::Data => {
+            frame = rx.recv_charged(), if connected => match frame {
+                Some((f, charge)) if f.kind == Kind::Data => {
                     if let Some(tx) = &stdin_tx {
-                        let _ = tx.send(f.payload);
+                        let _ = tx.send((f.payload, charge));
                     }
                 }
-                Some(f) if f.kind == Kind::End || f.kind == Kind::Abort => stdin_tx = None,
-                Some(f) if f.kind == Kind::Kill => {
+                Some((f, _)) if f.kind == Kind::End || f.kind == Kind::Abort => stdin_tx = None,
+                Some((f, _)) if f.kind == Kind::Kill => {
                     let _ = process.kill().await;
                 }
-                Some(f) if f.kind == Kind::Resize && f.payload.len() == 4 => {
+                Some((f, _)) if f.kind == Kind::Resize && f.payload.len() == 4 => {
                     let size = crate::TerminalSize::new(
                         u16::from_be_bytes([f.payload[0], f.payload[1]]),
                         u16::from_be_bytes([f.payload[2], f.payload[3]]),
@@ -453,7 +457,7 @@ async fn exec(
                         tracing::debug!(error = %e, "resize not applied");
                     }
                 }
-                Some(f) if f.kind == Kind::Signal && f.payload.len() == 4 => {
+                Some((f, _)) if f.kind == Kind::Signal && f.payload.len() == 4 => {
                     let mut n = [0u8; 4];
                     n.copy_from_slice(&f.payload);
                     if let Err(e) = process.signal(i32::from_be_bytes(n)).await {

@@ -13,7 +13,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::PollSemaphore;
 
 use super::super::frame::{self, Frame, Kind, ERR, MAIN};
-use super::super::mux::Mux;
+use super::super::mux::{Charge, Mux};
 use super::super::proto::{self, WireError};
 use super::Request;
 use crate::backend::ByteStream;
@@ -61,25 +61,30 @@ pub(super) fn assemble(
     .with_output_limit(output_limit)
 }
 
+/// Output on its way to the caller, with its count in the connection's bound on data
+/// taken and not yet used: an agent's tiny frames the caller does not read are
+/// bounded too.
+type Output = Result<(Bytes, Charge)>;
+
 async fn route_process_frames(
     mut req: Request,
-    out: mpsc::UnboundedSender<Result<Bytes>>,
-    err: mpsc::UnboundedSender<Result<Bytes>>,
+    out: mpsc::UnboundedSender<Output>,
+    err: mpsc::UnboundedSender<Output>,
     status: watch::Sender<Option<std::result::Result<ExitStatus, String>>>,
 ) {
     let (mut out, mut err) = (Some(out), Some(err));
     let failure = loop {
-        match req.rx.recv().await {
-            Some(f) => match f.kind {
+        match req.rx.recv_charged().await {
+            Some((f, charge)) => match f.kind {
                 Kind::Data => {
                     // A dropped reader means "discard": the stream granted unlimited credit.
                     if let Some(tx) = &out {
-                        let _ = tx.send(Ok(f.payload));
+                        let _ = tx.send(Ok((f.payload, charge)));
                     }
                 }
                 Kind::DataErr => {
                     if let Some(tx) = &err {
-                        let _ = tx.send(Ok(f.payload));
+                        let _ = tx.send(Ok((f.payload, charge)));
                     }
                 }
                 Kind::End if f.tag() == ERR => err = None,
@@ -112,7 +117,7 @@ struct CreditedStream {
     mux: Arc<Mux>,
     id: u64,
     tag: u8,
-    rx: mpsc::UnboundedReceiver<Result<Bytes>>,
+    rx: mpsc::UnboundedReceiver<Output>,
 }
 
 impl Stream for CreditedStream {
@@ -120,10 +125,11 @@ impl Stream for CreditedStream {
 
     fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
         let item = self.rx.poll_recv(cx);
-        if let Poll::Ready(Some(Ok(chunk))) = &item {
+        if let Poll::Ready(Some(Ok((chunk, _)))) = &item {
             self.mux.grant(self.id, self.tag, chunk.len());
         }
-        item
+        // The chunk's count goes with it, as it is handed over.
+        item.map(|item| item.map(|output| output.map(|(chunk, _charge)| chunk)))
     }
 }
 
@@ -137,7 +143,7 @@ fn output_stream(
     mux: Arc<Mux>,
     id: u64,
     tag: u8,
-    rx: mpsc::UnboundedReceiver<Result<Bytes>>,
+    rx: mpsc::UnboundedReceiver<Output>,
 ) -> ByteStream {
     CreditedStream { mux, id, tag, rx }.boxed()
 }
