@@ -1,7 +1,7 @@
-//! The manager's housekeeping: reaping, retention, reconcile, warm pools, background
-//! tasks and shutdown.
+//! The manager's housekeeping: reaping, retention, background tasks and shutdown
+//! (reconcile and warm pools have files of their own).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
@@ -13,13 +13,11 @@ use crate::backend::SandboxBackend;
 use crate::error::{Error, ErrorKind, Result};
 use crate::manager::{
     chrono_duration, live_sandbox, lock, EventKind, Inner, ReleaseMode, SandboxManager,
-    ShutdownPolicy, SnapshotRetention, LABEL_MANAGER, LABEL_POOL, LABEL_POOL_SLOT, LABEL_SESSION,
-    LABEL_STORE, LABEL_TENANT,
+    ShutdownPolicy, SnapshotRetention,
 };
-use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
+use crate::sandbox::{SandboxId, SandboxStatus};
 use crate::snapshot::SnapshotManifest;
-use crate::spec::SandboxSpec;
-use crate::store::{PoolEntry, SessionKey, SessionRecord, SnapshotKey};
+use crate::store::{SessionKey, SessionRecord, SnapshotKey};
 
 /// What one [`reap_once`](SandboxManager::reap_once) pass did.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
@@ -437,248 +435,13 @@ impl<B: SandboxBackend> Inner<B> {
         Ok(())
     }
 
-    pub(crate) async fn reconcile(&self) -> Result<ReconcileReport> {
-        let mut report = ReconcileReport::default();
-        let now = self.clock.now();
-        let me = &self.manager_id;
-        let stale_before = now - chrono_duration(self.settings.provision_timeout);
-        let selector = LabelSelector::new().label(LABEL_MANAGER, &self.manager_id);
-        let listed = self.backend.list(&selector).await?;
-        let records = self.state.list(None).await?;
-        let pool = self.state.pool_list().await?;
-        let by_id: HashSet<&SandboxId> = records
-            .iter()
-            .filter_map(|r| r.sandbox_id.as_ref())
-            .collect();
-        let by_key: HashMap<&SessionKey, &SessionRecord> =
-            records.iter().map(|r| (&r.key, r)).collect();
-        let slots: HashMap<&str, &PoolEntry> = pool.iter().map(|e| (e.slot.as_str(), e)).collect();
-        let in_flight = |r: &SessionRecord| {
-            r.status == SandboxStatus::Provisioning && r.updated_at >= stale_before
-        };
-        let any_in_flight = records.iter().any(&in_flight);
-        for info in &listed {
-            // Only what this store recorded can be an orphan of it: a neighbour with
-            // its own store (another program, another data directory) on the same
-            // backend is never touched, nor a sandbox an older version made unlabelled.
-            if by_id.contains(&info.id)
-                || info.labels.get(LABEL_STORE).map(String::as_str) != Some(self.store_id.as_str())
-            {
-                continue;
-            }
-            if let Some(slot) = info.labels.get(LABEL_POOL_SLOT) {
-                match slots.get(slot.as_str()) {
-                    Some(entry) if entry.sandbox_id.as_ref().is_none_or(|id| id == &info.id) => {
-                        continue
-                    }
-                    // Taken from the pool by an acquire that has not recorded it yet.
-                    None if any_in_flight => continue,
-                    _ => {}
-                }
-            }
-            let session = match (
-                info.labels.get(LABEL_TENANT),
-                info.labels.get(LABEL_SESSION),
-            ) {
-                (Some(t), Some(s)) => SessionKey::new(t, s).ok(),
-                _ => None,
-            };
-            if let Some(record) = session.as_ref().and_then(|k| by_key.get(k)) {
-                if in_flight(record) {
-                    continue;
-                }
-            }
-            self.destroy_sandbox(&info.id).await?;
-            tracing::info!(sandbox = %info.id, session = ?session, "destroyed an orphaned sandbox");
-            let mut event = self.event(EventKind::OrphanDestroyed).sandbox(&info.id);
-            if let Some(k) = &session {
-                event = event.session(k);
-            }
-            self.emit(event);
-            report.destroyed.push(info.id.clone());
-        }
-        let listed_ids: HashSet<&SandboxId> = listed.iter().map(|i| &i.id).collect();
-        for record in &records {
-            let Some(id) = &record.sandbox_id else {
-                continue;
-            };
-            if !record.is_live()
-                || listed_ids.contains(id)
-                || record.backend != self.backend.name()
-                || record.held_against(me, now).is_some()
-            {
-                continue;
-            }
-            let _guard = self.lock_key(&record.key).await;
-            let Some(mut fresh) = self.leased_for_maintenance(&record.key).await? else {
-                continue;
-            };
-            if fresh.sandbox_id.as_ref() != Some(id) || !fresh.is_live() {
-                continue;
-            }
-            match self.backend.inspect(id).await {
-                Err(e) if e.kind() == ErrorKind::NotFound => {
-                    self.mark_gone(&mut fresh, EventKind::Lost, "the sandbox no longer exists")
-                        .await?;
-                    report.lost.push(record.key.clone());
-                }
-                Err(e) => return Err(e),
-                Ok(_) => {}
-            }
-        }
-        report.orphan_blobs_deleted = self.sweep_orphans().await?;
-        for entry in &pool {
-            let gone = match &entry.sandbox_id {
-                Some(id) => !listed_ids.contains(id),
-                None => entry.created_at < stale_before,
-            };
-            if gone {
-                self.state.pool_remove(&entry.slot).await?;
-                report.pool_entries_removed += 1;
-            }
-        }
-        Ok(report)
-    }
-
-    pub(crate) async fn fill_pools(&self) -> Result<usize> {
-        let _filling = self.fill_lock.lock().await;
-        let mut created = 0;
-        let stale_before = self.clock.now() - chrono_duration(self.settings.provision_timeout);
-        let parallel = self.settings.pool_fill_parallelism.max(1);
-        for pool in &self.pools {
-            let have = self
-                .state
-                .pool_list()
-                .await?
-                .iter()
-                .filter(|e| {
-                    e.pool == pool.name && (e.sandbox_id.is_some() || e.created_at >= stale_before)
-                })
-                .count();
-            let mut missing = pool.size.saturating_sub(have);
-            while missing > 0 {
-                if self.cancel.is_cancelled() {
-                    return Ok(created);
-                }
-                // A batch runs every create to its end, failed or not: none is dropped
-                // half-way, which could leave a sandbox that no pool entry names.
-                let batch = missing.min(parallel);
-                let results =
-                    futures::future::join_all((0..batch).map(|_| self.fill_one(pool))).await;
-                missing -= batch;
-                let mut failed = None;
-                for result in results {
-                    match result {
-                        Ok(()) => created += 1,
-                        Err(e) => {
-                            failed.get_or_insert(e);
-                        }
-                    }
-                }
-                if let Some(e) = failed {
-                    return Err(e);
-                }
-            }
-        }
-        Ok(created)
-    }
-
-    /// Creates one sandbox for `pool` and records it as ready.
-    async fn fill_one(&self, pool: &crate::manager::WarmPool) -> Result<()> {
-        let mut entry = PoolEntry::new(&pool.name, self.clock.now());
-        // The entry goes in first so a concurrent reconcile sees the sandbox as in
-        // flight, never as an orphan.
-        self.state.pool_put(&entry).await?;
-        lock(&self.own_slots).insert(entry.slot.clone());
-        let spec = pool
-            .spec
-            .clone()
-            .label(LABEL_MANAGER, &self.manager_id)
-            .label(LABEL_STORE, &self.store_id)
-            .label(LABEL_POOL, &pool.name)
-            .label(LABEL_POOL_SLOT, &entry.slot);
-        let info = match self.create_sandbox(&spec).await {
-            Ok(info) => info,
-            Err(e) => {
-                self.state.pool_remove(&entry.slot).await?;
-                lock(&self.own_slots).remove(&entry.slot);
-                return Err(e.context(format_args!("filling warm pool {}", pool.name)));
-            }
-        };
-        entry.sandbox_id = Some(info.id.clone());
-        if let Err(e) = self.state.pool_put(&entry).await {
-            let _ = self.destroy_sandbox(&info.id).await;
-            return Err(e);
-        }
-        self.emit(
-            self.event(EventKind::PoolFilled)
-                .sandbox(&info.id)
-                .detail(&pool.name),
-        );
-        Ok(())
-    }
-
-    /// A ready sandbox from the pool whose spec equals `spec`, if there is one.
-    pub(crate) async fn take_from_pool(
-        &self,
-        spec: &SandboxSpec,
-        taken_id: &mut Option<SandboxId>,
-        record: &(dyn Fn(&SandboxId) -> SessionRecord + Sync),
-    ) -> Result<Option<SandboxInfo>> {
-        let Some(pool) = self.pools.iter().find(|p| p.spec == *spec) else {
-            return Ok(None);
-        };
-        let taken = self.take_ready(pool, taken_id, record).await;
-        // Whatever happened, the pool needs refilling. Woken only now, after the take,
-        // a fill that starts at once counts the pool without the taken sandbox; woken
-        // before it, a fill could find the pool still full and sleep through the gap.
-        self.pool_wakeup.notify_one();
-        taken
-    }
-
-    /// Takes the oldest ready sandbox of `pool` that is still running; dead ones found
-    /// on the way are dropped. Each candidate's session record (`record`) is written
-    /// while the candidate is inspected, so the two round trips overlap; `taken_id`
-    /// names the one returned, or the one whose record could not be written, for the
-    /// caller to destroy.
-    async fn take_ready(
-        &self,
-        pool: &crate::manager::WarmPool,
-        taken_id: &mut Option<SandboxId>,
-        record: &(dyn Fn(&SandboxId) -> SessionRecord + Sync),
-    ) -> Result<Option<SandboxInfo>> {
-        while let Some(entry) = self.state.pool_take(&pool.name).await? {
-            lock(&self.own_slots).remove(&entry.slot);
-            let Some(id) = entry.sandbox_id else { continue };
-            let session = record(&id);
-            let (inspected, recorded) =
-                futures::join!(self.backend.inspect(&id), self.state.put(&session));
-            if let Err(e) = recorded {
-                *taken_id = Some(id);
-                return Err(e);
-            }
-            match inspected {
-                Ok(info) if info.status == SandboxStatus::Running => {
-                    *taken_id = Some(id);
-                    return Ok(Some(info));
-                }
-                Ok(_) => {
-                    let _ = self.destroy_sandbox(&id).await;
-                }
-                Err(e) if e.kind() == ErrorKind::NotFound => {}
-                Err(e) => {
-                    let _ = self.destroy_sandbox(&id).await;
-                    return Err(e);
-                }
-            }
-        }
-        Ok(None)
-    }
-
     /// The record of `key` for a maintenance pass to act on under this manager's lease:
     /// read as it is while the lease is this manager's, taken over once expired; `None`
     /// if the session is gone or another manager holds it.
-    async fn leased_for_maintenance(&self, key: &SessionKey) -> Result<Option<SessionRecord>> {
+    pub(super) async fn leased_for_maintenance(
+        &self,
+        key: &SessionKey,
+    ) -> Result<Option<SessionRecord>> {
         let Some(record) = self.state.get(key).await? else {
             return Ok(None);
         };
@@ -698,7 +461,7 @@ impl<B: SandboxBackend> Inner<B> {
     }
 
     /// Deletes snapshot blobs that no manifest references, older than `orphan_grace`.
-    async fn sweep_orphans(&self) -> Result<Vec<SnapshotKey>> {
+    pub(super) async fn sweep_orphans(&self) -> Result<Vec<SnapshotKey>> {
         let now = self.clock.now();
         let swept = self
             .snapshots

@@ -43,6 +43,8 @@ mod events;
 mod fork;
 mod handle;
 mod maintenance;
+mod pools;
+mod reconcile;
 mod release;
 mod settings;
 mod snapshots;
