@@ -11,6 +11,8 @@ use tracing::Instrument;
 
 use crate::backend::SandboxBackend;
 use crate::error::{Error, ErrorKind, Result};
+#[cfg(doc)]
+use crate::manager::LABEL_STORE;
 use crate::manager::{
     chrono_duration, live_sandbox, lock, EventKind, Inner, ReleaseMode, SandboxManager,
     ShutdownPolicy, SnapshotRetention,

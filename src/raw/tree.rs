@@ -155,7 +155,7 @@ fn first_names(dir: BorrowedFd<'_>, max: usize) -> rustix::io::Result<(Vec<CStri
 /// Removes directory `name` in `parent` and everything in it. Directories are opened
 /// with `O_NOFOLLOW`, and entries are unlinked before being looked into, so a symlink
 /// is only ever removed, never followed. At most [`OPEN_LEVELS`] descriptors are held,
-/// however deep the tree ([`DirStack`]), and at most [`REMOVE_BATCH`] names, however
+/// however deep the tree ([`DirStack`]), and at most 4096 names, however
 /// wide: only the directory being cleared holds names, read a batch at a time (the
 /// one above reads again once it is back). A mount point in the tree fails the
 /// removal with `EBUSY` before anything beneath it is removed.

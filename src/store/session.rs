@@ -10,6 +10,8 @@ use crate::error::Result;
 use crate::sandbox::validate_name;
 use crate::sandbox::{SandboxId, SandboxStatus};
 use crate::spec::SandboxSpec;
+#[cfg(doc)]
+use crate::store::{check_fence, decide_claim, decide_lease};
 use crate::store::{Claim, ClaimOutcome, Lease};
 
 /// Identifies a session: a tenant and a session id within it.
