@@ -16,9 +16,8 @@ use sandcell::{
 use super::rpc::{self, RpcResult, StreamTiming};
 use super::{paths, Envd};
 use crate::e2b::envd::{
-    event_type, file_type, EntryInfo, EntryResponse, FilesystemEvent, ListDirRequest,
-    ListDirResponse, MoveRequest, PathRequest, WatchDirMessage, WatchDirRequest, WatcherEvents,
-    WatcherId,
+    event_type, file_type, EntryInfo, EntryResponse, FilesystemEvent, ListDirRequest, MoveRequest,
+    PathRequest, WatchDirMessage, WatchDirRequest, WatcherEvents, WatcherId,
 };
 use crate::lock;
 use crate::server::AppState;
@@ -185,7 +184,10 @@ async fn list_dir(
         used: 0,
         directory_hold: DIRECTORY_HOLD.min(budget.bytes()),
     };
-    let mut entries = Vec::new();
+    // Encoded as the walk goes (the shape of `ListDirResponse`): only the answer is
+    // held, never the entries beside it.
+    let mut json = b"{\"entries\":[".to_vec();
+    let mut listed_entries = 0usize;
     let mut level = vec![root];
     for _ in 0..depth {
         if level.is_empty() {
@@ -197,7 +199,7 @@ async fn list_dir(
             tokio::task::consume_budget().await;
             listed.before_directory(&budget)?;
             for item in backend.list_dir(id, &dir).await? {
-                if entries.len() >= MAX_LISTED {
+                if listed_entries >= MAX_LISTED {
                     return Err(Error::limit_exceeded(format!(
                         "the listing holds more than {MAX_LISTED} entries: list less deep"
                     ))
@@ -209,14 +211,23 @@ async fn list_dir(
                 }
                 let entry = entry_of(&info);
                 listed.count(&entry, &budget)?;
-                entries.push(entry);
+                // Grown a step at a time, never doubled past what was counted.
+                if json.capacity() - json.len() < (64 << 10) {
+                    json.reserve_exact(RESERVE_STEP as usize);
+                }
+                if listed_entries > 0 {
+                    json.push(b',');
+                }
+                serde_json::to_writer(&mut json, &entry).map_err(|e| {
+                    Error::new(ErrorKind::Backend, format!("encoding a listing: {e}"))
+                })?;
+                listed_entries += 1;
             }
             listed.after_directory();
         }
         level = next;
     }
-    let json = serde_json::to_vec(&ListDirResponse { entries })
-        .map_err(|e| Error::new(ErrorKind::Backend, format!("encoding a listing: {e}")))?;
+    json.extend_from_slice(b"]}");
     let stall = state.config.held_response_timeout;
     let body = super::transfer::copied_chunks(json.into(), listed.held, stall);
     let mut response = Response::new(axum::body::Body::from_stream(body));
