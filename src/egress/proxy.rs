@@ -6,7 +6,6 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -14,6 +13,12 @@ use super::allowlist::{normalize_name, reaches_host, Allowlist};
 use super::host_networks::{host_networks, private};
 use super::relay::{self, Socket};
 use super::sni::{self, Hello};
+
+mod counts;
+mod head;
+
+pub use counts::{EgressCount, OTHER_HOSTS};
+use head::{read_head, respond, Request};
 
 /// The largest request head the proxy reads.
 const MAX_HEAD: usize = 16 * 1024;
@@ -23,38 +28,8 @@ const CLIENT_PATIENCE: Duration = Duration::from_secs(30);
 const UPSTREAM_PATIENCE: Duration = Duration::from_secs(10);
 /// Buffer per direction of a relayed connection.
 const RELAY_BUFFER: usize = 256 * 1024;
-/// Hosts counted one by one; beyond this many the rest share one entry, so a sandbox
-/// asking for endless names cannot grow the proxy's memory.
-const MAX_COUNTED_HOSTS: usize = 1024;
-/// The entry hosts beyond the first 1,024 counted are counted under.
-pub const OTHER_HOSTS: &str = "(other hosts)";
-
 /// The response header that says why the proxy refused a connection.
 pub const DENIED_HEADER: &str = "x-sandcell-egress-denied";
-
-/// Connections to one host the proxy allowed and denied.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[non_exhaustive]
-pub struct EgressCount {
-    /// The host as the sandbox asked for it: a name, or an address.
-    pub host: String,
-    /// Connections the allowlist allowed (made or not: a refused or unreachable
-    /// upstream still counts).
-    pub allowed: u64,
-    /// Connections the allowlist refused.
-    pub denied: u64,
-}
-
-impl EgressCount {
-    /// Counts for `host`.
-    pub fn new(host: &str, allowed: u64, denied: u64) -> Self {
-        EgressCount {
-            host: host.to_owned(),
-            allowed,
-            denied,
-        }
-    }
-}
 
 /// An egress proxy for one sandbox (or several sharing a policy). Cheap to clone: the
 /// clones share the allowlist and the counts.
@@ -202,17 +177,6 @@ impl EgressProxy {
             .allowlist
             .write()
             .unwrap_or_else(|p| p.into_inner()) = Arc::new(allowlist);
-    }
-
-    /// Connections allowed and denied so far, by host, sorted by host.
-    pub fn counts(&self) -> Vec<EgressCount> {
-        self.inner
-            .counts
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .cloned()
-            .collect()
     }
 
     /// Serves `listener` until the returned task is aborted (or dropped with the
@@ -532,23 +496,6 @@ impl EgressProxy {
         }
     }
 
-    fn count(&self, host: &str, allowed: bool) {
-        let mut counts = self.inner.counts.lock().unwrap_or_else(|p| p.into_inner());
-        let key = if counts.contains_key(host) || counts.len() < MAX_COUNTED_HOSTS {
-            host
-        } else {
-            OTHER_HOSTS
-        };
-        let entry = counts
-            .entry(key.to_owned())
-            .or_insert_with(|| EgressCount::new(key, 0, 0));
-        if allowed {
-            entry.allowed += 1;
-        } else {
-            entry.denied += 1;
-        }
-    }
-
     /// Judges the start of a tunnel opened to a name: `None` while a TLS ClientHello
     /// may still be arriving, then whether the tunnel may go on. A hello must name a
     /// host the allowlist allows on `port`; anything else than TLS passes.
@@ -608,164 +555,6 @@ where
         }
     }
     let _ = to.shutdown().await;
-}
-
-/// Reads up to the end of the request head; returns the head and what came after it.
-async fn read_head<S: AsyncRead + Unpin>(
-    client: &mut S,
-) -> std::io::Result<Option<(Vec<u8>, Vec<u8>)>> {
-    let mut buf = Vec::with_capacity(1024);
-    let mut chunk = [0u8; 2048];
-    loop {
-        if let Some(end) = find(&buf, b"\r\n\r\n") {
-            let rest = buf.split_off(end + 4);
-            return Ok(Some((buf, rest)));
-        }
-        if buf.len() > MAX_HEAD {
-            return Ok(None);
-        }
-        let n = client.read(&mut chunk).await?;
-        if n == 0 {
-            return Ok(None);
-        }
-        buf.extend_from_slice(&chunk[..n]);
-    }
-}
-
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack.windows(needle.len()).position(|w| w == needle)
-}
-
-/// A proxy request's head.
-struct Request {
-    connect: bool,
-    target: Target,
-    method: String,
-    /// The origin-form path of an absolute-form request.
-    path: String,
-    version: String,
-    /// Header lines, without the request line.
-    headers: Vec<String>,
-}
-
-impl Request {
-    fn parse(head: &[u8]) -> Result<Request, String> {
-        let text = std::str::from_utf8(head).map_err(|_| "the request head is not UTF-8")?;
-        let mut lines = text.split("\r\n").filter(|l| !l.is_empty());
-        let line = lines.next().ok_or("the request line is missing")?;
-        let mut parts = line.split(' ');
-        let (Some(method), Some(uri), Some(version), None) =
-            (parts.next(), parts.next(), parts.next(), parts.next())
-        else {
-            return Err(format!("malformed request line {line:?}"));
-        };
-        if !version.starts_with("HTTP/1.") {
-            return Err(format!("unsupported protocol version {version:?}"));
-        }
-        let headers = lines.map(str::to_owned).collect();
-        if method.eq_ignore_ascii_case("CONNECT") {
-            let target = authority(uri, None)?;
-            return Ok(Request {
-                connect: true,
-                target,
-                method: method.to_owned(),
-                path: String::new(),
-                version: version.to_owned(),
-                headers,
-            });
-        }
-        let Some(rest) = uri.strip_prefix("http://") else {
-            return Err(if uri.starts_with("https://") {
-                "use CONNECT for https: URLs".to_owned()
-            } else {
-                format!("{uri:?} is not an absolute http: URL; this is a proxy")
-            });
-        };
-        let (authority_part, path) = match rest.find('/') {
-            Some(i) => (&rest[..i], &rest[i..]),
-            None => (rest, "/"),
-        };
-        if authority_part.contains('@') {
-            return Err("credentials in the URL are not forwarded".to_owned());
-        }
-        Ok(Request {
-            connect: false,
-            target: authority(authority_part, Some(80))?,
-            method: method.to_owned(),
-            path: path.to_owned(),
-            version: version.to_owned(),
-            headers,
-        })
-    }
-
-    /// The head to send upstream: origin form, without the proxy's own headers.
-    fn forwarded_head(&self) -> Vec<u8> {
-        let mut out = format!("{} {} {}\r\n", self.method, self.path, self.version);
-        for header in &self.headers {
-            let name = header.split(':').next().unwrap_or("").trim();
-            if name.eq_ignore_ascii_case("proxy-connection")
-                || name.eq_ignore_ascii_case("proxy-authorization")
-            {
-                continue;
-            }
-            out.push_str(header);
-            out.push_str("\r\n");
-        }
-        out.push_str("\r\n");
-        out.into_bytes()
-    }
-}
-
-/// `host:port` (`[v6]:port`); the port may be left out where a default is given.
-fn authority(text: &str, default_port: Option<u16>) -> Result<Target, String> {
-    let bad = || format!("{text:?} is not host:port");
-    let (host, port) = if let Some(rest) = text.strip_prefix('[') {
-        let (host, after) = rest.split_once(']').ok_or_else(bad)?;
-        (host, after.strip_prefix(':'))
-    } else {
-        match text.rsplit_once(':') {
-            Some((host, port)) => (host, Some(port)),
-            None => (text, None),
-        }
-    };
-    let port = match (port, default_port) {
-        (Some(p), _) => p.parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(bad)?,
-        (None, Some(p)) => p,
-        (None, None) => return Err(bad()),
-    };
-    if host.is_empty() {
-        return Err(bad());
-    }
-    Ok(Target {
-        host: host.to_ascii_lowercase(),
-        port,
-    })
-}
-
-async fn respond<S: AsyncWrite + Unpin>(
-    client: &mut S,
-    status: u16,
-    why: &str,
-) -> std::io::Result<()> {
-    let reason = match status {
-        400 => "Bad Request",
-        403 => "Forbidden",
-        _ => "Bad Gateway",
-    };
-    // One line, so it is a valid header value.
-    let why = why.replace(['\r', '\n'], " ");
-    let body = format!("sandcell egress proxy: {why}\n");
-    let header = if status == 403 {
-        format!("{DENIED_HEADER}: {why}\r\n")
-    } else {
-        String::new()
-    };
-    let response = format!(
-        "HTTP/1.1 {status} {reason}\r\n{header}content-type: text/plain; charset=utf-8\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    client.write_all(response.as_bytes()).await?;
-    client.shutdown().await
 }
 
 #[cfg(test)]

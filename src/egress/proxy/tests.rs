@@ -1,5 +1,6 @@
 //! Tests of the egress proxy.
 
+use super::counts::MAX_COUNTED_HOSTS;
 use super::*;
 use tokio::net::UnixStream;
 
