@@ -13,6 +13,7 @@
 //! ([`DirStack`]), so none can run the process out of descriptors.
 
 use std::ffi::{CStr, CString};
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -97,25 +98,46 @@ pub fn list_names_within(
     dir: BorrowedFd<'_>,
     mut admit: impl FnMut(&CStr) -> crate::Result<()>,
 ) -> rustix::io::Result<crate::Result<Vec<CString>>> {
+    let mut names = Vec::new();
+    let mut refusal = None;
+    for_each_name(dir, |name| match admit(name) {
+        Ok(()) => {
+            names.push(name.to_owned());
+            ControlFlow::Continue(())
+        }
+        Err(refused) => {
+            refusal = Some(refused);
+            ControlFlow::Break(())
+        }
+    })?;
+    if let Some(refused) = refusal {
+        return Ok(Err(refused));
+    }
+    names.sort();
+    Ok(Ok(names))
+}
+
+/// Calls `each` with the names in directory `dir` (any descriptor of it, `O_PATH`
+/// too), without `.` and `..`, in the directory's own order, until it breaks: the one
+/// reading of a directory every walk here makes, holding no names of its own.
+pub fn for_each_name(
+    dir: BorrowedFd<'_>,
+    mut each: impl FnMut(&CStr) -> ControlFlow<()>,
+) -> rustix::io::Result<()> {
     let fd = rustix::fs::openat(
         dir,
         c".",
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let mut names = Vec::new();
     for entry in Dir::new(fd)? {
         let entry = entry?;
         let name = entry.file_name();
-        if name != c"." && name != c".." {
-            if let Err(refused) = admit(name) {
-                return Ok(Err(refused));
-            }
-            names.push(name.to_owned());
+        if name != c"." && name != c".." && each(name).is_break() {
+            break;
         }
     }
-    names.sort();
-    Ok(Ok(names))
+    Ok(())
 }
 
 /// How many names [`remove_tree`] reads of one directory at a time: it unlinks them
@@ -132,24 +154,17 @@ const MAX_REMOVE_READS: u32 = 1 << 24;
 /// Up to `max` names of directory `dir` (any descriptor of it), without `.` and `..`,
 /// in the directory's own order; and whether it stopped at `max` (more may follow).
 fn first_names(dir: BorrowedFd<'_>, max: usize) -> rustix::io::Result<(Vec<CString>, bool)> {
-    let fd = rustix::fs::openat(
-        dir,
-        c".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
     let mut names = Vec::new();
-    for entry in Dir::new(fd)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name != c"." && name != c".." {
-            if names.len() == max {
-                return Ok((names, true));
-            }
-            names.push(name.to_owned());
+    let mut more = false;
+    for_each_name(dir, |name| {
+        if names.len() == max {
+            more = true;
+            return ControlFlow::Break(());
         }
-    }
-    Ok((names, false))
+        names.push(name.to_owned());
+        ControlFlow::Continue(())
+    })?;
+    Ok((names, more))
 }
 
 /// Removes directory `name` in `parent` and everything in it. Directories are opened

@@ -8,10 +8,11 @@
 //! [`DirStack`], which keeps [`OPEN_LEVELS`](sandcell::raw::tree::OPEN_LEVELS) directories of its path open.
 
 use std::ffi::CString;
+use std::ops::ControlFlow;
 use std::os::fd::{AsFd, BorrowedFd};
 
-use rustix::fs::{AtFlags, Mode, OFlags};
-use sandcell::raw::tree::{is_mount_root, DirStack};
+use rustix::fs::AtFlags;
+use sandcell::raw::tree::{for_each_name, is_mount_root, DirStack};
 use sandcell::{FileKind, Result};
 
 use super::meta::Meta;
@@ -64,29 +65,18 @@ impl Workspace {
 /// Adds the bytes of the regular files in the directory open as `dir` to `total`, and
 /// answers the names of its subdirectories on device `dev`.
 fn read_level(dir: BorrowedFd<'_>, dev: u64, total: &mut u64) -> rustix::io::Result<Vec<CString>> {
-    let listing = rustix::fs::openat(
-        dir,
-        c".",
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
     let mut subdirs = Vec::new();
-    for entry in rustix::fs::Dir::new(listing)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        if name == c"." || name == c".." {
-            continue;
+    for_each_name(dir, |name| {
+        if let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+            let meta = Meta::of(&st);
+            match meta.kind {
+                FileKind::File => *total = total.saturating_add(meta.size),
+                FileKind::Dir if st.st_dev == dev => subdirs.push(name.to_owned()),
+                _ => {}
+            }
         }
-        let Ok(st) = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) else {
-            continue;
-        };
-        let meta = Meta::of(&st);
-        match meta.kind {
-            FileKind::File => *total = total.saturating_add(meta.size),
-            FileKind::Dir if st.st_dev == dev => subdirs.push(name.to_owned()),
-            _ => {}
-        }
-    }
+        ControlFlow::Continue(())
+    })?;
     Ok(subdirs)
 }
 
