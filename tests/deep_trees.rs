@@ -199,7 +199,7 @@ fn a_removal_climbing_back_into_a_moved_directory_stops() {
     assert!(keep.join("precious").exists());
 }
 
-/// Wide directories are removed a batch of names at a time, and only the directory
+/// ADVERSARIAL 40: wide directories are removed a batch of names at a time, and only the directory
 /// being cleared holds names: whatever the tree's shape (directories of many thousand
 /// hard links, which cost no inodes, nested under each other and placed between
 /// batches), everything goes. Before, each directory's names were read whole and every
@@ -233,7 +233,7 @@ fn wide_directories_are_removed_a_batch_at_a_time() {
     assert_eq!(left, 1, "every link went");
 }
 
-/// A directory past what one walk holds of it (`MAX_WALK_NAME_BYTES` of names, here
+/// ADVERSARIAL 40: a directory past what one walk holds of it (`MAX_WALK_NAME_BYTES` of names, here
 /// in 250-byte hard links) is refused as the reading passes the cap, as `EFBIG`, which
 /// reads as `LimitExceeded`; one just under it is listed whole.
 #[test]

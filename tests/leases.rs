@@ -43,15 +43,34 @@ impl Hosts {
 
     /// A manager called `id` over its own host's backend.
     async fn manager(&self, id: &str, backend: &MockBackend) -> SandboxManager<MockBackend> {
+        self.manager_with(id, backend, self.snapshots.clone()).await
+    }
+
+    /// As [`manager`](Self::manager), reaching the shared snapshots through `snapshots`.
+    async fn manager_with(
+        &self,
+        id: &str,
+        backend: &MockBackend,
+        snapshots: impl SnapshotStore,
+    ) -> SandboxManager<MockBackend> {
         SandboxManager::builder(backend.clone())
             .manager_id(id)
             .lease_ttl(TTL)
             .shutdown_policy(ShutdownPolicy::Keep)
             .state_store(self.state.clone())
-            .snapshot_store(self.snapshots.clone())
+            .snapshot_store(snapshots)
             .build()
             .await
             .unwrap()
+    }
+
+    /// The shared snapshots behind a gate (see [`Gated`]).
+    fn gated(&self, gate: &Arc<tokio::sync::Semaphore>, reads: bool) -> Gated {
+        Gated {
+            inner: self.snapshots.clone(),
+            gate: Arc::clone(gate),
+            reads,
+        }
     }
 }
 
@@ -216,19 +235,9 @@ async fn a_snapshot_committed_under_a_lost_lease_is_taken_back() {
     let hosts = Hosts::new().await;
     let (backend_a, backend_b) = (MockBackend::new(), MockBackend::new());
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let a = SandboxManager::builder(backend_a.clone())
-        .manager_id("host-a")
-        .lease_ttl(TTL)
-        .shutdown_policy(ShutdownPolicy::Keep)
-        .state_store(hosts.state.clone())
-        .snapshot_store(Gated {
-            inner: hosts.snapshots.clone(),
-            gate: Arc::clone(&gate),
-            reads: false,
-        })
-        .build()
-        .await
-        .unwrap();
+    let a = hosts
+        .manager_with("host-a", &backend_a, hosts.gated(&gate, false))
+        .await;
     let b = hosts.manager("host-b", &backend_b).await;
     a.acquire(&key(), &spec()).await.unwrap();
 
@@ -318,19 +327,9 @@ async fn a_restore_that_outlasts_its_lease_keeps_its_claim() {
     a.release(&key(), ReleaseMode::Suspend).await.unwrap();
 
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let c = SandboxManager::builder(backend_c.clone())
-        .manager_id("host-c")
-        .lease_ttl(TTL)
-        .shutdown_policy(ShutdownPolicy::Keep)
-        .state_store(hosts.state.clone())
-        .snapshot_store(Gated {
-            inner: hosts.snapshots.clone(),
-            gate: Arc::clone(&gate),
-            reads: true,
-        })
-        .build()
-        .await
-        .unwrap();
+    let c = hosts
+        .manager_with("host-c", &backend_c, hosts.gated(&gate, true))
+        .await;
     let b = hosts.manager("host-b", &backend_b).await;
     // C claims and stalls reading the snapshot for three lease lifetimes.
     let restoring = tokio::spawn({

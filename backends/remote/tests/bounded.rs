@@ -227,17 +227,7 @@ async fn case40_a_listing_is_read_only_with_room_for_a_whole_directory() {
             .json(&json!({"path": "small", "depth": 1}))
             .send()
     };
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let addr = server.url.trim_start_matches("http://").parse().unwrap();
-    let mut stalled = socket.connect(addr).await.unwrap();
-    let request = format!(
-        "GET /files?path=f.bin HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\n\r\n"
-    );
-    stalled.write_all(request.as_bytes()).await.unwrap();
-    let mut first = [0u8; 16];
-    stalled.read_exact(&mut first).await.unwrap();
-    assert_eq!(&first[..12], b"HTTP/1.1 200");
+    let stalled = stalled_download(&server.url, &id, &access).await;
     assert_eq!(
         list().await.unwrap().status(),
         429,
@@ -293,19 +283,8 @@ async fn case40_downloads_nobody_reads_hold_a_bounded_budget() {
             .send()
     };
 
-    // A client with a tiny window that asks and reads nothing.
-    let socket = tokio::net::TcpSocket::new_v4().unwrap();
-    socket.set_recv_buffer_size(4096).unwrap();
-    let addr = server.url.trim_start_matches("http://").parse().unwrap();
-    let mut stalled = socket.connect(addr).await.unwrap();
     let (id, access) = &sandboxes[0];
-    let request = format!(
-        "GET /files?path=f.bin HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\n\r\n"
-    );
-    stalled.write_all(request.as_bytes()).await.unwrap();
-    let mut first = [0u8; 16];
-    stalled.read_exact(&mut first).await.unwrap();
-    assert_eq!(&first[..12], b"HTTP/1.1 200");
+    let stalled = stalled_download(&server.url, id, access).await;
 
     let refused = get(&sandboxes[0]).await.unwrap();
     assert_eq!(
@@ -1113,9 +1092,22 @@ async fn case40_a_stalled_download_lets_go_of_the_budget() {
             .header("X-Access-Token", &access)
             .send()
     };
+    let stalled = stalled_download(&server.url, &id, &access).await;
+    assert_eq!(get().await.unwrap().status(), 429, "held while it is taken");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let served = get().await.unwrap();
+    assert_eq!(served.status(), 200, "let go after the stall");
+    assert_eq!(served.bytes().await.unwrap().len(), 12 << 20);
+    drop(stalled);
+    server.local.destroy(&sandbox).await.unwrap();
+}
+
+/// A client with a tiny receive window that asks for sandbox `id`'s `f.bin` and,
+/// once the answer has begun, reads nothing more: the server holds the download.
+async fn stalled_download(url: &str, id: &str, access: &str) -> tokio::net::TcpStream {
     let socket = tokio::net::TcpSocket::new_v4().unwrap();
     socket.set_recv_buffer_size(4096).unwrap();
-    let addr = server.url.trim_start_matches("http://").parse().unwrap();
+    let addr = url.trim_start_matches("http://").parse().unwrap();
     let mut stalled = socket.connect(addr).await.unwrap();
     let request = format!(
         "GET /files?path=f.bin HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {id}\r\nX-Access-Token: {access}\r\n\r\n"
@@ -1124,11 +1116,5 @@ async fn case40_a_stalled_download_lets_go_of_the_budget() {
     let mut first = [0u8; 16];
     stalled.read_exact(&mut first).await.unwrap();
     assert_eq!(&first[..12], b"HTTP/1.1 200");
-    assert_eq!(get().await.unwrap().status(), 429, "held while it is taken");
-    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
-    let served = get().await.unwrap();
-    assert_eq!(served.status(), 200, "let go after the stall");
-    assert_eq!(served.bytes().await.unwrap().len(), 12 << 20);
-    drop(stalled);
-    server.local.destroy(&sandbox).await.unwrap();
+    stalled
 }
