@@ -289,8 +289,11 @@ impl Error {
             | std::io::ErrorKind::IsADirectory
             | std::io::ErrorKind::DirectoryNotEmpty => ErrorKind::InvalidInput,
             std::io::ErrorKind::TimedOut => ErrorKind::Timeout,
-            // A file past a size limit, or a directory past a walk's (`raw::tree`).
-            std::io::ErrorKind::FileTooLarge => ErrorKind::LimitExceeded,
+            // A file past a size limit, or a directory past a walk's (`raw::tree`),
+            // or the names all walks hold at once past theirs.
+            std::io::ErrorKind::FileTooLarge | std::io::ErrorKind::OutOfMemory => {
+                ErrorKind::LimitExceeded
+            }
             std::io::ErrorKind::UnexpectedEof => ErrorKind::Corrupt,
             _ => ErrorKind::Backend,
         };

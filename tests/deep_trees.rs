@@ -238,7 +238,7 @@ fn wide_directories_are_removed_a_batch_at_a_time() {
 /// reads as `LimitExceeded`; one just under it is listed whole.
 #[test]
 fn a_directory_too_large_to_walk_is_refused_as_a_limit() {
-    use sandcell::raw::tree::{list_names, MAX_WALK_NAME_BYTES};
+    use sandcell::raw::tree::{held_walk_bytes, list_names, MAX_WALK_NAME_BYTES};
 
     let base = fast_tempdir();
     let dir = base.path().join("many");
@@ -251,7 +251,11 @@ fn a_directory_too_large_to_walk_is_refused_as_a_limit() {
         std::fs::hard_link(&file, dir.join(name(i))).unwrap();
     }
     let open = || rustix::fs::open(&dir, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).unwrap();
-    assert_eq!(list_names(open().as_fd()).unwrap().len(), under);
+    let listed = list_names(open().as_fd()).unwrap();
+    assert_eq!(listed.len(), under);
+    // Held, it draws on the pool all walks share (all but a thread's allowance).
+    assert!(held_walk_bytes() >= MAX_WALK_NAME_BYTES - (1 << 20));
+    drop(listed);
     std::fs::hard_link(&file, dir.join(name(under))).unwrap();
     let refused = list_names(open().as_fd()).unwrap_err();
     assert_eq!(refused, rustix::io::Errno::FBIG);

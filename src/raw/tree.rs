@@ -27,8 +27,11 @@ use crate::error::Result;
 mod copy;
 #[path = "dir_stack.rs"]
 mod dir_stack;
+#[path = "walk_names.rs"]
+mod walk_names;
 use copy::{copy_to_new, Copier};
 pub use dir_stack::{DirStack, Level, OPEN_LEVELS};
+pub use walk_names::{held_walk_bytes, IntoNames, Names, MAX_HELD_WALK_BYTES};
 
 /// Opens directory `name` of `parent` for reading, refusing a symlink (`ELOOP` or
 /// `ENOTDIR`).
@@ -74,20 +77,34 @@ pub const MAX_WALK_NAME_BYTES: usize = 32 << 20;
 /// them, fails with `EFBIG` (which [`Error::io`](crate::Error::io) reads as
 /// `LimitExceeded`) as soon as the reading passes it: hard links cost no inodes, so a
 /// sandbox can make a directory of millions of names, and walks that go in sorted
-/// order (snapshots, exports, copies) hold one directory's names whole.
-pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Vec<CString>> {
-    let (mut names, mut bytes) = (0usize, 0usize);
-    let admitted = list_names_within(dir, |name| {
-        names += 1;
+/// order (snapshots, exports, copies) hold one directory's names whole. And the
+/// listings held at once share [`MAX_HELD_WALK_BYTES`]: one that finds it spent fails
+/// with `ENOMEM` (read as `LimitExceeded` too), except a small directory's, which
+/// never draws on it ([`Names`]).
+pub fn list_names(dir: BorrowedFd<'_>) -> rustix::io::Result<Names> {
+    let (mut count, mut bytes) = (0usize, 0usize);
+    let mut names = Names::new();
+    let mut failed = None;
+    for_each_name(dir, |name| {
+        count += 1;
         bytes += name.to_bytes().len();
-        match names > MAX_WALK_NAMES || bytes > MAX_WALK_NAME_BYTES {
-            true => Err(crate::Error::limit_exceeded(
-                "a directory too large to walk",
-            )),
-            false => Ok(()),
+        let held = match count > MAX_WALK_NAMES || bytes > MAX_WALK_NAME_BYTES {
+            true => Err(Errno::FBIG),
+            false => names.push(name.to_owned()),
+        };
+        match held {
+            Ok(()) => ControlFlow::Continue(()),
+            Err(e) => {
+                failed = Some(e);
+                ControlFlow::Break(())
+            }
         }
     })?;
-    admitted.map_err(|_| Errno::FBIG)
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    names.sort();
+    Ok(names)
 }
 
 /// As [`list_names`], but asks `admit` about each name as it is read and stops at the

@@ -11,7 +11,7 @@ use std::path::Path;
 use rustix::fs::{AtFlags, Mode, OFlags, ResolveFlags, Timespec, Timestamps};
 use rustix::io::Errno;
 
-use super::{is_mount_root, list_names, open_subdir, remove_tree, DirStack};
+use super::{is_mount_root, list_names, open_subdir, remove_tree, DirStack, Names};
 use crate::error::{Error, Result};
 
 pub(super) fn copy_to_new(src: &Path, dst: &Path, layer: bool) -> Result<()> {
@@ -66,7 +66,7 @@ const OPAQUE_XATTRS: [&CStr; 1] = [c"trusted.overlay.opaque"];
 /// once full, and the entries still to copy.
 struct Copying {
     st: rustix::fs::Stat,
-    names: Vec<CString>,
+    names: Names,
 }
 
 impl Copier {
