@@ -11,40 +11,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use common::serve_backend;
 use sandcell::testing::MockBackend;
 use sandcell::{
     ByteStream, Capabilities, DirEntry, ErrorKind, ExecRequest, FileInfo, LabelSelector, Process,
     SandboxBackend, SandboxBackendExt, SandboxId, SandboxInfo, SandboxPath, SandboxSpec,
 };
-use sandcell_remote::server::{serve, ServerConfig, Tenant};
+use sandcell_remote::server::{ServerConfig, Tenant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-/// A served backend; dropping it stops the server.
-struct Served {
-    url: String,
-    addr: std::net::SocketAddr,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn serve_backend(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Served {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let task = tokio::spawn(async move {
-        let _ = serve(listener, backend, config, std::future::pending()).await;
-    });
-    Served {
-        url: format!("http://{addr}"),
-        addr,
-        task,
-    }
-}
 
 /// The mock's capabilities with CPU, memory, process and disk limits enforced.
 fn limits_enforced() -> Capabilities {

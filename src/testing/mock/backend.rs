@@ -81,6 +81,7 @@ impl SandboxBackend for MockBackend {
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<()> {
+        tokio::time::sleep(self.pause_delay).await;
         self.with_sandbox(id, |sb| {
             sb.info.status = SandboxStatus::Paused;
             Ok(())

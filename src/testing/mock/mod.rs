@@ -121,6 +121,7 @@ pub struct MockBackend {
     handlers: Arc<HashMap<String, Handler>>,
     capabilities: Capabilities,
     create_delay: Duration,
+    pause_delay: Duration,
 }
 
 impl fmt::Debug for MockBackend {
@@ -148,6 +149,7 @@ impl MockBackend {
             templates: Arc::new(templates),
             handlers: Arc::new(HashMap::new()),
             create_delay: Duration::ZERO,
+            pause_delay: Duration::ZERO,
             capabilities: Capabilities {
                 // Mock commands are handlers: they have no network to cut or grant.
                 network_isolation: true,
@@ -237,6 +239,13 @@ impl MockBackend {
     /// overlaps creates).
     pub fn create_delay(mut self, delay: Duration) -> Self {
         self.create_delay = delay;
+        self
+    }
+
+    /// Makes every pause take `delay` before the sandbox is paused, as a real
+    /// backend's does (to test what a pause on its way races with).
+    pub fn pause_delay(mut self, delay: Duration) -> Self {
+        self.pause_delay = delay;
         self
     }
 

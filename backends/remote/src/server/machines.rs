@@ -10,8 +10,8 @@ use sandcell::{Error, ErrorKind, SandboxInfo, SandboxSpec, SandboxStatus};
 use serde::Deserialize;
 
 use super::{
-    machine, tenants, ApiError, ApiResult, AppState, Caller, JsonBody, PathParams, Shared,
-    APP_LABEL, NAME_LABEL, REGION_LABEL,
+    machine, machine_held, tenants, ApiError, ApiResult, AppState, Caller, JsonBody, PathParams,
+    Shared, APP_LABEL, NAME_LABEL, REGION_LABEL,
 };
 use crate::protocol::{
     CloneMachineRequest, CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody,
@@ -338,7 +338,7 @@ pub(super) async fn suspend(
     Extension(caller): Extension<Caller>,
     PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &caller, &app, &id).await?;
+    let (_held, info) = machine_held(&state, &caller, &app, &id).await?;
     pause(&state, &info).await?;
     Ok(super::ok())
 }
@@ -354,7 +354,7 @@ pub(super) async fn stop(
         serde_json::from_slice::<StopBody>(&body)
             .map_err(|e| ApiError(Error::invalid_input(format!("a malformed stop: {e}"))))?;
     }
-    let info = machine(&state, &caller, &app, &id).await?;
+    let (_held, info) = machine_held(&state, &caller, &app, &id).await?;
     pause(&state, &info).await?;
     crate::lock(&state.stopped).insert(info.id);
     Ok(super::ok())
@@ -372,7 +372,7 @@ pub(super) async fn start(
     Extension(caller): Extension<Caller>,
     PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &caller, &app, &id).await?;
+    let (_held, info) = machine_held(&state, &caller, &app, &id).await?;
     state.backend.resume(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     Ok(super::ok())
@@ -383,7 +383,7 @@ pub(super) async fn restart(
     Extension(caller): Extension<Caller>,
     PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &caller, &app, &id).await?;
+    let (_held, info) = machine_held(&state, &caller, &app, &id).await?;
     state.backend.reset(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     Ok(super::ok())
@@ -394,7 +394,7 @@ pub(super) async fn destroy(
     Extension(caller): Extension<Caller>,
     PathParams((app, id)): PathParams<(String, String)>,
 ) -> ApiResult<Json<serde_json::Value>> {
-    let info = machine(&state, &caller, &app, &id).await?;
+    let (_held, info) = machine_held(&state, &caller, &app, &id).await?;
     state.backend.destroy(&info.id).await?;
     crate::lock(&state.stopped).remove(&info.id);
     Ok(super::ok())

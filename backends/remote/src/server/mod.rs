@@ -27,6 +27,7 @@ pub(crate) mod machines;
 #[cfg(feature = "mcp")]
 mod mcp;
 mod requests;
+mod sandbox_locks;
 mod tenants;
 mod tls;
 mod wire;
@@ -79,6 +80,8 @@ pub(crate) struct Shared {
     pub(crate) e2b: e2b::E2bState,
     /// The labels no client may set or filter on.
     pub(crate) reserved: labels::Reserved,
+    /// Lifecycle changes of one sandbox do not interleave.
+    pub(crate) lifecycle: sandbox_locks::SandboxLocks,
 }
 
 impl Shared {
@@ -155,6 +158,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
             .collect(),
         tenants,
         reserved,
+        lifecycle: Default::default(),
         stopped: Mutex::new(HashSet::new()),
         e2b: e2b::E2bState::default(),
     });
@@ -420,6 +424,20 @@ pub(crate) async fn machine(
         return Err(missing());
     }
     Ok(info)
+}
+
+/// As [`machine`], holding the sandbox's lifecycle lock: the state answered is the
+/// state the caller acts on, with no other pause, resume or destroy of it between.
+pub(crate) async fn machine_held(
+    state: &Shared,
+    caller: &Caller,
+    app: &str,
+    id: &str,
+) -> ApiResult<(tokio::sync::OwnedMutexGuard<()>, SandboxInfo)> {
+    // Owned first, so no one waits on (or learns of) another tenant's sandbox's lock.
+    let info = machine(state, caller, app, id).await?;
+    let held = state.lifecycle.hold(&info.id).await;
+    Ok((held, machine(state, caller, app, id).await?))
 }
 
 #[cfg(test)]

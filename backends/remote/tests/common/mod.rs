@@ -84,3 +84,32 @@ pub(crate) async fn e2b_client(url: &str) -> sandcell_remote::e2b::E2bBackend {
         .await
         .unwrap()
 }
+
+/// A served backend; dropping it stops the server.
+pub(crate) struct Served {
+    pub(crate) url: String,
+    pub(crate) addr: std::net::SocketAddr,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub(crate) async fn serve_backend(
+    backend: Arc<dyn SandboxBackend>,
+    config: ServerConfig,
+) -> Served {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        let _ = serve(listener, backend, config, std::future::pending()).await;
+    });
+    Served {
+        url: format!("http://{addr}"),
+        addr,
+        task,
+    }
+}

@@ -19,7 +19,9 @@ use crate::e2b::api::{
     NetworkConfig, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxTimeout, ENVD_VERSION,
 };
 use crate::lock;
-use crate::server::{machine, machines, tenants, AppState, Caller, PathParams, Shared};
+use crate::server::{
+    machine, machine_held, machines, tenants, AppState, Caller, PathParams, Shared,
+};
 use crate::server::{APP_LABEL, NAME_LABEL};
 
 /// Label holding when a sandbox's time is up (RFC 3339), as its create set it.
@@ -84,16 +86,24 @@ async fn reap(state: &Shared) {
     let Ok(sandboxes) = state.backend.list(&selector).await else {
         return;
     };
-    let now = Utc::now();
+    let due = |info: &SandboxInfo| {
+        info.status == SandboxStatus::Running
+            && state
+                .e2b
+                .lifetimes
+                .end_of(info)
+                .is_some_and(|end| end <= Utc::now())
+    };
     for info in sandboxes {
-        let due = state
-            .e2b
-            .lifetimes
-            .end_of(&info)
-            .is_some_and(|end| end <= now);
-        if !due || info.status != SandboxStatus::Running {
+        if !due(&info) {
             continue;
         }
+        // Looked at again under the lock: a `connect` may have given it more time.
+        let _held = state.lifecycle.hold(&info.id).await;
+        let info = match state.backend.inspect(&info.id).await {
+            Ok(info) if due(&info) => info,
+            _ => continue,
+        };
         let result = if info.labels.contains_key(AUTO_PAUSE_LABEL) {
             state.backend.pause(&info.id).await
         } else {
@@ -144,6 +154,17 @@ where
 /// The caller's E2B sandbox `id`; `NotFound` for anyone else's, as if it did not exist.
 async fn owned(state: &Shared, caller: &Caller, id: &str) -> E2bResult<SandboxInfo> {
     machine(state, caller, E2B_APP, id)
+        .await
+        .map_err(|e| E2bError(e.0))
+}
+
+/// As [`owned`], holding the sandbox's lifecycle lock ([`machine_held`]).
+async fn owned_held(
+    state: &Shared,
+    caller: &Caller,
+    id: &str,
+) -> E2bResult<(tokio::sync::OwnedMutexGuard<()>, SandboxInfo)> {
+    machine_held(state, caller, E2B_APP, id)
         .await
         .map_err(|e| E2bError(e.0))
 }
@@ -272,7 +293,7 @@ pub(super) async fn kill(
     Extension(caller): Extension<Caller>,
     PathParams(id): PathParams<String>,
 ) -> E2bResult<StatusCode> {
-    let info = owned(&state, &caller, &id).await?;
+    let (_held, info) = owned_held(&state, &caller, &id).await?;
     end(&state, &info.id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
@@ -298,7 +319,7 @@ pub(super) async fn pause(
     Extension(caller): Extension<Caller>,
     PathParams(id): PathParams<String>,
 ) -> E2bResult<Response> {
-    let info = owned(&state, &caller, &id).await?;
+    let (_held, info) = owned_held(&state, &caller, &id).await?;
     if info.status == SandboxStatus::Paused {
         return Err(E2bError(Error::new(
             ErrorKind::AlreadyExists,
@@ -350,7 +371,7 @@ pub(super) async fn connect(
             .timeout
     }
     .unwrap_or(DEFAULT_TIMEOUT);
-    let info = owned(&state, &caller, &id).await?;
+    let (_held, info) = owned_held(&state, &caller, &id).await?;
     let resumed = info.status == SandboxStatus::Paused;
     if resumed {
         state.backend.resume(&info.id).await?;
