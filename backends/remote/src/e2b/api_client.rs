@@ -212,11 +212,15 @@ impl ApiClient {
     }
 
     /// Pauses a sandbox; one already paused succeeds.
+    ///
+    /// Never repeated after an answer that did not come: the first try may still be
+    /// at work on the server, and land after the resume that follows this pause (a
+    /// sandbox found paused just after it was resumed). Likewise [`connect`](Self::connect).
     pub(crate) async fn pause(&self, id: &str) -> Result<()> {
         let path = format!("/sandboxes/{}/pause", encode(id));
         match self
             .http
-            .send(call(Method::POST, path, Body::None, true))
+            .send(call(Method::POST, path, Body::None, false))
             .await
         {
             Ok(_) => Ok(()),
@@ -232,7 +236,7 @@ impl ApiClient {
         let body = json(&ConnectSandbox { timeout: seconds }, "a connect")?;
         let path = format!("/sandboxes/{}/connect", encode(id));
         self.http
-            .json(call(Method::POST, path, Body::Json(&body), true))
+            .json(call(Method::POST, path, Body::Json(&body), false))
             .await
     }
 
