@@ -55,8 +55,8 @@ impl DockerBackend {
     }
 
     /// Creates a sandbox on a network of its own (it has services, or a full network):
-    /// the network, then the sandbox and every service in parallel, then a check that
-    /// the host's rules guard the network's bridge. On failure nothing is left.
+    /// the network, the sandbox, a check that the host's rules guard the network's
+    /// bridge, then every service in parallel. On failure nothing is left.
     pub(super) async fn create_task(
         &self,
         id: &SandboxId,
@@ -83,16 +83,21 @@ impl DockerBackend {
         };
         let ulimits = self.ulimits().await;
         let network = &network;
-        let started = futures::future::try_join(
-            self.create_container(id, spec, image, Some(network)),
+        // The sandbox's own container (which runs nothing of the client's until asked)
+        // starts first: Podman makes a bridge only as a container joins it, and the
+        // bridge is checked before any service (a client's image and command) runs.
+        let started = async {
+            self.create_container(id, spec, image, Some(network))
+                .await?;
+            crate::firewall::check_bridge(&crate::firewall::bridge_name(id))?;
             futures::future::try_join_all(services.iter().zip(images).enumerate().map(
                 |(index, (s, image))| {
                     crate::task::start_service(docker, id, network, index, s, image, ulimits)
                 },
-            )),
-        )
-        .await
-        .and_then(|_| crate::firewall::check_bridge(&crate::firewall::bridge_name(id)));
+            ))
+            .await
+        }
+        .await;
         if let Err(e) = started {
             let _ = self.remove_container(id.as_str()).await;
             let _ = crate::task::teardown(docker, id).await;
@@ -208,15 +213,14 @@ impl DockerBackend {
                         )
                         .await
                     });
-            futures::future::try_join(
-                crate::task::start_clone(docker, new.as_str(), body),
-                futures::future::try_join_all(service_clones),
-            )
-            .await?;
-            match network {
-                Some(_) => crate::firewall::check_bridge(&crate::firewall::bridge_name(new)),
-                None => Ok(()),
+            // As in a create: the bridge is checked before any service runs.
+            crate::task::start_clone(docker, new.as_str(), body).await?;
+            if network.is_some() {
+                crate::firewall::check_bridge(&crate::firewall::bridge_name(new))?;
             }
+            futures::future::try_join_all(service_clones)
+                .await
+                .map(drop)
         }
         .await;
         if let Err(e) = result {
