@@ -14,6 +14,7 @@
 //! makes at most one machine.
 
 mod backend;
+mod config;
 pub mod e2b;
 mod exec_files;
 mod fly;
@@ -25,7 +26,8 @@ pub mod server;
 mod state;
 mod wires;
 
-pub use backend::{RemoteBackend, RemoteConfig};
+pub use backend::RemoteBackend;
+pub use config::RemoteConfig;
 pub use fly::{ControlPlane, FlyMachines};
 pub use http::{RateLimit, RateLimits, RetryPolicy};
 pub use state::MachineState;
