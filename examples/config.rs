@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let registry = BackendRegistry::new()
         .register("local", LocalBackend::from_options)
         .register("docker", sandcell_docker::DockerBackend::from_options)
-        .register_async("remote", sandcell_remote::RemoteBackend::from_options)
+        .register_async("remote", sandcell_remote::FlyBackend::from_options)
         .register_async("e2b", sandcell_remote::e2b::E2bBackend::from_options);
     let manager = config.build_manager(&registry).await?;
     println!(

@@ -1,5 +1,5 @@
 //! `sandcell-server`: serves a local or Docker sandcell backend as a Fly-Machines-style
-//! API (plus the upgrade to sandcell's wire protocol) for `RemoteBackend` clients, and
+//! API (plus the upgrade to sandcell's wire protocol) for `FlyBackend` clients, and
 //! as E2B's API (control plane and envd) for E2B's own SDKs.
 //!
 //! ```text
@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use sandcell::SandboxBackend;
-use sandcell_remote::server::{serve, serve_tls, HostPath, ServerConfig, TenantsFile, Tls};
+use sandcell_server::{serve, serve_tls, HostPath, ServerConfig, TenantsFile, Tls};
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
 enum Backend {

@@ -579,10 +579,10 @@ async fn a_remote_session_lives_on_a_sandcell_server() {
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(sandcell_remote::server::serve(
+    let server = tokio::spawn(sandcell_server::serve(
         listener,
         std::sync::Arc::new(served.clone()),
-        sandcell_remote::server::ServerConfig::new("cli-token"),
+        sandcell_server::ServerConfig::new("cli-token"),
         std::future::pending(),
     ));
     let cli = Cli::remote(dir.path(), &url, "cli-token");
@@ -670,10 +670,10 @@ async fn an_e2b_session_lives_on_a_sandcell_servers_e2b_face() {
         .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
-    let server = tokio::spawn(sandcell_remote::server::serve(
+    let server = tokio::spawn(sandcell_server::serve(
         listener,
         std::sync::Arc::new(served.clone()),
-        sandcell_remote::server::ServerConfig::new("e2b_cli"),
+        sandcell_server::ServerConfig::new("e2b_cli"),
         std::future::pending(),
     ));
     let cli = Cli::e2b(dir.path(), &url, "e2b_cli");

@@ -1,5 +1,5 @@
 //! E2B's own Python SDK (PyPI `e2b`) as a real client of the `sandcell-server` binary:
-//! the pytest scripts in `backends/remote/tests/e2b_sdk` drive it over the local
+//! the pytest scripts in `server/tests/e2b_sdk` drive it over the local
 //! backend and over Docker, as a user of E2B would, with only `E2B_API_KEY`,
 //! `E2B_API_URL` and `E2B_SANDBOX_URL` pointing at it.
 //!
@@ -32,7 +32,7 @@ fn sdk() -> Option<String> {
 }
 
 fn suite_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../backends/remote/tests/e2b_sdk")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/e2b_sdk")
 }
 
 /// Starts the binary with two tenants and `args`; answers once it listens.

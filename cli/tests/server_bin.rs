@@ -1,4 +1,4 @@
-//! The `sandcell-server` binary, started as the README says, answers a RemoteBackend.
+//! The `sandcell-server` binary, started as the README says, answers a FlyBackend.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use common::{free_port, Server};
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
-use sandcell_remote::{RemoteBackend, RemoteConfig};
+use sandcell_remote::{FlyBackend, FlyConfig};
 
 /// The token the server is started with.
 const TOKEN: &str = "test-token";
@@ -53,8 +53,8 @@ async fn start_with_token(
 }
 
 /// A client of the server at `url`, with the test's token.
-async fn client(url: &str) -> RemoteBackend {
-    RemoteBackend::connect(RemoteConfig::new(url, TOKEN))
+async fn client(url: &str) -> FlyBackend {
+    FlyBackend::connect(FlyConfig::new(url, TOKEN))
         .await
         .unwrap()
 }
@@ -63,7 +63,7 @@ async fn client(url: &str) -> RemoteBackend {
 async fn the_binary_serves_the_local_backend_on_loopback() {
     let root = tempfile::tempdir().unwrap();
     let (server, url) = start(root.path(), &[]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     assert_eq!(backend.name(), "remote");
@@ -92,7 +92,7 @@ fn an_empty_token_is_refused() {
 async fn fly_only_serves_a_plain_endpoint_whose_files_move_over_exec() {
     let root = tempfile::tempdir().unwrap();
     let (server, url) = start(root.path(), &["--fly-only"]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     assert!(!backend.has_extensions(), "no sandcell routes");
@@ -133,7 +133,7 @@ async fn host_mounts_need_allow_host_path() {
     };
 
     let (server, url) = start(root.path(), &[]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     assert!(
@@ -145,7 +145,7 @@ async fn host_mounts_need_allow_host_path() {
 
     let allowed = host.path().to_str().unwrap().to_owned();
     let (server, url) = start(root.path(), &["--allow-host-path", &allowed]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     let sandbox = backend.create(&spec(true)).await.unwrap();
@@ -161,7 +161,7 @@ async fn host_mounts_need_allow_host_path() {
 
     let writable = format!("{allowed}:rw");
     let (server, url) = start(root.path(), &["--allow-host-path", &writable]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     if rustix::process::geteuid().is_root() {
@@ -202,7 +202,7 @@ async fn the_local_backend_is_served_isolated_unless_the_operator_opts_out() {
     let read_secret = format!("cat {}", secret.display());
 
     let (server, url) = start(root.path(), &[]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
@@ -264,7 +264,7 @@ async fn the_local_backend_is_served_isolated_unless_the_operator_opts_out() {
 
     // ...and served with it, where the host file is readable: the opt-out means it.
     let (server, url) = start(root.path(), &["--options", &none, "--unsafe-no-isolation"]).await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
@@ -305,10 +305,10 @@ async fn two_tenants_are_kept_apart_and_held_to_their_quotas() {
     std::fs::set_permissions(&file, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     let data = root.path().join("data");
     let (server, url) = start_with_token(&data, &["--tenants", file.to_str().unwrap()], None).await;
-    let alpha = RemoteBackend::connect(RemoteConfig::new(&url, "token-alpha"))
+    let alpha = FlyBackend::connect(FlyConfig::new(&url, "token-alpha"))
         .await
         .unwrap();
-    let beta = RemoteBackend::connect(RemoteConfig::new(&url, "token-beta"))
+    let beta = FlyBackend::connect(FlyConfig::new(&url, "token-beta"))
         .await
         .unwrap();
     let a = alpha.create(&SandboxSpec::new("default")).await.unwrap();
@@ -522,7 +522,7 @@ async fn tls_flags_serve_https() {
     )
     .await;
     let url = url.replace("http://127.0.0.1", "https://localhost");
-    let backend = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN).ca_certificate(&cert_file))
+    let backend = FlyBackend::connect(FlyConfig::new(&url, TOKEN).ca_certificate(&cert_file))
         .await
         .unwrap();
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();

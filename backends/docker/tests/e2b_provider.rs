@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sandcell::testing::conformance::Fixture;
 use sandcell_remote::e2b::{E2bBackend, E2bConfig};
-use sandcell_remote::server::{serve, ServerConfig, Tenant};
+use sandcell_server::{serve, ServerConfig, Tenant};
 
 const TOKEN: &str = "e2b-provider-test";
 

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use sandcell::testing::portable;
 use sandcell::{SandboxBackend, SandboxSpec, SessionKey};
 use sandcell_local::LocalBackend;
-use sandcell_remote::server::{serve, ServerConfig};
-use sandcell_remote::{RemoteBackend, RemoteConfig};
+use sandcell_remote::{FlyBackend, FlyConfig};
+use sandcell_server::{serve, ServerConfig};
 
 mod common;
 
@@ -66,7 +66,7 @@ async fn a_snapshot_moves_between_every_pair_of_backends() {
         )
         .await;
     });
-    let remote = RemoteBackend::connect(RemoteConfig::new(&url, TOKEN))
+    let remote = FlyBackend::connect(FlyConfig::new(&url, TOKEN))
         .await
         .unwrap();
 

@@ -1,8 +1,8 @@
-//! What the HTTP hop costs: the exec round trip of `true` through RemoteBackend →
+//! What the HTTP hop costs: the exec round trip of `true` through FlyBackend →
 //! sandcell-server (local backend) on loopback, against the same local backend called
 //! in-process (target: at most 3 ms added at p50).
 //!
-//! Run: `cargo bench -p sandcell-remote --features server --bench remote`.
+//! Run: `cargo bench -p sandcell-remote --bench remote`.
 //! `SANDCELL_BENCH_ROUNDS` (default 300) sets the rounds.
 
 // A bench is a test-like program: a failed step should stop it loudly.

@@ -262,7 +262,7 @@ pub(crate) struct Http {
 impl Http {
     /// The client `config` describes: its URL, token, retries, rate limits, deadline
     /// and extra trusted certificates.
-    pub(crate) fn new(config: &crate::RemoteConfig) -> Result<Self> {
+    pub(crate) fn new(config: &crate::FlyConfig) -> Result<Self> {
         let token = config.token.as_str();
         // Fly's macaroon tokens travel under their own scheme; everything else is a bearer.
         let scheme = if token.starts_with("FlyV1 ") {

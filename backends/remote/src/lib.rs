@@ -1,36 +1,39 @@
 //! `sandcell-remote`: sandcell sandboxes as remote machines behind a Fly-Machines-style
-//! HTTP API, and `sandcell-server` (feature `server`) to host such an API over any
-//! sandcell backend.
+//! HTTP API or E2B's, as clients; the crate `sandcell-server` hosts such an API over
+//! any sandcell backend, speaking the bodies of [`protocol`] and [`e2b::api`].
 //!
 //! | piece | what it does |
 //! |---|---|
-//! | [`RemoteBackend`] | [`SandboxBackend`](sandcell::SandboxBackend) over the API: lifecycle through the [`ControlPlane`]; commands, files and archives over sandcell's wire protocol on one upgraded connection per machine (sandcell-server), or over the plain `exec` (shell scripts, base64 chunks) on a Fly endpoint without them |
+//! | [`FlyBackend`] (module [`fly`]) | [`SandboxBackend`](sandcell::SandboxBackend) over the Fly Machines API: lifecycle through the [`ControlPlane`]; commands, files and archives over sandcell's wire protocol on one upgraded connection per machine (sandcell-server), or over the plain `exec` (shell scripts, base64 chunks) on a Fly endpoint without them |
 //! | [`FlyMachines`] | the Fly Machines control plane: create (resolving lost answers by name), get, list, wait (looping past the API's 60 s cap), suspend, start, stop, restart, destroy, exec |
+//! | [`E2bBackend`] (module [`e2b`]) | [`SandboxBackend`](sandcell::SandboxBackend) over E2B's control plane and each sandbox's envd, on E2B or on sandcell-server's E2B face |
 //! | [`RetryPolicy`], [`RateLimits`] | retries of calls safe to repeat (connection errors, 408, 429 with `Retry-After`, 5xx) with capped exponential backoff; client-side token buckets per machine and action |
-//! | [`server`] | the axum router `sandcell-server` serves |
 //!
 //! Creates are never retried blindly: every create carries a unique machine name, and
 //! an attempt whose answer is lost is resolved by looking that name up, so one create
 //! makes at most one machine.
 
-mod backend;
-mod config;
 pub mod e2b;
 mod exec_files;
-mod fly;
+pub mod fly;
 mod http;
 mod plain_exec;
 pub mod protocol;
-#[cfg(feature = "server")]
-pub mod server;
-mod state;
-mod wires;
 
-pub use backend::RemoteBackend;
-pub use config::RemoteConfig;
-pub use fly::{ControlPlane, FlyMachines};
+pub use e2b::{E2bBackend, E2bConfig};
+pub use fly::{ControlPlane, FlyBackend, FlyConfig, FlyMachines, MachineState};
 pub use http::{RateLimit, RateLimits, RetryPolicy};
-pub use state::MachineState;
+
+/// The Fly client's old name.
+#[deprecated(
+    since = "0.1.0",
+    note = "renamed `FlyBackend`, beside `e2b::E2bBackend`"
+)]
+pub type RemoteBackend = FlyBackend;
+
+/// The Fly client's configuration's old name.
+#[deprecated(since = "0.1.0", note = "renamed `FlyConfig`, beside `e2b::E2bConfig`")]
+pub type RemoteConfig = FlyConfig;
 
 /// Locks a mutex, recovering the data if a panicking holder poisoned it: every value kept
 /// under these locks stays consistent between statements.

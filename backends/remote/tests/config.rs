@@ -1,6 +1,5 @@
 //! `type: remote` chosen in a config: the async factory connects to a sandcell-server and
 //! a manager runs a session over it; the token may come from an environment variable.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,10 +10,10 @@ use sandcell::{
     SessionKey,
 };
 use sandcell_remote::e2b::E2bBackend;
-use sandcell_remote::RemoteBackend;
+use sandcell_remote::FlyBackend;
 
 fn registry() -> BackendRegistry {
-    BackendRegistry::new().register_async("remote", RemoteBackend::from_options)
+    BackendRegistry::new().register_async("remote", FlyBackend::from_options)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

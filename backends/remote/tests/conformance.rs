@@ -1,6 +1,5 @@
-//! The conformance suite over RemoteBackend → sandcell-server (local backend), through
+//! The conformance suite over FlyBackend → sandcell-server (local backend), through
 //! real HTTP on loopback, one test per case.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -2,7 +2,6 @@
 //! parameters, JSON body — is checked against the published OpenAPI document read from
 //! `../shared/specs/fly/` (never copied here), and the server's machine answers against
 //! its `Machine` schema.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -13,7 +12,7 @@ use common::openapi::{load_fly_spec, OpenApi};
 use common::proxy::FaultProxy;
 use sandcell::{ExecRequest, Limits, SandboxBackend, SandboxBackendExt, SandboxSpec};
 use sandcell_remote::protocol::ExecBody;
-use sandcell_remote::{RemoteBackend, RemoteConfig};
+use sandcell_remote::{FlyBackend, FlyConfig};
 use serde_json::Value;
 
 /// Routes that are sandcell-server's own extensions, not Fly's.
@@ -59,11 +58,11 @@ async fn every_fly_request_matches_the_published_spec() {
 
     let server = common::serve_local().await;
     let proxy = FaultProxy::start(&server.url).await;
-    let config = RemoteConfig::new(proxy.url(), common::TOKEN)
+    let config = FlyConfig::new(proxy.url(), common::TOKEN)
         .app("contract")
         .region("ord")
         .retry(common::fast_retries());
-    let backend = RemoteBackend::connect(config).await.unwrap();
+    let backend = FlyBackend::connect(config).await.unwrap();
 
     let mut limits = Limits::new();
     limits.cpu_millis = Some(1500);

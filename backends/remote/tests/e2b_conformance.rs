@@ -1,6 +1,5 @@
 //! The conformance suite over the E2B provider → sandcell-server's E2B face (local
 //! backend), through real HTTP on loopback, one test per case.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -2,7 +2,6 @@
 //! body it answers (and the bodies a client sends it) validated against `openapi.yml`,
 //! and every envd message it answers checked field by field against the two `.proto`
 //! files, in protobuf's JSON names. Both are read from `../shared/specs/e2b` at run time.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +10,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use common::openapi::{load_e2b_spec, read_shared, OpenApi};
 use sandcell_remote::e2b::envd;
-use sandcell_remote::server::ServerConfig;
+use sandcell_server::ServerConfig;
 use serde_json::{json, Value};
 
 /// Each message of a `.proto` file (nested ones by their own name) and its fields'
@@ -573,7 +572,7 @@ async fn a_client_cannot_make_envd_hold_unbounded_processes_or_watchers() {
 /// list shows none of A's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_tenants_sandbox_is_not_found_on_the_e2b_face() {
-    use sandcell_remote::server::Tenant;
+    use sandcell_server::Tenant;
     let config = ServerConfig::with_tenants([
         Tenant::new("a", KEY),
         Tenant::new("b", "e2b_tenant_b_token"),

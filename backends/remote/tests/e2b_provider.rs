@@ -1,6 +1,5 @@
 //! The E2B provider when things go wrong: an unreachable endpoint, lost answers to a
 //! create, a sandbox killed or paused behind its back, a bad key.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -1,7 +1,6 @@
 //! Network policies through sandcell-server: a remote client's allowlist is enforced by
 //! the served local backend, `set_network` crosses the wire, and `inspect` reports the
 //! list in force; the E2B provider's `allowOut` and network updates reach it too.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -9,7 +8,7 @@ mod common;
 use sandcell::testing::egress::{self, EgressWorld};
 use sandcell::{ErrorKind, Network, SandboxBackend, SandboxSpec};
 use sandcell_local::LocalBackend;
-use sandcell_remote::server::ServerConfig;
+use sandcell_server::ServerConfig;
 
 /// A server over a local backend at its default isolation that resolves the egress
 /// scenarios' names, or `None` (skipped) where that level cannot enforce an allowlist.

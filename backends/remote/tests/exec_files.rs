@@ -1,24 +1,23 @@
 //! Files over exec: a sandcell-server serving only the Fly Machines subset stands in
 //! for a plain Fly endpoint, so the client moves files through `exec` alone.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use sandcell::testing::conformance;
-use sandcell_remote::server::ServerConfig;
-use sandcell_remote::{RateLimit, RateLimits, RemoteBackend, RemoteConfig};
+use sandcell_remote::{FlyBackend, FlyConfig, RateLimit, RateLimits};
+use sandcell_server::ServerConfig;
 
 /// A server without extensions, and a client whose limiter does not slow the suite.
-async fn plain() -> (common::TestServer, RemoteBackend) {
+async fn plain() -> (common::TestServer, FlyBackend) {
     let mut config = ServerConfig::new(common::TOKEN);
     config.extensions = false;
     let server = common::serve_local_with(config).await;
     let mut limits = RateLimits::default();
     limits.mutations = RateLimit::new(1000.0, 1000);
     limits.reads = RateLimit::new(1000.0, 1000);
-    let backend = RemoteBackend::connect(
-        RemoteConfig::new(&server.url, common::TOKEN)
+    let backend = FlyBackend::connect(
+        FlyConfig::new(&server.url, common::TOKEN)
             .retry(common::fast_retries())
             .rate_limits(limits),
     )
@@ -80,7 +79,7 @@ async fn large_files_and_archives_cross_in_bounded_chunks_and_leave_nothing() {
     let mut limits = RateLimits::default();
     limits.mutations = RateLimit::new(1000.0, 1000);
     let backend =
-        RemoteBackend::connect(RemoteConfig::new(proxy.url(), common::TOKEN).rate_limits(limits))
+        FlyBackend::connect(FlyConfig::new(proxy.url(), common::TOKEN).rate_limits(limits))
             .await
             .unwrap();
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
@@ -284,8 +283,8 @@ async fn reset_is_offered_only_when_the_workspace_outlives_a_restart() {
     assert_eq!(err.kind(), ErrorKind::Unsupported, "{err}");
     backend.destroy(&sandbox.id).await.unwrap();
 
-    let on_volume = RemoteBackend::connect(
-        RemoteConfig::new(&server.url, common::TOKEN).workspace_survives_restart(true),
+    let on_volume = FlyBackend::connect(
+        FlyConfig::new(&server.url, common::TOKEN).workspace_survives_restart(true),
     )
     .await
     .unwrap();

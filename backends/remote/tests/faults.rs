@@ -1,7 +1,6 @@
 //! Fault tests: a proxy between client and server drops connections, answers 502 and
 //! 429, and delays replies. Reads and deletes retry within their deadline; creates are
 //! resolved, never repeated blindly; nothing is left behind.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,9 +9,9 @@ use std::time::Duration;
 
 use common::proxy::{Fault, FaultProxy};
 use sandcell::{ErrorKind, LabelSelector, SandboxBackend, SandboxSpec};
-use sandcell_remote::{RemoteBackend, RemoteConfig};
+use sandcell_remote::{FlyBackend, FlyConfig};
 
-async fn setup() -> (common::TestServer, FaultProxy, RemoteBackend) {
+async fn setup() -> (common::TestServer, FaultProxy, FlyBackend) {
     let server = common::serve_local().await;
     let proxy = FaultProxy::start(&server.url).await;
     let backend = common::client(&proxy.url()).await;
@@ -75,16 +74,16 @@ async fn reads_and_deletes_retry_through_drops_502_and_429() {
 async fn retries_stop_at_the_deadline_and_4xx_fails_at_once() {
     let server = common::serve_local().await;
     let proxy = FaultProxy::start(&server.url).await;
-    let config = RemoteConfig::new(proxy.url(), common::TOKEN)
+    let config = FlyConfig::new(proxy.url(), common::TOKEN)
         .retry(sandcell_remote::RetryPolicy::new(
             10,
             Duration::from_millis(200),
             Duration::from_millis(200),
         ))
         .call_timeout(Duration::from_millis(700));
-    let backend = RemoteBackend::connect(config).await.unwrap();
+    let backend = FlyBackend::connect(config).await.unwrap();
     // Create and destroy without the short deadline, which a loaded machine may miss.
-    let patient = RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN))
+    let patient = FlyBackend::connect(FlyConfig::new(&server.url, common::TOKEN))
         .await
         .unwrap();
     let sandbox = patient.create(&SandboxSpec::new("default")).await.unwrap();
@@ -190,14 +189,13 @@ async fn an_unreachable_server_is_unavailable() {
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("http://{}", closed.local_addr().unwrap());
     drop(closed);
-    let err =
-        RemoteBackend::connect(RemoteConfig::new(url, common::TOKEN).retry(common::fast_retries()))
-            .await
-            .unwrap_err();
+    let err = FlyBackend::connect(FlyConfig::new(url, common::TOKEN).retry(common::fast_retries()))
+        .await
+        .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 
     let server = common::serve_local().await;
-    let err = RemoteBackend::connect(RemoteConfig::new(&server.url, "wrong-token"))
+    let err = FlyBackend::connect(FlyConfig::new(&server.url, "wrong-token"))
         .await
         .unwrap_err();
     assert_eq!(err.kind(), ErrorKind::PermissionDenied, "{err}");
@@ -208,14 +206,14 @@ async fn a_streamed_command_may_outlast_the_call_deadline() {
     let server = common::serve_local().await;
     // Create and destroy without the short deadline: on a loaded machine they
     // may take longer than the second this test gives the command's call.
-    let patient = RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN))
+    let patient = FlyBackend::connect(FlyConfig::new(&server.url, common::TOKEN))
         .await
         .unwrap();
     let sandbox = patient.create(&SandboxSpec::new("default")).await.unwrap();
-    let config = RemoteConfig::new(&server.url, common::TOKEN)
+    let config = FlyConfig::new(&server.url, common::TOKEN)
         .retry(common::fast_retries())
         .call_timeout(Duration::from_secs(1));
-    let backend = RemoteBackend::connect(config).await.unwrap();
+    let backend = FlyBackend::connect(config).await.unwrap();
     // The deadline bounds the wait for an answer's head, not a command's run.
     let out = sandcell::SandboxBackendExt::run(
         &backend,
@@ -232,7 +230,7 @@ async fn a_streamed_command_may_outlast_the_call_deadline() {
 async fn a_lost_wire_connection_is_reopened_by_the_next_call() {
     let (server, proxy, backend) = setup().await;
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
-    let run = |backend: RemoteBackend, id: sandcell::SandboxId| async move {
+    let run = |backend: FlyBackend, id: sandcell::SandboxId| async move {
         sandcell::SandboxBackendExt::run(&backend, &id, sandcell::ExecRequest::new(["echo", "hi"]))
             .await
     };
@@ -275,7 +273,7 @@ async fn a_lost_wire_connection_is_reopened_by_the_next_call() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_wire_route_serves_only_an_upgrade_to_the_callers_own_machine() {
     let server = common::serve_local().await;
-    let backend = RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN).app("mine"))
+    let backend = FlyBackend::connect(FlyConfig::new(&server.url, common::TOKEN).app("mine"))
         .await
         .unwrap();
     let sandbox = backend.create(&SandboxSpec::new("default")).await.unwrap();
@@ -332,16 +330,15 @@ async fn fly_rate_limits_apply_to_fly_endpoints_only_unless_set() {
     );
     let mut chosen = RateLimits::default();
     chosen.mutations = RateLimit::new(2.0, 4);
-    let set =
-        RemoteBackend::connect(RemoteConfig::new(&server.url, common::TOKEN).rate_limits(chosen))
-            .await
-            .unwrap();
+    let set = FlyBackend::connect(FlyConfig::new(&server.url, common::TOKEN).rate_limits(chosen))
+        .await
+        .unwrap();
     assert_eq!(set.rate_limits(), chosen, "limits set are kept");
 
-    let mut config = sandcell_remote::server::ServerConfig::new(common::TOKEN);
+    let mut config = sandcell_server::ServerConfig::new(common::TOKEN);
     config.extensions = false;
     let plain = common::serve_local_with(config).await;
-    let fly = RemoteBackend::connect(RemoteConfig::new(&plain.url, common::TOKEN))
+    let fly = FlyBackend::connect(FlyConfig::new(&plain.url, common::TOKEN))
         .await
         .unwrap();
     assert!(!fly.has_extensions());

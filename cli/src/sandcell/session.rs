@@ -19,7 +19,7 @@ pub(crate) type Manager = SandboxManager<Box<dyn SandboxBackend>>;
 /// variables).
 pub(crate) enum Hosted {
     /// `--backend remote`.
-    Remote(sandcell_remote::RemoteConfig),
+    Remote(sandcell_remote::FlyConfig),
     /// `--backend e2b`.
     E2b(sandcell_remote::e2b::E2bConfig),
 }
@@ -51,7 +51,7 @@ fn e2b_config(cli: &Cli) -> Result<sandcell_remote::e2b::E2bConfig, CliError> {
 }
 
 /// The remote backend's settings from the flags (or their environment variables).
-fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
+fn remote_config(cli: &Cli) -> Result<sandcell_remote::FlyConfig, CliError> {
     let url = cli.remote_url.clone().ok_or_else(|| {
         CliError::bad_input(
             "--backend remote needs the server's URL",
@@ -64,7 +64,7 @@ fn remote_config(cli: &Cli) -> Result<sandcell_remote::RemoteConfig, CliError> {
             "pass --remote-token TOKEN or set SANDCELL_REMOTE_TOKEN",
         )
     })?;
-    Ok(sandcell_remote::RemoteConfig::new(url, token))
+    Ok(sandcell_remote::FlyConfig::new(url, token))
 }
 
 /// Run as root, the local backend's sandboxes (at its default level, Landlock) run as
@@ -109,7 +109,7 @@ pub(crate) async fn open_manager(
     let templates = Templates::load(data_dir)?;
     let backend: Box<dyn SandboxBackend> = match (kind, hosted) {
         (_, Some(Hosted::Remote(config))) => {
-            Box::new(sandcell_remote::RemoteBackend::connect(config).await?)
+            Box::new(sandcell_remote::FlyBackend::connect(config).await?)
         }
         (_, Some(Hosted::E2b(config))) => {
             Box::new(sandcell_remote::e2b::E2bBackend::connect(config).await?)

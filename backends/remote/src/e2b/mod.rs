@@ -11,7 +11,7 @@ pub mod envd;
 mod envd_client;
 mod exec;
 mod known;
-pub(crate) mod network;
+pub mod network;
 
 pub use backend::E2bBackend;
 pub use config::E2bConfig;

@@ -17,7 +17,7 @@ const EVERYWHERE: &str = "0.0.0.0/0";
 const EVERYWHERE_V6: &str = "::/0";
 
 /// What a create sends for `network`: `allow_internet_access` and the egress rules.
-pub(crate) fn to_e2b(network: &Network) -> Result<(bool, Option<NetworkConfig>)> {
+pub fn to_e2b(network: &Network) -> Result<(bool, Option<NetworkConfig>)> {
     match network {
         Network::None => Ok((false, None)),
         Network::Allowlist(entries) => {
@@ -49,7 +49,7 @@ pub(crate) fn to_e2b(network: &Network) -> Result<(bool, Option<NetworkConfig>)>
 /// The network an E2B create or network update asks for, or why sandcell cannot give
 /// it: a deny list narrower than everything, an egress proxy, a host mask or request
 /// transforms.
-pub(crate) fn from_e2b(
+pub fn from_e2b(
     allow_internet_access: Option<bool>,
     config: Option<&NetworkConfig>,
 ) -> Result<Network> {
@@ -92,8 +92,7 @@ pub(crate) fn from_e2b(
 
 /// What a sandbox's view reports of `network` (nothing for the full network): the
 /// server's answer.
-#[cfg(any(feature = "server", test))]
-pub(crate) fn view_of(network: &Network) -> Option<NetworkConfig> {
+pub fn view_of(network: &Network) -> Option<NetworkConfig> {
     match network {
         Network::None => Some(NetworkConfig {
             deny_out: Some(vec![EVERYWHERE.to_owned()]),

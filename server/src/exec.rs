@@ -8,7 +8,7 @@ use axum::Json;
 use sandcell::ExecRequest;
 
 use super::{machine, ApiResult, AppState, Caller, JsonBody, PathParams};
-use crate::protocol::{ExecBody, ExecResponse};
+use sandcell_remote::protocol::{ExecBody, ExecResponse};
 
 /// `POST .../exec`: runs to the end and answers everything at once.
 pub(super) async fn buffered(

@@ -4,8 +4,8 @@
 //! same command executed in-process on the same local backend; and
 //! create-to-first-command through the SDK.
 //!
-//! Run: `SANDCELL_E2B_PYTHON=target/e2b-venv/bin/python cargo bench -p sandcell-remote
-//! --features server --bench e2b_sdk` (the interpreter needs `e2b`; `.ci/run` makes that
+//! Run: `SANDCELL_E2B_PYTHON=target/e2b-venv/bin/python cargo bench -p sandcell-server
+//! --bench e2b_sdk` (the interpreter needs `e2b`; `.ci/run` makes that
 //! virtual environment). `SANDCELL_BENCH_ROUNDS` (default 300) sets the rounds, a tenth
 //! of them (at least 5) for creates.
 
@@ -18,7 +18,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
-use sandcell_remote::server::ServerConfig;
+use sandcell_server::ServerConfig;
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0

@@ -14,13 +14,13 @@ use sandcell::{Error, ErrorKind, ExecRequest, ExitStatus, ProcessEvent, SandboxI
 
 use super::rpc::{self, RpcResult, StreamTiming};
 use super::{paths, Envd};
-use crate::e2b::envd::{
+use crate::lock;
+use crate::AppState;
+use sandcell_remote::e2b::envd::{
     CloseStdinRequest, ConnectRequest, DataEvent, EndEvent, ListResponse, ProcessInfo,
     ProcessSelector, ProcessStreamMessage, SendInputRequest, SendSignalRequest, StartRequest,
     UpdateRequest,
 };
-use crate::lock;
-use crate::server::AppState;
 
 /// Most processes one sandbox runs through envd at once: each keeps up to 1 MiB of its
 /// output for reconnects, so a client cannot make the server hold unbounded memory.

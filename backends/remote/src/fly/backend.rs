@@ -1,4 +1,4 @@
-//! `RemoteBackend`: sandboxes as machines behind a Fly-Machines-style API.
+//! `FlyBackend`: sandboxes as machines behind a Fly-Machines-style API.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -14,16 +14,16 @@ use sandcell::{
     SandboxPath, SandboxSpec,
 };
 
-use crate::config::RemoteConfig;
+use super::config::FlyConfig;
+use super::machines::{ControlPlane, FlyMachines};
+use super::state::MachineState;
+use super::wires::Wires;
 use crate::exec_files::ExecFiles;
-use crate::fly::{ControlPlane, FlyMachines};
 use crate::http::{Body, Call, Http, RateLimits};
 use crate::protocol::{
     CloneMachineRequest, CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig,
     ServerInfo, SPEC_METADATA,
 };
-use crate::state::MachineState;
-use crate::wires::Wires;
 
 /// Sandboxes as remote machines: lifecycle over the Fly Machines API; commands and
 /// files over sandcell-server's extensions where the server offers them, and over the
@@ -32,9 +32,9 @@ use crate::wires::Wires;
 /// ```no_run
 /// # async fn demo() -> sandcell::Result<()> {
 /// use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxSpec};
-/// use sandcell_remote::{RemoteBackend, RemoteConfig};
+/// use sandcell_remote::{FlyBackend, FlyConfig};
 ///
-/// let backend = RemoteBackend::connect(RemoteConfig::new("http://127.0.0.1:7711", "secret")).await?;
+/// let backend = FlyBackend::connect(FlyConfig::new("http://127.0.0.1:7711", "secret")).await?;
 /// let sandbox = backend.create(&SandboxSpec::new("default")).await?;
 /// let out = backend.run(&sandbox.id, ExecRequest::new(["echo", "hi"])).await?;
 /// assert_eq!(out.stdout_str(), "hi\n");
@@ -42,13 +42,13 @@ use crate::wires::Wires;
 /// # }
 /// ```
 #[derive(Debug, Clone)]
-pub struct RemoteBackend {
+pub struct FlyBackend {
     inner: Arc<Inner>,
 }
 
 #[derive(Debug)]
 struct Inner {
-    config: RemoteConfig,
+    config: FlyConfig,
     control: Arc<dyn ControlPlane>,
     /// The sandcell server's description; `None` on a plain Fly Machines endpoint.
     server: Option<ServerInfo>,
@@ -63,16 +63,16 @@ struct Inner {
     specs: std::sync::Mutex<std::collections::HashMap<SandboxId, Arc<SandboxSpec>>>,
 }
 
-impl RemoteBackend {
+impl FlyBackend {
     /// An async factory for [`sandcell::BackendRegistry::register_async`] (it connects
-    /// before it answers): the options are a [`RemoteConfig`], except that the token may
+    /// before it answers): the options are a [`FlyConfig`], except that the token may
     /// instead be named by `token_env`, an environment variable holding it, so a config
     /// file need not carry the secret.
     ///
     /// ```
     /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
     /// let registry = sandcell::BackendRegistry::new()
-    ///     .register_async("remote", sandcell_remote::RemoteBackend::from_options);
+    ///     .register_async("remote", sandcell_remote::FlyBackend::from_options);
     /// let options = serde_json::json!({"url": "http://127.0.0.1:9", "token_env": "NO_SUCH_VAR_SET"});
     /// let err = registry.build_async("remote", options).await.unwrap_err();
     /// assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput);
@@ -83,14 +83,14 @@ impl RemoteBackend {
         Box::pin(async move {
             let mut options = options;
             crate::secret_from_env(&mut options, "remote", "token", None)?;
-            let config: RemoteConfig = sandcell::config::backend_options("remote", options)?;
-            let backend: Box<dyn SandboxBackend> = Box::new(RemoteBackend::connect(config).await?);
+            let config: FlyConfig = sandcell::config::backend_options("remote", options)?;
+            let backend: Box<dyn SandboxBackend> = Box::new(FlyBackend::connect(config).await?);
             Ok(backend)
         })
     }
 
     /// Connects: asks the server what it offers (`Unavailable` if it cannot be reached).
-    pub async fn connect(config: RemoteConfig) -> Result<Self> {
+    pub async fn connect(config: FlyConfig) -> Result<Self> {
         if config.url.trim().is_empty() {
             return Err(Error::invalid_input("the remote backend needs a URL"));
         }
@@ -129,7 +129,7 @@ impl RemoteBackend {
             config.workspace.clone().unwrap_or_default(),
         );
         let wires = Wires::new(Arc::clone(&http), config.app.clone(), config.call_timeout);
-        Ok(RemoteBackend {
+        Ok(FlyBackend {
             inner: Arc::new(Inner {
                 config,
                 control,
@@ -147,7 +147,7 @@ impl RemoteBackend {
         &*self.inner.control
     }
 
-    /// The client-side rate limits in force: [`RemoteConfig::rate_limits`] when set,
+    /// The client-side rate limits in force: [`FlyConfig::rate_limits`] when set,
     /// else Fly's documented limits on a plain endpoint and none on sandcell-server.
     pub fn rate_limits(&self) -> RateLimits {
         self.inner.limits
@@ -251,7 +251,7 @@ fn info_of(machine: &Machine) -> Result<SandboxInfo> {
 }
 
 #[async_trait]
-impl SandboxBackend for RemoteBackend {
+impl SandboxBackend for FlyBackend {
     fn name(&self) -> &str {
         "remote"
     }

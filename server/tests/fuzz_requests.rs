@@ -1,7 +1,6 @@
 //! Property test of the server's request parsing: any create body, path and method a
 //! client sends gets an answer in the API's shape (a 2xx, or a 4xx with the error JSON),
 //! never a 5xx, and the server keeps serving (ADVERSARIAL.md 34).
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;

@@ -13,11 +13,11 @@ use super::{
     machine, machine_held, tenants, ApiError, ApiResult, AppState, Caller, JsonBody, PathParams,
     Shared, APP_LABEL, NAME_LABEL, REGION_LABEL,
 };
-use crate::protocol::{
+use sandcell_remote::protocol::{
     CloneMachineRequest, CreateMachineRequest, Machine, MachineConfig, ServerInfo, StopBody,
     WaitResponse, SPEC_METADATA,
 };
-use crate::state::MachineState;
+use sandcell_remote::MachineState;
 
 /// The longest a `wait` blocks, as Fly's.
 const MAX_WAIT: Duration = Duration::from_secs(60);
@@ -323,7 +323,7 @@ pub(super) async fn wait(
             ))));
         }
         if Instant::now() >= deadline {
-            let body = crate::protocol::ErrorBody {
+            let body = sandcell_remote::protocol::ErrorBody {
                 error: format!("machine {id} did not reach {:?} in time", query.state),
                 kind: Some(ErrorKind::Timeout.name().to_owned()),
             };

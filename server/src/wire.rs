@@ -17,7 +17,7 @@ use sandcell::raw::wire::ServeOptions;
 use sandcell::{Error, ErrorKind};
 
 use super::{machine, ApiError, ApiResult, AppState, Caller, PathParams};
-use crate::protocol::WIRE_UPGRADE;
+use sandcell_remote::protocol::WIRE_UPGRADE;
 
 /// Answers `101 Switching Protocols` and serves the machine on the upgraded connection
 /// until the client closes it; a request without `Upgrade: sandcell-wire` is refused

@@ -15,14 +15,12 @@ use sandcell::{
 };
 
 use super::{access_token, E2bError, E2bResult, E2B_APP};
-use crate::e2b::api::{
+use crate::lock;
+use crate::{machine, machine_held, machines, tenants, AppState, Caller, PathParams, Shared};
+use crate::{APP_LABEL, NAME_LABEL};
+use sandcell_remote::e2b::api::{
     NetworkConfig, NewSandbox, Sandbox, SandboxDetail, SandboxMetric, SandboxTimeout, ENVD_VERSION,
 };
-use crate::lock;
-use crate::server::{
-    machine, machine_held, machines, tenants, AppState, Caller, PathParams, Shared,
-};
-use crate::server::{APP_LABEL, NAME_LABEL};
 
 /// Label holding when a sandbox's time is up (RFC 3339), as its create set it.
 const END_LABEL: &str = "sandcell.server.e2b.end_at";
@@ -192,8 +190,10 @@ pub(super) async fn create(
     let mut spec = SandboxSpec::new(template);
     spec.env = request.env_vars.clone().unwrap_or_default();
     spec.labels = request.metadata.clone().unwrap_or_default();
-    spec.network =
-        crate::e2b::network::from_e2b(request.allow_internet_access, request.network.as_ref())?;
+    spec.network = sandcell_remote::e2b::network::from_e2b(
+        request.allow_internet_access,
+        request.network.as_ref(),
+    )?;
     tenants::claim(&mut spec, &caller.0, &state)?;
     let end = Utc::now() + seconds(request.timeout.unwrap_or(DEFAULT_TIMEOUT));
     let labels = [
@@ -247,7 +247,7 @@ fn detail_of(state: &Shared, info: &SandboxInfo, token: Option<String>) -> Sandb
             .and_then(|v| v.parse().ok())
             .unwrap_or(0)
     };
-    let metadata = crate::server::client_metadata(info);
+    let metadata = crate::client_metadata(info);
     let end = state.e2b.lifetimes.end_of(info).unwrap_or(info.created_at);
     SandboxDetail {
         template_id: template_of(info),
@@ -283,7 +283,7 @@ pub(super) async fn get(
     let info = owned(&state, &caller, &id).await?;
     let token = access_token(&caller.0.token, &info.id);
     let mut detail = detail_of(&state, &info, Some(token));
-    detail.network = crate::e2b::network::view_of(&info.network);
+    detail.network = sandcell_remote::e2b::network::view_of(&info.network);
     Ok(Json(detail))
 }
 
@@ -340,7 +340,7 @@ pub(super) async fn set_network(
     Body(request): Body<NetworkConfig>,
 ) -> E2bResult<Response> {
     let info = owned(&state, &caller, &id).await?;
-    let network = crate::e2b::network::from_e2b(None, Some(&request))?;
+    let network = sandcell_remote::e2b::network::from_e2b(None, Some(&request))?;
     state.backend.set_network(&info.id, &network).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -518,7 +518,7 @@ async fn listed(state: &Shared, caller: &Caller, query: &ListQuery) -> E2bResult
         "metadata filter",
     )?;
     let scope = tenants::selector(&caller.0).label(APP_LABEL, E2B_APP);
-    let selector = crate::server::labels::scoped(&query.metadata, scope);
+    let selector = crate::labels::scoped(&query.metadata, scope);
     let mut infos = state.backend.list(&selector).await?;
     infos
         .retain(|info| query.states.is_empty() || query.states.iter().any(|s| s == state_of(info)));

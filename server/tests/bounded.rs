@@ -17,7 +17,7 @@ use sandcell::{
     ByteStream, Capabilities, DirEntry, ErrorKind, ExecRequest, FileInfo, LabelSelector, Process,
     SandboxBackend, SandboxBackendExt, SandboxId, SandboxInfo, SandboxPath, SandboxSpec,
 };
-use sandcell_remote::server::{ServerConfig, Tenant};
+use sandcell_server::{ServerConfig, Tenant};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -407,7 +407,7 @@ async fn case40_a_huge_sparse_file_is_refused_not_buffered() {
     let client = common::client(&server.url).await;
     let make_files = "truncate -s 256M big.bin && ln -s big.bin link && echo hi > small.txt";
 
-    // The wire protocol's read (RemoteBackend).
+    // The wire protocol's read (FlyBackend).
     let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
     let made = client.run_shell(&sandbox.id, make_files).await.unwrap();
     assert_eq!(made.status.code, Some(0), "{}", made.stderr_str());

@@ -11,8 +11,8 @@ use sandcell::{Error, ErrorKind, FileKind, SandboxPath};
 use serde::Deserialize;
 
 use super::{paths, AppState, Envd};
-use crate::e2b::envd::{FilesError, WrittenEntry};
 use crate::lock;
+use sandcell_remote::e2b::envd::{FilesError, WrittenEntry};
 
 /// The query of both routes.
 #[derive(Debug, Deserialize)]
@@ -43,7 +43,7 @@ impl IntoResponse for FilesFailure {
             _ => StatusCode::INTERNAL_SERVER_ERROR,
         };
         let body = FilesError {
-            message: crate::server::public_message(&self.0),
+            message: crate::public_message(&self.0),
             code: status.as_u16(),
         };
         (status, Json(body)).into_response()
@@ -59,7 +59,7 @@ fn required_path(query: &FilesQuery) -> Result<SandboxPath, FilesFailure> {
 }
 
 /// `GET /files?path=`: the file's bytes; `413` for a file over the server's
-/// [`max_file_bytes`](crate::server::ServerConfig::max_file_bytes), before it is read.
+/// [`max_file_bytes`](crate::ServerConfig::max_file_bytes), before it is read.
 pub(super) async fn download(
     State(state): State<AppState>,
     Extension(envd): Extension<Envd>,
@@ -95,14 +95,14 @@ pub(super) async fn download(
 
 /// The budget the sandbox's tenant's whole-file transfers share.
 pub(super) fn transfers(state: &AppState, envd: &Envd) -> sandcell::raw::budget::ByteBudget {
-    let tenant = envd.info.labels.get(crate::server::tenants::TENANT_LABEL);
+    let tenant = envd.info.labels.get(crate::tenants::TENANT_LABEL);
     state.transfers(tenant.map(String::as_str).unwrap_or_default())
 }
 
 /// `429` in envd's shape: the tenant's transfers in flight hold its whole budget.
 fn busy(e: &Error) -> Response {
     let body = FilesError {
-        message: crate::server::public_message(e),
+        message: crate::public_message(e),
         code: StatusCode::TOO_MANY_REQUESTS.as_u16(),
     };
     (StatusCode::TOO_MANY_REQUESTS, Json(body)).into_response()

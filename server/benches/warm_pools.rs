@@ -4,7 +4,7 @@
 //! provider (E2B's API), all three over the same local backend. Each manager keeps its
 //! state in SQLite (`data_dir`), as a deployment does.
 //!
-//! Run: `cargo bench -p sandcell-remote --features server --bench warm_pools`.
+//! Run: `cargo bench -p sandcell-server --bench warm_pools`.
 //! `SANDCELL_BENCH_ROUNDS` (default 20) sets the pool's size, which is the number of
 //! acquires.
 
@@ -59,8 +59,7 @@ async fn main() {
         .and_then(|r| r.parse().ok())
         .unwrap_or(20)
         .max(3);
-    let server =
-        common::serve_local_with(sandcell_remote::server::ServerConfig::new(common::TOKEN)).await;
+    let server = common::serve_local_with(sandcell_server::ServerConfig::new(common::TOKEN)).await;
     println!("warm pool of {size}: acquire of a fresh session p50, fill of the empty pool, refill after {size} acquires");
     println!("| backend | acquire p50 (target ≤ 2 ms) | fill | refill |");
     println!("|---|---|---|---|");

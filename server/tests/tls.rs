@@ -1,7 +1,6 @@
 //! sandcell-server over TLS: a client trusting the server's certificate does
 //! everything (the wire protocol's upgrade included); one that does not, or that
 //! speaks plain HTTP, gets nowhere.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,8 +9,8 @@ use std::sync::Arc;
 
 use sandcell::{ExecRequest, SandboxBackend, SandboxBackendExt, SandboxPath, SandboxSpec};
 use sandcell_local::LocalBackend;
-use sandcell_remote::server::{serve_tls, ServerConfig, Tls};
-use sandcell_remote::{RemoteBackend, RemoteConfig};
+use sandcell_remote::{FlyBackend, FlyConfig};
+use sandcell_server::{serve_tls, ServerConfig, Tls};
 
 /// A self-signed certificate for `localhost` and 127.0.0.1: (certificate, key) PEM.
 fn self_signed() -> (String, String) {
@@ -62,7 +61,7 @@ async fn a_client_trusting_the_certificate_works_over_tls_and_others_do_not() {
 
     let url = format!("https://localhost:{port}");
     let client =
-        RemoteBackend::connect(RemoteConfig::new(&url, common::TOKEN).ca_certificate(&cert_file))
+        FlyBackend::connect(FlyConfig::new(&url, common::TOKEN).ca_certificate(&cert_file))
             .await
             .unwrap();
     assert!(client.has_extensions());
@@ -83,10 +82,9 @@ async fn a_client_trusting_the_certificate_works_over_tls_and_others_do_not() {
     );
 
     // Without the certificate trusted, the handshake fails.
-    let untrusting = RemoteBackend::connect(
-        RemoteConfig::new(&url, common::TOKEN).retry(common::fast_retries()),
-    )
-    .await;
+    let untrusting =
+        FlyBackend::connect(FlyConfig::new(&url, common::TOKEN).retry(common::fast_retries()))
+            .await;
     assert!(untrusting.is_err(), "an unknown certificate was trusted");
     // Plain HTTP to the TLS port gets no answer an HTTP client accepts.
     let plain = reqwest::Client::new()
@@ -117,14 +115,12 @@ fn unusable_certificates_and_keys_are_refused_naming_the_problem() {
     assert!(err.to_string().contains("/nonexistent/cert.pem"), "{err}");
     Tls::from_pem(cert.as_bytes(), key.as_bytes()).unwrap();
 
-    let missing = RemoteConfig::new("https://localhost:1", "t").ca_certificate("/nonexistent.pem");
+    let missing = FlyConfig::new("https://localhost:1", "t").ca_certificate("/nonexistent.pem");
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let err = runtime
-        .block_on(RemoteBackend::connect(missing))
-        .unwrap_err();
+    let err = runtime.block_on(FlyBackend::connect(missing)).unwrap_err();
     assert_eq!(err.kind(), sandcell::ErrorKind::InvalidInput, "{err}");
     assert!(err.to_string().contains("ca_certificate"), "{err}");
 }

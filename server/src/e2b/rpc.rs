@@ -12,7 +12,7 @@ use sandcell::{Error, ErrorKind};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::e2b::envd::{self, ConnectError, EndStream, FrameDecoder, END_STREAM};
+use sandcell_remote::e2b::envd::{self, ConnectError, EndStream, FrameDecoder, END_STREAM};
 
 /// Largest request body of a call: every envd request is a small message.
 const MAX_REQUEST: usize = 1 << 20;
@@ -29,7 +29,7 @@ impl From<Error> for RpcError {
 impl IntoResponse for RpcError {
     fn into_response(self) -> Response {
         let mut body = ConnectError::from_error(&self.0);
-        body.message = crate::server::public_message(&self.0);
+        body.message = crate::public_message(&self.0);
         let status = StatusCode::from_u16(envd::status_for_code(&body.code))
             .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (status, axum::Json(body)).into_response()
@@ -189,7 +189,7 @@ pub(crate) fn stream_error(error: &Error) -> Response {
 fn end_frame(error: Option<&Error>) -> Bytes {
     let end = EndStream {
         error: error.map(|e| ConnectError {
-            message: crate::server::public_message(e),
+            message: crate::public_message(e),
             ..ConnectError::from_error(e)
         }),
     };

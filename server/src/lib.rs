@@ -16,7 +16,7 @@
 //! Every route needs `Authorization: Bearer <token>` (or `FlyV1 <token>`); the token
 //! names the [`Tenant`] the request speaks for, and a tenant sees only its own machines
 //! (another tenant's answer `404` on every route). Errors are
-//! `{"error": ..., "kind": ...}` with a status from [`crate::protocol::status_for`].
+//! `{"error": ..., "kind": ...}` with a status from [`sandcell_remote::protocol::status_for`].
 
 mod config;
 mod e2b;
@@ -29,6 +29,7 @@ mod mcp;
 mod requests;
 mod sandbox_locks;
 mod tenants;
+pub mod testing;
 mod tls;
 mod wire;
 
@@ -47,9 +48,15 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use sandcell::{Error, ErrorKind, SandboxBackend, SandboxId, SandboxInfo};
 
-use crate::protocol::{status_for, ErrorBody};
 pub(crate) use labels::client_metadata;
+use sandcell_remote::protocol::{status_for, ErrorBody};
 pub(crate) use tenants::Caller;
+
+/// Locks a mutex, recovering the data if a panicking holder poisoned it: every value kept
+/// under these locks stays consistent between statements.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
 
 /// The prefix of every label the server sets; a client's labels with it are refused
 /// ([`labels::Reserved`]).
@@ -260,7 +267,7 @@ fn bounds_of(
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use sandcell_remote::server::{serve_tls, ServerConfig, Tls};
+/// use sandcell_server::{serve_tls, ServerConfig, Tls};
 ///
 /// # async fn demo(backend: Arc<dyn sandcell::SandboxBackend>) -> Result<(), Box<dyn std::error::Error>> {
 /// let tls = Tls::from_pem_files("/etc/sandcell/cert.pem", "/etc/sandcell/key.pem")?;

@@ -2,7 +2,6 @@
 //! faces with plain HTTP: filter and label injection (ADVERSARIAL case 39), oracles
 //! and leaks (case 41), and the status codes of oversized or impossible requests
 //! (case 34).
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -10,7 +9,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use sandcell_remote::e2b::envd;
-use sandcell_remote::server::{ServerConfig, Tenant};
+use sandcell_server::{ServerConfig, Tenant};
 use serde_json::{json, Value};
 
 const ALICE: &str = "token-alice";

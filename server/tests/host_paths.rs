@@ -1,13 +1,12 @@
 //! Host mounts through sandcell-server: refused unless the operator allowed a host
 //! directory, then only beneath it (links and `..` resolved first), and read-write only
 //! where allowed. Nothing is created for a refused spec.
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
 
 use sandcell::{ErrorKind, LabelSelector, Mount, SandboxBackend, SandboxPath, SandboxSpec};
-use sandcell_remote::server::{HostPath, ServerConfig};
+use sandcell_server::{HostPath, ServerConfig};
 
 fn mount(host: &std::path::Path, read_only: bool) -> SandboxSpec {
     let target = SandboxPath::new("mnt").unwrap();

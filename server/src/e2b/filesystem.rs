@@ -15,12 +15,12 @@ use sandcell::{
 
 use super::rpc::{self, RpcResult, StreamTiming};
 use super::{paths, Envd};
-use crate::e2b::envd::{
+use crate::lock;
+use crate::AppState;
+use sandcell_remote::e2b::envd::{
     event_type, file_type, EntryInfo, EntryResponse, FilesystemEvent, ListDirRequest, MoveRequest,
     PathRequest, WatchDirMessage, WatchDirRequest, WatcherEvents, WatcherId,
 };
-use crate::lock;
-use crate::server::AppState;
 
 /// Most entries one `ListDir` answers, however deep it goes; past it the call is
 /// refused (`LimitExceeded`), never cut short silently.
@@ -447,12 +447,12 @@ async fn watch_dir(
         .flat_map(futures::stream::iter);
     let start = futures::stream::once(async {
         Ok(WatchDirMessage {
-            start: Some(crate::e2b::envd::Empty {}),
+            start: Some(sandcell_remote::e2b::envd::Empty {}),
             ..WatchDirMessage::default()
         })
     });
     let keepalive = WatchDirMessage {
-        keepalive: Some(crate::e2b::envd::Empty {}),
+        keepalive: Some(sandcell_remote::e2b::envd::Empty {}),
         ..WatchDirMessage::default()
     };
     Ok(rpc::stream(start.chain(changes).boxed(), keepalive, timing))

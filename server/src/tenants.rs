@@ -14,7 +14,7 @@ use axum::Json;
 use sandcell::{Error, ErrorKind, LabelSelector, Result, SandboxBackend, SandboxSpec};
 use serde::Deserialize;
 
-use crate::protocol::ErrorBody;
+use sandcell_remote::protocol::ErrorBody;
 
 /// Label naming the tenant a sandbox belongs to.
 pub(crate) const TENANT_LABEL: &str = "sandcell.server.tenant";
@@ -51,7 +51,7 @@ const UNSET_MEMORY_BYTES: u64 = 512 << 20;
 /// with it, so what the quota counts is what the sandbox gets.
 ///
 /// ```
-/// use sandcell_remote::server::{ServerConfig, Tenant};
+/// use sandcell_server::{ServerConfig, Tenant};
 ///
 /// let config = ServerConfig::with_tenants([
 ///     Tenant::new("acme", "a-long-random-secret").max_sandboxes(10),

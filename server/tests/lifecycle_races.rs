@@ -2,7 +2,6 @@
 //! sandbox's state and then acts on it, so a `connect` that looked while a pause was
 //! on its way answered "resumed" and left the sandbox paused (a flake of the E2B
 //! client's own tests, under load, before one lock per sandbox).
-#![cfg(feature = "server")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -12,7 +11,7 @@ use std::time::Duration;
 
 use sandcell::testing::MockBackend;
 use sandcell::{SandboxBackend, SandboxId, SandboxStatus};
-use sandcell_remote::server::ServerConfig;
+use sandcell_server::ServerConfig;
 use serde_json::json;
 
 /// How long the backend takes over a pause: long enough that the `connect` sent after

@@ -42,7 +42,7 @@ use axum::{Json, Router};
 use sandcell::{Error, ErrorKind, SandboxId, SandboxInfo, SandboxStatus};
 
 use super::{tenants, AppState, Caller, APP_LABEL};
-use crate::e2b::api;
+use sandcell_remote::e2b::api;
 
 /// The app every E2B sandbox belongs to (the Fly face lists them under it).
 pub(crate) const E2B_APP: &str = "e2b";
@@ -114,10 +114,10 @@ impl IntoResponse for E2bError {
         // A quota is `429`, as E2B answers a team over its concurrent sandboxes.
         let status = match self.0.kind() {
             ErrorKind::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
-            kind => StatusCode::from_u16(crate::protocol::status_for(kind))
+            kind => StatusCode::from_u16(sandcell_remote::protocol::status_for(kind))
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
         };
-        E2bError::with_status(status, crate::server::public_message(&self.0))
+        E2bError::with_status(status, crate::public_message(&self.0))
     }
 }
 

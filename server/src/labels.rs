@@ -83,7 +83,7 @@ pub(crate) fn scoped(filter: &[(String, String)], scope: LabelSelector) -> Label
 }
 
 /// A sandbox's metadata as a client sees it: its labels without the server's own, and
-/// the spec the client recorded at create ([`SPEC_METADATA`](crate::protocol::SPEC_METADATA))
+/// the spec the client recorded at create ([`SPEC_METADATA`](sandcell_remote::protocol::SPEC_METADATA))
 /// with the network in force now (`set_network` may have changed it since) and without
 /// its environment, which may hold secrets and is never echoed (ADVERSARIAL case 39).
 /// A value under that key that is not a spec is left out.
@@ -94,7 +94,7 @@ pub(crate) fn client_metadata(info: &SandboxInfo) -> BTreeMap<String, String> {
         .filter(|(k, _)| !RESERVED_PREFIXES.iter().any(|p| k.starts_with(p)))
         .map(|(k, v)| (k.clone(), v.clone()))
         .collect();
-    let key = crate::protocol::SPEC_METADATA;
+    let key = sandcell_remote::protocol::SPEC_METADATA;
     if let Some(json) = metadata.remove(key) {
         if let Ok(mut spec) = serde_json::from_str::<sandcell::SandboxSpec>(&json) {
             spec.env.clear();

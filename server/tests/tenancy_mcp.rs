@@ -3,7 +3,6 @@
 //! a transport session belongs to the tenant that opened it (ADVERSARIAL case 31),
 //! and no Fly or E2B client can plant a sandbox labelled as the server's MCP manager's
 //! (case 39).
-#![cfg(feature = "mcp")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -11,7 +10,7 @@ mod common;
 use std::sync::Arc;
 
 use sandcell::SandboxBackend;
-use sandcell_remote::server::{ServerConfig, Tenant};
+use sandcell_server::{ServerConfig, Tenant};
 use serde_json::{json, Value};
 
 const ALICE: &str = "token-alice";

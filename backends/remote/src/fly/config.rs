@@ -1,4 +1,4 @@
-//! `RemoteConfig`: where a remote backend's API is and how to talk to it, as code
+//! `FlyConfig`: where a remote backend's API is and how to talk to it, as code
 //! builds it or a config file names it.
 
 use std::time::Duration;
@@ -11,7 +11,7 @@ use crate::http::{RateLimits, RetryPolicy};
 #[derive(Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 #[non_exhaustive]
-pub struct RemoteConfig {
+pub struct FlyConfig {
     /// The API's base URL, without `/v1` (`https://api.machines.dev`,
     /// `http://127.0.0.1:7711` for a sandcell-server).
     pub url: String,
@@ -76,9 +76,9 @@ fn default_start_timeout() -> Duration {
     Duration::from_secs(300)
 }
 
-impl std::fmt::Debug for RemoteConfig {
+impl std::fmt::Debug for FlyConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RemoteConfig")
+        f.debug_struct("FlyConfig")
             .field("url", &self.url)
             .field("token", &"<redacted>")
             .field("app", &self.app)
@@ -90,10 +90,10 @@ impl std::fmt::Debug for RemoteConfig {
     }
 }
 
-impl RemoteConfig {
+impl FlyConfig {
     /// The API at `url` with `token`; every other setting at its default.
     pub fn new(url: impl Into<String>, token: impl Into<String>) -> Self {
-        RemoteConfig {
+        FlyConfig {
             url: url.into(),
             token: token.into(),
             app: default_app(),

@@ -8,11 +8,11 @@ use async_trait::async_trait;
 use reqwest::Method;
 use sandcell::{Error, ErrorKind, Result};
 
+use super::state::MachineState;
 use crate::http::{Body, Call, Class, Http};
 use crate::protocol::{
     CloneMachineRequest, CreateMachineRequest, ExecBody, ExecResponse, Machine, StopBody,
 };
-use crate::state::MachineState;
 
 /// The machine lifecycle calls a remote backend needs from a provider.
 ///
