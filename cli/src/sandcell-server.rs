@@ -303,24 +303,19 @@ async fn run(args: Args) -> sandcell::Result<()> {
     for arg in &args.allow_host_paths {
         config = config.allow_host_path(host_path(arg)?);
     }
-    let mcp = match &args.mcp_data_dir {
-        Some(dir) => {
-            // The sessions of MCP's tools outlive the server, as the CLI's do.
-            let manager = sandcell::SandboxManager::builder(
-                Box::new(Arc::clone(&backend)) as Box<dyn SandboxBackend>
-            )
-            .data_dir(dir)
-            .shutdown_policy(sandcell::manager::ShutdownPolicy::Keep)
-            .max_sandboxes_per_tenant(args.mcp_max_sandboxes)
-            .idle_timeout(std::time::Duration::from_secs(args.mcp_idle_secs))
-            .build()
+    if let Some(dir) = &args.mcp_data_dir {
+        // The sessions of MCP's tools outlive the server, as the CLI's do.
+        config = config
+            .with_mcp(Arc::clone(&backend), |builder| {
+                builder
+                    .data_dir(dir)
+                    .shutdown_policy(sandcell::manager::ShutdownPolicy::Keep)
+                    .max_sandboxes_per_tenant(args.mcp_max_sandboxes)
+                    .idle_timeout(std::time::Duration::from_secs(args.mcp_idle_secs))
+            })
             .await?;
-            let manager = Arc::new(manager);
-            config = config.with_mcp(Arc::clone(&manager));
-            Some(manager)
-        }
-        None => None,
-    };
+    }
+    let mcp = config.mcp_manager().cloned();
     // Read before listening, so a bad certificate fails the start, not each client.
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(Tls::from_pem_files(cert, key)?),

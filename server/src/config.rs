@@ -75,6 +75,9 @@ pub struct ServerConfig {
     /// default none: no MCP route).
     #[cfg(feature = "mcp")]
     pub(super) mcp: Option<std::sync::Arc<sandcell_mcp::Manager>>,
+    /// Each tenant's create lock, shared by every face and by what MCP's manager
+    /// creates through.
+    pub(super) create_locks: std::sync::Arc<tenants::CreateLocks>,
 }
 
 /// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
@@ -146,6 +149,7 @@ impl ServerConfig {
 
     fn of(tenants: Vec<Tenant>) -> Self {
         ServerConfig {
+            create_locks: std::sync::Arc::new(tenants::CreateLocks::of(&tenants)),
             tenants,
             max_json_bytes: 1 << 20,
             header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
@@ -165,16 +169,38 @@ impl ServerConfig {
         }
     }
 
-    /// Serves MCP's tools over streamable HTTP at `/mcp`, acting on `manager`'s
-    /// sessions (a manager over the backend this server serves). Callers authenticate
-    /// with a tenant's token as `Authorization: Bearer`, and each tenant's tools see only
-    /// that tenant's sessions. A transport session (`Mcp-Session-Id`) answers only the
-    /// tenant that opened it; the manager's id is reserved (no Fly or E2B client may
-    /// label a sandbox as this manager's).
+    /// Serves MCP's tools over streamable HTTP at `/mcp`, acting on the sessions of a
+    /// manager over `backend` (the backend this server serves), which `configure` sets
+    /// up (its data directory, idle timeout, ...). Callers authenticate with a tenant's
+    /// token as `Authorization: Bearer`, and each tenant's tools see only that tenant's
+    /// sessions. A transport session (`Mcp-Session-Id`) answers only the tenant that
+    /// opened it; the manager's id is reserved (no Fly or E2B client may label a
+    /// sandbox as this manager's). The manager creates and clones through this
+    /// server's tenancy: each sandbox carries its tenant's label, gets the default
+    /// limits, and counts against the tenant's quotas with its sandboxes on the other
+    /// faces, under the same create lock.
+    ///
+    /// Call it after the tenants are final (it is built for them).
     #[cfg(feature = "mcp")]
-    pub fn with_mcp(mut self, manager: std::sync::Arc<sandcell_mcp::Manager>) -> Self {
-        self.mcp = Some(manager);
-        self
+    pub async fn with_mcp(
+        mut self,
+        backend: std::sync::Arc<dyn sandcell::SandboxBackend>,
+        configure: impl FnOnce(
+            sandcell::manager::ManagerBuilder<Box<dyn sandcell::SandboxBackend>>,
+        )
+            -> sandcell::manager::ManagerBuilder<Box<dyn sandcell::SandboxBackend>>,
+    ) -> sandcell::Result<Self> {
+        let counted = super::mcp_quotas::TenantQuotas::new(backend, &self);
+        let builder = sandcell::SandboxManager::builder(Box::new(counted) as Box<_>);
+        self.mcp = Some(std::sync::Arc::new(configure(builder).build().await?));
+        Ok(self)
+    }
+
+    /// The manager MCP's tools act on, once [`with_mcp`](Self::with_mcp) made it (to
+    /// shut it down when the server stops).
+    #[cfg(feature = "mcp")]
+    pub fn mcp_manager(&self) -> Option<&std::sync::Arc<sandcell_mcp::Manager>> {
+        self.mcp.as_ref()
     }
 
     /// The tenants.

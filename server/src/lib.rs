@@ -26,6 +26,8 @@ mod listen;
 pub(crate) mod machines;
 #[cfg(feature = "mcp")]
 mod mcp;
+#[cfg(feature = "mcp")]
+mod mcp_quotas;
 mod requests;
 mod sandbox_locks;
 mod tenants;
@@ -77,9 +79,6 @@ pub(crate) struct Shared {
     pub(crate) tenants: Vec<Arc<Tenant>>,
     /// Machines stopped (rather than suspended): both are paused sandboxes.
     pub(crate) stopped: Mutex<HashSet<SandboxId>>,
-    /// One lock per tenant, serialising that tenant's creates so its name checks and
-    /// quota counts do not interleave; tenants never wait on each other.
-    creating: std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>,
     /// Each tenant's budget for files passing through whole
     /// ([`ServerConfig::max_transfer_bytes_per_tenant`]).
     transfers: std::collections::HashMap<String, sandcell::raw::budget::ByteBudget>,
@@ -95,13 +94,7 @@ impl Shared {
     /// Holds `caller`'s create lock: the name check, the quota count and the create
     /// of one tenant do not interleave, and no other tenant waits on them.
     pub(crate) async fn creating(&self, caller: &Caller) -> tokio::sync::OwnedMutexGuard<()> {
-        let lock = self
-            .creating
-            .get(&caller.0.name)
-            .cloned()
-            // Only an authenticated tenant calls, and every one has its lock.
-            .unwrap_or_default();
-        lock.lock_owned().await
+        self.config.create_locks.hold(&caller.0.name).await
     }
 }
 
@@ -150,10 +143,6 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let state = Arc::new(Shared {
         backend,
         config,
-        creating: tenants
-            .iter()
-            .map(|t| (t.name.clone(), Arc::default()))
-            .collect(),
         transfers: tenants
             .iter()
             .map(|t| {

@@ -204,11 +204,27 @@ fn constant_time_eq(given: &[u8], stored: &[u8]) -> bool {
 /// what the sandbox counts against the tenant's quotas.
 pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, state: &super::Shared) -> Result<()> {
     admissible(spec, &state.reserved)?;
+    mark(
+        spec,
+        tenant,
+        &state.backend.capabilities(),
+        &state.config.default_limits,
+    );
+    Ok(())
+}
+
+/// The part of [`claim`] that trusts the spec (MCP's manager made it): labels the
+/// tenant, gives the spec `default_limits` where `caps` enforce them, and records what
+/// it counts against the quotas.
+pub(crate) fn mark(
+    spec: &mut SandboxSpec,
+    tenant: &Tenant,
+    caps: &sandcell::Capabilities,
+    default_limits: &sandcell::Limits,
+) {
     spec.labels
         .insert(TENANT_LABEL.to_owned(), tenant.name.clone());
-    let caps = state.backend.capabilities();
-    spec.limits = std::mem::take(&mut spec.limits)
-        .with_enforced_defaults(&state.config.default_limits, &caps);
+    spec.limits = std::mem::take(&mut spec.limits).with_enforced_defaults(default_limits, caps);
     if tenant.max_cpus.is_some() && caps.cpu_limit {
         spec.limits.cpu_millis.get_or_insert(UNSET_CPU_MILLIS);
     }
@@ -223,7 +239,6 @@ pub(crate) fn claim(spec: &mut SandboxSpec, tenant: &Tenant, state: &super::Shar
     if let Some(disk) = spec.limits.disk_bytes {
         spec.labels.insert(DISK_LABEL.to_owned(), disk.to_string());
     }
-    Ok(())
 }
 
 /// Refuses, as `InvalidInput` before any backend work, what a client may not ask
@@ -250,6 +265,30 @@ pub(crate) fn admissible(spec: &SandboxSpec, reserved: &super::labels::Reserved)
     Ok(())
 }
 
+/// One lock per tenant, serialising that tenant's creates on every face (MCP's too) so
+/// its name checks and quota counts do not interleave; tenants never wait on each
+/// other. Made with the configuration, so what MCP's manager creates through shares it.
+#[derive(Debug, Default)]
+pub(crate) struct CreateLocks(std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>);
+
+impl CreateLocks {
+    pub(crate) fn of(tenants: &[Tenant]) -> CreateLocks {
+        CreateLocks(
+            tenants
+                .iter()
+                .map(|t| (t.name.clone(), Arc::default()))
+                .collect(),
+        )
+    }
+
+    /// Holds `tenant`'s create lock (a name the server does not have gets one of its
+    /// own, which no one else holds).
+    pub(crate) async fn hold(&self, tenant: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let lock = self.0.get(tenant).cloned().unwrap_or_default();
+        lock.lock_owned().await
+    }
+}
+
 /// A selector for `tenant`'s sandboxes.
 pub(crate) fn selector(tenant: &Tenant) -> LabelSelector {
     LabelSelector::new().label(TENANT_LABEL, &tenant.name)
@@ -265,13 +304,22 @@ pub(crate) fn claim_clone(
     reserved: &super::labels::Reserved,
 ) -> Result<()> {
     reserved.check(labels.iter(), "label")?;
+    count_as_source(labels, tenant, source);
+    Ok(())
+}
+
+/// Labels `tenant` on a clone's `labels`, and what `source` counts against the quotas.
+pub(crate) fn count_as_source(
+    labels: &mut std::collections::BTreeMap<String, String>,
+    tenant: &Tenant,
+    source: &sandcell::SandboxInfo,
+) {
     labels.insert(TENANT_LABEL.to_owned(), tenant.name.clone());
     for label in [CPU_LABEL, MEMORY_LABEL, DISK_LABEL] {
         if let Some(value) = source.labels.get(label) {
             labels.insert(label.to_owned(), value.clone());
         }
     }
-    Ok(())
 }
 
 /// Refuses `spec` (already [`claim`]ed) when it would take `tenant` past a quota:

@@ -997,13 +997,10 @@ mod mcp {
             )
             .unwrap();
         let dir = tempfile::tempdir().unwrap();
-        let manager =
-            sandcell::SandboxManager::builder(Box::new(mock.clone()) as Box<dyn SandboxBackend>)
-                .data_dir(dir.path())
-                .build()
-                .await
-                .unwrap();
-        let mut config = ServerConfig::new(common::TOKEN).with_mcp(Arc::new(manager));
+        let mut config = ServerConfig::new(common::TOKEN)
+            .with_mcp(Arc::new(mock.clone()), |b| b.data_dir(dir.path()))
+            .await
+            .unwrap();
         config.max_file_bytes = 1 << 20;
         let served = serve_backend(Arc::new(mock.clone()), config).await;
         let http = reqwest::Client::new();

@@ -18,23 +18,26 @@ const BOB: &str = "token-bob";
 
 /// A server whose `/mcp` acts on a manager over the served backend.
 async fn serve() -> (common::TestServer, tempfile::TempDir) {
+    serve_tenants([Tenant::new("alice", ALICE), Tenant::new("bob", BOB)]).await
+}
+
+async fn serve_tenants(
+    tenants: impl IntoIterator<Item = Tenant>,
+) -> (common::TestServer, tempfile::TempDir) {
     let root = tempfile::tempdir().unwrap();
     let data = tempfile::tempdir().unwrap();
     let local = sandcell_local::LocalBackend::builder()
         .root(root.path())
         .build()
         .unwrap();
-    let backend: Box<dyn SandboxBackend> = Box::new(local.clone());
     // An id a client could guess: the server must refuse it in clients' labels.
-    let manager = sandcell::SandboxManager::builder(backend)
-        .manager_id("sandcell")
-        .data_dir(data.path())
-        .build()
+    let config = ServerConfig::with_tenants(tenants)
+        .unwrap()
+        .with_mcp(Arc::new(local.clone()), |b| {
+            b.manager_id("sandcell").data_dir(data.path())
+        })
         .await
         .unwrap();
-    let config = ServerConfig::with_tenants([Tenant::new("alice", ALICE), Tenant::new("bob", BOB)])
-        .unwrap()
-        .with_mcp(Arc::new(manager));
     (common::serve_built(local, root, config).await, data)
 }
 
@@ -217,4 +220,37 @@ async fn adversarial_39_mcp_list_sessions_stays_within_the_tenant() {
     for sandbox in server.local.list(&Default::default()).await.unwrap() {
         server.local.destroy(&sandbox.id).await.unwrap();
     }
+}
+
+/// A tenant's quota counts its sandboxes on every face, MCP's sessions included: with
+/// room for one, an E2B sandbox leaves none for an MCP session, and an MCP session none
+/// for an E2B sandbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mcp_sessions_count_against_the_tenants_quota_with_its_other_sandboxes() {
+    let (server, _data) = serve_tenants([Tenant::new("alice", ALICE).max_sandboxes(1)]).await;
+    let http = reqwest::Client::new();
+    let e2b_create = || {
+        http.post(format!("{}/sandboxes", server.url))
+            .header("X-API-Key", ALICE)
+            .json(&json!({"templateID": "base"}))
+            .send()
+    };
+    let created: Value = e2b_create().await.unwrap().json().await.unwrap();
+    let id = created["sandboxID"].as_str().unwrap().to_owned();
+
+    let mut alice = Mcp::open(&server.url, ALICE).await;
+    let write = json!({"session": "work", "path": "a.txt", "content": "x"});
+    let refused = alice.tool("write_file", write.clone()).await;
+    assert!(refused.contains("max_sandboxes"), "{refused}");
+
+    let killed = http
+        .delete(format!("{}/sandboxes/{id}", server.url))
+        .header("X-API-Key", ALICE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(killed.status().as_u16(), 204);
+    let wrote = alice.tool("write_file", write).await;
+    assert!(!wrote.contains("max_sandboxes"), "{wrote}");
+    assert_eq!(e2b_create().await.unwrap().status().as_u16(), 429);
 }
