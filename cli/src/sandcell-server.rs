@@ -112,9 +112,20 @@ struct Args {
     /// backend as root). 0 gives no disk limit by default.
     #[arg(long, value_name = "MIB", default_value_t = 10240)]
     default_disk_mb: u64,
-    /// Serve only the Fly Machines API subset, without sandcell's extensions or the E2B
-    /// API, as a plain Fly endpoint would (clients then move files over exec).
-    #[arg(long)]
+    /// The faces to serve, comma-separated: `fly` (the Fly Machines API subset),
+    /// `wire` (sandcell's extensions of it: the wire protocol, capabilities, clones),
+    /// `e2b` (E2B's API and envd), `mcp` (MCP's tools, with --mcp-data-dir). Default:
+    /// all of them.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        value_name = "FACE,...",
+        default_value = "fly,wire,e2b,mcp"
+    )]
+    faces: Vec<sandcell_server::Face>,
+    /// Serve only the Fly Machines API subset, as a plain Fly endpoint would (clients
+    /// then move files over exec): `--faces fly`.
+    #[arg(long, conflicts_with = "faces")]
     fly_only: bool,
     /// The template E2B's default template, `base`, stands for (on Docker: an image
     /// with bash, which E2B's SDKs run every command with).
@@ -298,7 +309,10 @@ async fn run(args: Args) -> sandcell::Result<()> {
     if args.default_disk_mb > 0 {
         config.default_limits.disk_bytes = Some(args.default_disk_mb.saturating_mul(1 << 20));
     }
-    config.extensions = !args.fly_only;
+    config.faces = match args.fly_only {
+        true => [sandcell_server::Face::Fly].into(),
+        false => args.faces.iter().copied().collect(),
+    };
     config.e2b_base_template = args.e2b_base_template.clone();
     for arg in &args.allow_host_paths {
         config = config.allow_host_path(host_path(arg)?);

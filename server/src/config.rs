@@ -59,10 +59,10 @@ pub struct ServerConfig {
     /// 512 MiB, 1024 processes and 10 GiB of disk; a sandbox without them got as many processes, as much memory and as much of the host's
     /// disk as the host had.
     pub default_limits: sandcell::Limits,
-    /// Whether sandcell's extensions (capabilities, the wire protocol) are served
-    /// (default true). Off, the server answers only the Fly Machines subset, as a plain
-    /// Fly endpoint does, and clients move files over `exec`.
-    pub extensions: bool,
+    /// The faces served (default all of them; MCP's only once
+    /// [`with_mcp`](Self::with_mcp) gave it a manager). Only [`Face::Fly`], the server
+    /// answers as a plain Fly endpoint does, and clients move files over `exec`.
+    pub faces: std::collections::BTreeSet<Face>,
     /// The host directories a client's spec may mount from (default none: every host
     /// mount is refused). A mount must resolve beneath one of them, symbolic links
     /// followed, and may be read-write only where that directory allows it.
@@ -78,6 +78,53 @@ pub struct ServerConfig {
     /// Each tenant's create lock, shared by every face and by what MCP's manager
     /// creates through.
     pub(super) create_locks: std::sync::Arc<tenants::CreateLocks>,
+}
+
+/// One of the APIs a server answers, each a router of its own, composed as
+/// [`ServerConfig::faces`] says (`sandcell-server --faces fly,wire,e2b,mcp`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Face {
+    /// The Fly Machines API subset (`/v1/apps/{app}/machines...`).
+    Fly,
+    /// sandcell's extensions of the Fly face: the wire-protocol upgrade every
+    /// in-sandbox operation goes over, capabilities, clones.
+    Wire,
+    /// E2B's control plane and envd, for E2B's SDKs.
+    E2b,
+    /// MCP's tools over streamable HTTP at `/mcp` (needs
+    /// [`ServerConfig::with_mcp`]).
+    Mcp,
+}
+
+impl Face {
+    /// Every face.
+    pub const ALL: [Face; 4] = [Face::Fly, Face::Wire, Face::E2b, Face::Mcp];
+
+    /// The name `--faces` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Face::Fly => "fly",
+            Face::Wire => "wire",
+            Face::E2b => "e2b",
+            Face::Mcp => "mcp",
+        }
+    }
+}
+
+impl std::str::FromStr for Face {
+    type Err = sandcell::Error;
+
+    fn from_str(name: &str) -> sandcell::Result<Face> {
+        Face::ALL
+            .into_iter()
+            .find(|face| face.name() == name)
+            .ok_or_else(|| {
+                sandcell::Error::invalid_input(format!(
+                    "no face {name:?}: the faces are fly, wire, e2b and mcp"
+                ))
+            })
+    }
 }
 
 /// A host directory clients may mount from (see [`ServerConfig::host_paths`]).
@@ -125,7 +172,7 @@ impl std::fmt::Debug for ServerConfig {
             )
             .field("max_archive_bytes", &self.max_archive_bytes)
             .field("default_limits", &self.default_limits)
-            .field("extensions", &self.extensions)
+            .field("faces", &self.faces)
             .field("host_paths", &self.host_paths)
             .field("e2b_base_template", &self.e2b_base_template)
             .finish()
@@ -161,7 +208,7 @@ impl ServerConfig {
             max_transfer_bytes_per_tenant: 256 << 20,
             max_archive_bytes: 1 << 30,
             default_limits: sandcell::Limits::recommended(),
-            extensions: true,
+            faces: Face::ALL.into_iter().collect(),
             host_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
             #[cfg(feature = "mcp")]

@@ -35,7 +35,7 @@ pub mod testing;
 mod tls;
 mod wire;
 
-pub use config::{HostPath, ServerConfig};
+pub use config::{Face, HostPath, ServerConfig};
 pub use tenants::{Tenant, TenantsFile};
 pub use tls::Tls;
 
@@ -114,7 +114,7 @@ pub(crate) type AppState = Arc<Shared>;
 /// The router serving `backend`; hand it to `axum::serve`.
 pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router {
     let json_limit = config.max_json_bytes;
-    let extensions = config.extensions;
+    let faces = config.faces.clone();
     // An empty token never authenticates anyone.
     let tenants: Vec<Arc<Tenant>> = config
         .tenants
@@ -158,41 +158,27 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         stopped: Mutex::new(HashSet::new()),
         e2b: e2b::E2bState::default(),
     });
-    let machine = "/v1/apps/{app}/machines/{id}";
-    let fly = Router::new()
-        .route(
-            "/v1/apps/{app}/machines",
-            post(machines::create).get(machines::list),
-        )
-        .route(machine, get(machines::get).delete(machines::destroy))
-        .route(&format!("{machine}/wait"), get(machines::wait))
-        .route(&format!("{machine}/suspend"), post(machines::suspend))
-        .route(&format!("{machine}/stop"), post(machines::stop))
-        .route(&format!("{machine}/start"), post(machines::start))
-        .route(&format!("{machine}/restart"), post(machines::restart))
-        .route(&format!("{machine}/exec"), post(exec::buffered));
-    let extended = Router::new()
-        .route("/v1/sandcell/capabilities", get(machines::server_info))
-        .route(&format!("{machine}/sandcell/wire"), get(wire::upgrade))
-        .route(&format!("{machine}/sandcell/clone"), post(machines::clone));
-    // The Fly routes and sandcell's extensions authenticate with `Authorization`; the
-    // E2B face has its own two schemes (API key, envd access token).
-    let routes = if extensions { fly.merge(extended) } else { fly };
-    let routes = routes.layer(axum::middleware::from_fn_with_state(
+    // The Fly face and sandcell's extensions authenticate with `Authorization`; the
+    // E2B face has its own two schemes (API key, envd access token), MCP the first.
+    let mut routes = Router::new();
+    if faces.contains(&Face::Fly) {
+        routes = routes.merge(fly_routes());
+    }
+    if faces.contains(&Face::Wire) {
+        routes = routes.merge(wire_routes());
+    }
+    let mut routes = routes.layer(axum::middleware::from_fn_with_state(
         Arc::clone(&state),
         authorize,
     ));
-    let routes = if extensions {
+    if faces.contains(&Face::E2b) {
         e2b::start_reaper(&state);
-        routes.merge(e2b::routes(&state))
-    } else {
-        routes
-    };
+        routes = routes.merge(e2b::routes(&state));
+    }
     #[cfg(feature = "mcp")]
-    let routes = match &state.config.mcp {
-        Some(manager) if extensions => routes.merge(mcp::routes(&state, Arc::clone(manager))),
-        _ => routes,
-    };
+    if let (true, Some(manager)) = (faces.contains(&Face::Mcp), &state.config.mcp) {
+        routes = routes.merge(mcp::routes(&state, Arc::clone(manager)));
+    }
     routes
         .fallback(|| async { ApiError(Error::not_found("no such route")) })
         .method_not_allowed_fallback(|| async {
@@ -204,6 +190,32 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         })
         .layer(DefaultBodyLimit::max(json_limit))
         .with_state(state)
+}
+
+/// The Fly Machines API subset.
+fn fly_routes() -> Router<AppState> {
+    let machine = "/v1/apps/{app}/machines/{id}";
+    Router::new()
+        .route(
+            "/v1/apps/{app}/machines",
+            post(machines::create).get(machines::list),
+        )
+        .route(machine, get(machines::get).delete(machines::destroy))
+        .route(&format!("{machine}/wait"), get(machines::wait))
+        .route(&format!("{machine}/suspend"), post(machines::suspend))
+        .route(&format!("{machine}/stop"), post(machines::stop))
+        .route(&format!("{machine}/start"), post(machines::start))
+        .route(&format!("{machine}/restart"), post(machines::restart))
+        .route(&format!("{machine}/exec"), post(exec::buffered))
+}
+
+/// sandcell's extensions of the Fly face: capabilities, the wire upgrade, clones.
+fn wire_routes() -> Router<AppState> {
+    let machine = "/v1/apps/{app}/machines/{id}";
+    Router::new()
+        .route("/v1/sandcell/capabilities", get(machines::server_info))
+        .route(&format!("{machine}/sandcell/wire"), get(wire::upgrade))
+        .route(&format!("{machine}/sandcell/clone"), post(machines::clone))
 }
 
 /// Serves `backend` on `listener` until `shutdown` resolves, then waits for the

@@ -11,7 +11,7 @@ use sandcell_server::ServerConfig;
 /// A server without extensions, and a client whose limiter does not slow the suite.
 async fn plain() -> (common::TestServer, FlyBackend) {
     let mut config = ServerConfig::new(common::TOKEN);
-    config.extensions = false;
+    config.faces = [sandcell_server::Face::Fly].into();
     let server = common::serve_local_with(config).await;
     let mut limits = RateLimits::default();
     limits.mutations = RateLimit::new(1000.0, 1000);

@@ -336,7 +336,7 @@ async fn fly_rate_limits_apply_to_fly_endpoints_only_unless_set() {
     assert_eq!(set.rate_limits(), chosen, "limits set are kept");
 
     let mut config = sandcell_server::ServerConfig::new(common::TOKEN);
-    config.extensions = false;
+    config.faces = [sandcell_server::Face::Fly].into();
     let plain = common::serve_local_with(config).await;
     let fly = FlyBackend::connect(FlyConfig::new(&plain.url, common::TOKEN))
         .await
