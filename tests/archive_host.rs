@@ -2,7 +2,6 @@
 //! error, the destination keeps its old contents, nothing appears outside it, and no
 //! staging directory is left behind.
 
-#![cfg(feature = "testing")]
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

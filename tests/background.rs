@@ -1,6 +1,5 @@
 //! Background processes on the local backend: following from now, and resizing a
 //! process's terminal.
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;

@@ -2,7 +2,6 @@
 //! without template files), and once through behind `Box<dyn SandboxBackend>` /
 //! `Arc<dyn SandboxBackend>`.
 
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;

@@ -5,7 +5,6 @@
 //! aborts the whole host process) nor hold a descriptor per level (the host process
 //! runs out, failing every other sandbox's calls).
 
-#![cfg(feature = "testing")]
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

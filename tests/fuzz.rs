@@ -3,7 +3,6 @@
 //! runs `PROPTEST_CASES` cases (proptest's default, 256, in CI; set it higher for a
 //! long local run) and must hold for every input: no panic, no write outside the
 //! destination, a typed error for what is refused.
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;

@@ -2,7 +2,6 @@
 //! answer (paths repeated in every match included) is bounded, each line is cut, and a
 //! search that hits a cap stops and says so.
 
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;

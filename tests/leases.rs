@@ -1,6 +1,5 @@
 //! Session leases between managers on two "hosts": two MockBackends (each sandbox
 //! reachable from one host only) sharing one state store and one snapshot store.
-#![cfg(all(feature = "testing", feature = "sqlite"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::sync::Arc;

@@ -1,6 +1,5 @@
 //! SandboxManager against the MockBackend: sessions, limits, restore, reaping,
 //! reconcile, retention, warm pools and shutdown.
-#![cfg(all(feature = "testing", feature = "sqlite"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::HashSet;

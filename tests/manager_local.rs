@@ -1,7 +1,6 @@
 //! SandboxManager over real backends: the local backend directly and boxed from a config
 //! file. Also the compile check that both `SandboxManager<LocalBackend>` and
 //! `SandboxManager<Box<dyn SandboxBackend>>` build.
-#![cfg(feature = "sqlite")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sandcell::{

@@ -14,7 +14,6 @@
 //! CI runs the short form (60 sessions); `SANDCELL_LOAD_SESSIONS=300` runs the full one.
 //! Needs `SANDCELL_POSTGRES_URL` (skips without it; fails under
 //! `SANDCELL_REQUIRE_POSTGRES=1`).
-#![cfg(all(feature = "testing", feature = "postgres"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::{BTreeMap, HashMap};

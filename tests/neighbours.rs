@@ -2,7 +2,6 @@
 //! local root, one mock engine) never destroy each other's sandboxes: not when one
 //! starts (reconcile on build), not in its `gc` (reconcile and a reaper pass), and a
 //! restarted program keeps its manager id and its sessions.
-#![cfg(all(feature = "testing", feature = "sqlite"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::Path;

@@ -1,7 +1,6 @@
 //! Snapshots move between backends: a workspace with nested directories, modes, symlinks,
 //! an empty directory and a 20 MB binary, snapshotted on the local backend and restored
 //! on the mock, and back (`sandcell::testing::portable`).
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use sandcell::testing::{portable, MockBackend};

@@ -4,7 +4,6 @@
 //!
 //! The server is `SANDCELL_POSTGRES_URL` (`.ci/run` installs PostgreSQL and starts one);
 //! without it the tests skip, and fail instead under `SANDCELL_REQUIRE_POSTGRES=1`.
-#![cfg(all(feature = "testing", feature = "postgres"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use chrono::{Duration, Utc};

@@ -6,7 +6,6 @@
 //! `AWS_ALLOW_HTTP=true`, credentials and region); `.ci/run` starts moto's server and
 //! sets them. Without `AWS_ENDPOINT_URL` the tests skip, and fail instead under
 //! `SANDCELL_REQUIRE_S3=1`. Each test makes a bucket of its own.
-#![cfg(all(feature = "testing", feature = "s3", feature = "sqlite"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use bytes::Bytes;

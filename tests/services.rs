@@ -1,6 +1,5 @@
 //! Services with ports and readiness on the local backend (python3's http.server), and
 //! their health folded into the manager's reaper.
-#![cfg(all(feature = "sqlite", feature = "testing"))]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::io::{Read, Write};

@@ -4,7 +4,6 @@
 //! holds, holes as holes. Hard links the same way: 200 links to one file are one file
 //! in the copy, with 200 names.
 
-#![cfg(feature = "testing")]
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,5 +1,4 @@
 //! Every store implementation against the store conformance cases.
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[cfg(feature = "object-store")]

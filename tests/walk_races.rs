@@ -4,7 +4,6 @@
 //! unpacked into, hundreds of rounds each. A round may fail (the tree changed under
 //! it); none may read the host file or write beside it.
 
-#![cfg(feature = "testing")]
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -1,6 +1,5 @@
 //! The wire protocol: the conformance suite through `WireLoop`, and a client that does
 //! not trust its agent.
-#![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Duration;
