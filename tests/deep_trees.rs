@@ -260,5 +260,19 @@ fn a_directory_too_large_to_walk_is_refused_as_a_limit() {
     assert_eq!(refused, rustix::io::Errno::FBIG);
     let error = sandcell::Error::io("listing many", refused.into());
     assert_eq!(error.kind(), sandcell::ErrorKind::LimitExceeded, "{error}");
+    // A copy (a clone) of it is refused as a limit too, naming no host path
+    // (ADVERSARIAL 41: a server passes a limit's message to its client).
+    let copied = sandcell::raw::tree::copy_tree(&dir, &base.path().join("copy")).unwrap_err();
+    assert_eq!(
+        copied.kind(),
+        sandcell::ErrorKind::LimitExceeded,
+        "{copied}"
+    );
+    let base_path = base.path().to_str().unwrap();
+    assert!(!copied.to_string().contains(base_path), "{copied}");
+    assert!(
+        !base.path().join("copy").exists(),
+        "a failed copy is removed"
+    );
     sandcell::raw::tree::remove_dir_all(&dir).unwrap();
 }

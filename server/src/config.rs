@@ -52,6 +52,11 @@ pub struct ServerConfig {
     pub max_transfer_bytes_per_tenant: u64,
     /// Most file content one archive import may carry (default 1 GiB).
     pub max_archive_bytes: u64,
+    /// Most archives (exports, imports, changes) a tenant's wire connections stream at
+    /// once (default 8); past it a call is `LimitExceeded` until one ends. Each holds
+    /// one of the host's blocking threads for as long as its client keeps up, so a
+    /// tenant that starts hundreds and reads none holds no more than this.
+    pub max_archive_streams_per_tenant: usize,
     /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
     /// sets none of its own; each is applied only when the backend enforces it
     /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
@@ -171,6 +176,10 @@ impl std::fmt::Debug for ServerConfig {
                 &self.max_transfer_bytes_per_tenant,
             )
             .field("max_archive_bytes", &self.max_archive_bytes)
+            .field(
+                "max_archive_streams_per_tenant",
+                &self.max_archive_streams_per_tenant,
+            )
             .field("default_limits", &self.default_limits)
             .field("faces", &self.faces)
             .field("host_paths", &self.host_paths)
@@ -207,6 +216,7 @@ impl ServerConfig {
             max_file_bytes: 64 << 20,
             max_transfer_bytes_per_tenant: 256 << 20,
             max_archive_bytes: 1 << 30,
+            max_archive_streams_per_tenant: 8,
             default_limits: sandcell::Limits::recommended(),
             faces: Face::ALL.into_iter().collect(),
             host_paths: Vec::new(),

@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     /// Each tenant's budget for files passing through whole
     /// ([`ServerConfig::max_transfer_bytes_per_tenant`]).
     transfers: std::collections::HashMap<String, sandcell::raw::budget::ByteBudget>,
+    /// Each tenant's archive streams on the wire
+    /// ([`ServerConfig::max_archive_streams_per_tenant`]).
+    archive_streams: std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
     /// The labels no client may set or filter on.
@@ -106,6 +109,17 @@ impl Shared {
             .get(tenant)
             .cloned()
             .unwrap_or_else(|| sandcell::raw::budget::ByteBudget::new(0))
+    }
+}
+
+impl Shared {
+    /// The archive streams `tenant`'s wire connections share (a tenant the server does
+    /// not have gets none).
+    pub(crate) fn archive_streams(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        self.archive_streams
+            .get(tenant)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(0)))
     }
 }
 
@@ -140,6 +154,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         store_id: None,
     };
     let transfer_bytes = (config.max_file_bytes as u64).max(config.max_transfer_bytes_per_tenant);
+    let streams = config.max_archive_streams_per_tenant;
     let state = Arc::new(Shared {
         backend,
         config,
@@ -149,6 +164,15 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
                 (
                     t.name.clone(),
                     sandcell::raw::budget::ByteBudget::new(transfer_bytes),
+                )
+            })
+            .collect(),
+        archive_streams: tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    Arc::new(tokio::sync::Semaphore::new(streams)),
                 )
             })
             .collect(),

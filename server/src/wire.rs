@@ -46,6 +46,7 @@ pub(super) async fn upgrade(
     let options = ServeOptions::default()
         .max_file_bytes(state.config.max_file_bytes as u64)
         .budget(state.transfers(&caller.0.name))
+        .archive_streams(state.archive_streams(&caller.0.name))
         .archive_limits(ArchiveLimits::default().max_bytes(state.config.max_archive_bytes));
     let backend = Arc::clone(&state.backend);
     tokio::spawn(async move {

@@ -1090,3 +1090,81 @@ async fn stalled_download(url: &str, id: &str, access: &str) -> tokio::net::TcpS
     assert_eq!(&first[..12], b"HTTP/1.1 200");
     stalled
 }
+
+/// ADVERSARIAL 40: exports nobody reads hold one of the host's blocking threads each,
+/// which every tenant's file work shares (520 of them took all 512 and stalled other
+/// tenants' lists, creates and the E2B reaper). A tenant streams at most
+/// `max_archive_streams_per_tenant` archives at once: past it an export is
+/// `LimitExceeded` at once, another tenant's export is served, and once the held ones
+/// are dropped the tenant exports again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_tenant_streams_a_bounded_number_of_archives() {
+    const OTHER: &str = "second-tenant-token";
+    let mut config = ServerConfig::with_tenants([
+        Tenant::new("first", common::TOKEN),
+        Tenant::new("second", OTHER),
+    ])
+    .unwrap();
+    config.max_archive_streams_per_tenant = 3;
+    let server = common::serve_local_with(config).await;
+    let connect = |token: &str| {
+        let config = sandcell_remote::FlyConfig::new(&server.url, token);
+        sandcell_remote::FlyBackend::connect(config)
+    };
+    let (first, second) = (
+        connect(common::TOKEN).await.unwrap(),
+        connect(OTHER).await.unwrap(),
+    );
+    let mut sandboxes = Vec::new();
+    for client in [&first, &second] {
+        let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+        let made = client
+            .run_shell(
+                &sandbox.id,
+                "mkdir d && head -c 8388608 /dev/urandom > d/f.bin",
+            )
+            .await
+            .unwrap();
+        assert!(made.success(), "{}", made.stderr_str());
+        sandboxes.push(sandbox.id);
+    }
+    let dir = SandboxPath::new("d").unwrap();
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(first.export_tar(&sandboxes[0], &dir).await.unwrap());
+    }
+    let refused = first
+        .export_tar(&sandboxes[0], &dir)
+        .await
+        .map(drop)
+        .unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LimitExceeded, "{refused}");
+
+    let other = second.export_tar(&sandboxes[1], &dir).await.unwrap();
+    let read: Vec<_> = futures::StreamExt::collect::<Vec<_>>(other).await;
+    let bytes: usize = read.into_iter().map(|chunk| chunk.unwrap().len()).sum();
+    assert!(bytes > 8 << 20, "another tenant's export is whole: {bytes}");
+
+    drop(held);
+    let mut again = None;
+    for _ in 0..50 {
+        match first.export_tar(&sandboxes[0], &dir).await {
+            Ok(tar) => {
+                again = Some(tar);
+                break;
+            }
+            Err(e) if e.kind() == ErrorKind::LimitExceeded => {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        again.is_some(),
+        "the dropped exports gave their places back"
+    );
+    drop(again);
+    for (client, id) in [&first, &second].into_iter().zip(&sandboxes) {
+        client.destroy(id).await.unwrap();
+    }
+}

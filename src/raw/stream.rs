@@ -2,8 +2,18 @@
 //!
 //! Tar and zstd are blocking; backends speak async streams. These helpers run the
 //! blocking side on tokio's blocking pool with bounded buffering in between.
+//!
+//! The other side of each is often a client: a reader that takes nothing more, or a
+//! writer that sends nothing more, would park the blocking thread for as long as it
+//! likes, and tokio's pool (512 threads) is what every backend's file work shares. So
+//! a blocking side that sees no progress for [`STALLED_STREAM_TIMEOUT`] gives up with
+//! [`ErrorKind::Timeout`](crate::ErrorKind::Timeout), and at most
+//! [`MAX_STREAM_PRODUCERS`] producers of [`writer_to_stream`] hold a thread at once
+//! (more wait for one without holding any).
 
 use std::io::{self, Read, Write};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
@@ -12,6 +22,81 @@ use crate::backend::ByteStream;
 use crate::error::{Error, Result};
 
 const CHUNK: usize = 256 * 1024;
+
+/// How long the blocking side of a bridge waits for the other to take (or send)
+/// anything before it gives up (a second in this crate's own unit tests).
+pub const STALLED_STREAM_TIMEOUT: Duration = match cfg!(test) {
+    true => Duration::from_secs(1),
+    false => Duration::from_secs(60),
+};
+
+/// Most [`writer_to_stream`] producers running at once in this process.
+pub const MAX_STREAM_PRODUCERS: usize = 64;
+
+static PRODUCERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_STREAM_PRODUCERS);
+
+/// How many items the async side of a bridge has moved (or whether it is gone): what
+/// the blocking side waits on, with a deadline, rather than on the channel itself.
+#[derive(Debug, Default)]
+struct Progress {
+    /// Items moved; `u64::MAX` once the async side is gone.
+    moved: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl Progress {
+    fn lock(&self) -> std::sync::MutexGuard<'_, u64> {
+        self.moved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn step(&self) {
+        let mut moved = self.lock();
+        *moved = moved.saturating_add(1).min(u64::MAX - 1);
+        self.changed.notify_all();
+    }
+
+    fn gone(&self) {
+        *self.lock() = u64::MAX;
+        self.changed.notify_all();
+    }
+
+    fn seen(&self) -> u64 {
+        *self.lock()
+    }
+
+    /// Waits until the count is no longer `seen`, or fails once
+    /// [`STALLED_STREAM_TIMEOUT`] passes without that.
+    fn wait_past(&self, seen: u64, what: &str) -> io::Result<()> {
+        if seen == u64::MAX {
+            // Gone: the channel is closing; look again.
+            std::thread::yield_now();
+            return Ok(());
+        }
+        let guard = self.lock();
+        let (_guard, waited) = self
+            .changed
+            .wait_timeout_while(guard, STALLED_STREAM_TIMEOUT, |moved| *moved == seen)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match waited.timed_out() {
+            true => Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!("{what} for {} s", STALLED_STREAM_TIMEOUT.as_secs()),
+            )),
+            false => Ok(()),
+        }
+    }
+}
+
+/// Marks a bridge's async side gone when it is dropped.
+struct Gone(Arc<Progress>);
+
+impl Drop for Gone {
+    fn drop(&mut self) {
+        self.0.gone();
+    }
+}
 
 /// Turns an async byte stream into a blocking reader, for use inside `spawn_blocking`.
 /// A stream error surfaces as an `io::Error` that [`Error::io`] turns back into the
@@ -25,7 +110,12 @@ pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
     // `Ok(None)` marks the end: a channel that closes without it (the task cancelled
     // at a runtime's shutdown, or a panicking stream) is a truncated stream, not EOF.
     let (tx, rx) = tokio::sync::mpsc::channel::<io::Result<Option<Bytes>>>(4);
+    let progress = Arc::new(Progress::default());
+    let feeding = Gone(Arc::clone(&progress));
     tokio::spawn(async move {
+        // Dropped last, so a reader told the feeder is gone finds the channel closed.
+        let _gone = feeding;
+        let tx = tx;
         let mut stream = stream;
         loop {
             let item = tokio::select! {
@@ -42,10 +132,12 @@ pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
             if tx.send(item).await.is_err() || last {
                 return;
             }
+            _gone.0.step();
         }
     });
     ChannelReader {
         rx,
+        progress,
         current: Bytes::new(),
         ended: false,
     }
@@ -54,6 +146,7 @@ pub fn stream_to_reader(stream: ByteStream) -> impl Read + Send + 'static {
 /// The reading end of [`stream_to_reader`].
 struct ChannelReader {
     rx: tokio::sync::mpsc::Receiver<io::Result<Option<Bytes>>>,
+    progress: Arc<Progress>,
     current: Bytes,
     ended: bool,
 }
@@ -64,11 +157,15 @@ impl Read for ChannelReader {
             if self.ended {
                 return Ok(0);
             }
-            match self.rx.blocking_recv() {
-                Some(Ok(Some(bytes))) => self.current = bytes,
-                Some(Ok(None)) => self.ended = true,
-                Some(Err(e)) => return Err(e),
-                None => {
+            let seen = self.progress.seen();
+            match self.rx.try_recv() {
+                Ok(Ok(Some(bytes))) => self.current = bytes,
+                Ok(Ok(None)) => self.ended = true,
+                Ok(Err(e)) => return Err(e),
+                Err(tokio::sync::mpsc::error::TryRecvError::Empty) => self
+                    .progress
+                    .wait_past(seen, "the stream's writer sent nothing")?,
+                Err(tokio::sync::mpsc::error::TryRecvError::Disconnected) => {
                     return Err(io::Error::new(
                         io::ErrorKind::UnexpectedEof,
                         "the stream stopped before its end",
@@ -93,31 +190,71 @@ pub fn reader_to_stream<R: Read + Send + 'static>(mut reader: R) -> ByteStream {
 
 /// Runs `produce` on a blocking thread, streaming what it writes. An error it returns
 /// becomes the stream's last item. Must be called inside a tokio runtime.
+///
+/// The thread is taken when the stream is first polled, once one of the
+/// [`MAX_STREAM_PRODUCERS`] is free. A write the stream's reader takes nothing of for
+/// [`STALLED_STREAM_TIMEOUT`] fails (so `produce` ends, and its thread is free), and
+/// the stream ends with that error if it is still read.
 pub fn writer_to_stream<F>(produce: F) -> ByteStream
 where
     F: FnOnce(&mut dyn Write) -> Result<()> + Send + 'static,
 {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
-    tokio::task::spawn_blocking(move || {
-        let mut writer = ChannelWriter {
-            tx: tx.clone(),
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let result = produce(&mut writer)
-            .and_then(|()| writer.flush().map_err(|e| Error::io("sending archive", e)));
-        if let Err(e) = result {
-            let _ = tx.blocking_send(Err(e));
-        }
-    });
-    futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .boxed()
+    let progress = Arc::new(Progress::default());
+    let reading = Gone(Arc::clone(&progress));
+    let start = async move {
+        // The semaphore is never closed.
+        let permit = PRODUCERS.acquire().await.ok();
+        tokio::task::spawn_blocking(move || {
+            let _permit = permit;
+            let mut writer = ChannelWriter {
+                tx,
+                progress,
+                buf: Vec::with_capacity(CHUNK),
+            };
+            let result = produce(&mut writer)
+                .and_then(|()| writer.flush().map_err(|e| Error::io("sending archive", e)));
+            if let Err(e) = result {
+                let _ = writer.send(Err(e));
+            }
+        });
+        futures::stream::unfold((rx, reading), |(mut rx, reading)| async move {
+            let item = rx.recv().await?;
+            reading.0.step();
+            Some((item, (rx, reading)))
+        })
+    };
+    futures::stream::once(start).flatten().boxed()
 }
 
 struct ChannelWriter {
     tx: tokio::sync::mpsc::Sender<Result<Bytes>>,
+    progress: Arc<Progress>,
     buf: Vec<u8>,
+}
+
+impl ChannelWriter {
+    /// Sends `item`, waiting while the channel is full for at most
+    /// [`STALLED_STREAM_TIMEOUT`] without the reader taking anything.
+    fn send(&self, mut item: Result<Bytes>) -> io::Result<()> {
+        use tokio::sync::mpsc::error::TrySendError;
+        loop {
+            let seen = self.progress.seen();
+            match self.tx.try_send(item) {
+                Ok(()) => return Ok(()),
+                Err(TrySendError::Closed(_)) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::BrokenPipe,
+                        "the reader stopped reading",
+                    ))
+                }
+                Err(TrySendError::Full(back)) => {
+                    item = back;
+                    self.progress.wait_past(seen, "the reader took nothing")?;
+                }
+            }
+        }
+    }
 }
 
 impl Write for ChannelWriter {
@@ -134,9 +271,7 @@ impl Write for ChannelWriter {
             return Ok(());
         }
         let chunk = Bytes::from(std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK)));
-        self.tx
-            .blocking_send(Ok(chunk))
-            .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "the reader stopped reading"))
+        self.send(Ok(chunk))
     }
 }
 
@@ -184,6 +319,88 @@ mod tests {
             .await
             .expect("the stream outlived its reader")
             .unwrap();
+    }
+
+    /// ADVERSARIAL 40: a reader that takes nothing more frees the producer's thread
+    /// once the stall timeout passes, with a timeout; it does not hold it for as long
+    /// as it likes.
+    #[tokio::test]
+    async fn a_producer_whose_reader_stalls_gives_up_its_thread() {
+        let (ended, why) = tokio::sync::oneshot::channel();
+        let mut stream = writer_to_stream(move |out| {
+            let chunk = vec![0u8; CHUNK];
+            let failed = loop {
+                if let Err(e) = out.write_all(&chunk) {
+                    break e;
+                }
+            };
+            let _ = ended.send(failed.kind());
+            Err(Error::io("writing", failed))
+        });
+        assert!(
+            stream.next().await.unwrap().is_ok(),
+            "the first chunk comes"
+        );
+        let kind = tokio::time::timeout(STALLED_STREAM_TIMEOUT * 5, why)
+            .await
+            .expect("the producer still holds its thread")
+            .unwrap();
+        assert_eq!(kind, io::ErrorKind::TimedOut);
+        drop(stream);
+    }
+
+    /// A writer that sends nothing more fails the read with a timeout, not a thread
+    /// parked for good.
+    #[tokio::test]
+    async fn a_reader_whose_writer_stalls_times_out() {
+        let stream: ByteStream = Box::pin(
+            futures::stream::iter([Ok(Bytes::from_static(b"some"))])
+                .chain(futures::stream::pending()),
+        );
+        let read = tokio::task::spawn_blocking(move || {
+            let mut buf = Vec::new();
+            stream_to_reader(stream).read_to_end(&mut buf)
+        });
+        let read = tokio::time::timeout(STALLED_STREAM_TIMEOUT * 5, read)
+            .await
+            .expect("the reader still waits")
+            .unwrap();
+        let error = Error::io("reading", read.unwrap_err());
+        assert_eq!(error.kind(), crate::ErrorKind::Timeout, "{error}");
+    }
+
+    /// At most `MAX_STREAM_PRODUCERS` producers hold a thread; the next starts once
+    /// one ends.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn producers_past_the_cap_wait_for_a_thread() {
+        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let stalled = |started: Arc<std::sync::atomic::AtomicUsize>| {
+            writer_to_stream(move |out| {
+                started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                let chunk = vec![0u8; CHUNK];
+                loop {
+                    out.write_all(&chunk).map_err(|e| Error::io("writing", e))?;
+                }
+            })
+        };
+        let mut held = Vec::new();
+        for _ in 0..MAX_STREAM_PRODUCERS {
+            let mut stream = stalled(Arc::clone(&started));
+            assert!(stream.next().await.unwrap().is_ok());
+            held.push(stream);
+        }
+        let mut next = stalled(Arc::clone(&started));
+        let waited = tokio::time::timeout(STALLED_STREAM_TIMEOUT / 4, next.next()).await;
+        assert!(waited.is_err(), "a producer past the cap started");
+        assert_eq!(
+            started.load(std::sync::atomic::Ordering::SeqCst),
+            MAX_STREAM_PRODUCERS
+        );
+        drop(held);
+        let first = tokio::time::timeout(STALLED_STREAM_TIMEOUT * 5, next.next())
+            .await
+            .expect("the next producer never started");
+        assert!(first.unwrap().is_ok());
     }
 
     #[tokio::test]

@@ -15,11 +15,12 @@ use super::{is_mount_root, list_names, open_subdir, remove_tree, DirStack, Names
 use crate::error::{Error, Result};
 
 pub(super) fn copy_to_new(src: &Path, dst: &Path, layer: bool) -> Result<()> {
+    // No host path in the error: a sandbox can make a copy fail with a kind a server
+    // passes to its client (a directory too large to walk is `LimitExceeded`), and the
+    // paths name the host's layout. The log has them.
     let fail = |e: Errno| {
-        Error::io(
-            format_args!("copying {} to {}", src.display(), dst.display()),
-            e.into(),
-        )
+        tracing::debug!(src = %src.display(), dst = %dst.display(), error = %e, "a tree copy failed");
+        Error::io("copying the sandbox's files", e.into())
     };
     let open = |path: &Path| {
         rustix::fs::open(

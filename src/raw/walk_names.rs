@@ -9,6 +9,11 @@
 //! small directories (the allowance covers a few thousand names) are never refused,
 //! whatever others hold. What listings hold is then bounded by the pool plus an
 //! allowance per thread (and a runtime's threads are bounded).
+//!
+//! The walks a client can hold open are exports (a server bounds how many one tenant
+//! streams at once, `sandcell-server`'s `max_archive_streams_per_tenant`, 8 by
+//! default): eight of the largest directory a walk takes (about 42 MB of names each)
+//! are about two thirds of the pool, so one tenant alone cannot spend it.
 
 use std::ffi::CString;
 use std::ops::Deref;
@@ -20,12 +25,12 @@ use rustix::io::Errno;
 /// Most bytes the listings of every walk in this process hold at once, beyond each
 /// one's allowance: a listing that would pass it fails with `ENOMEM`, which
 /// [`Error::io`](crate::Error::io) reads as `LimitExceeded`.
-pub const MAX_HELD_WALK_BYTES: usize = 256 << 20;
+pub const MAX_HELD_WALK_BYTES: usize = 512 << 20;
 
 /// What the listings one thread holds together may hold without drawing on the pool.
 /// Per thread, not per listing: a copy keeps the rest of each directory's names on its
 /// way down, and a tree a thousand levels deep must not hold a thousand allowances.
-const ALLOWANCE: usize = 256 << 10;
+const ALLOWANCE: usize = 1 << 20;
 
 /// What a held name costs beyond its bytes: its terminating nul, the `CString` in the
 /// vector, and the allocator's header and rounding.

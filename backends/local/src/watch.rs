@@ -197,7 +197,14 @@ impl Watcher {
         report: &mut Option<Vec<WatchEvent>>,
     ) -> Vec<(CString, SandboxPath)> {
         let mut subdirs = Vec::new();
-        for name in list_names(dir).unwrap_or_default() {
+        let Ok(names) = list_names(dir) else {
+            // Unlisted (a directory past the walk limits, or the host's listings at
+            // their cap): nothing beneath is watched, and the consumer is told that
+            // events may be missing (rescan), rather than left blind without a word.
+            let _ = self.sender.overflowed();
+            return subdirs;
+        };
+        for name in names {
             let Some(child) = join(path, &name) else {
                 continue;
             };

@@ -280,3 +280,48 @@ async fn a_recursive_watch_follows_a_bounded_number_of_directories() {
     backend.destroy(id).await.unwrap();
     verdict.unwrap();
 }
+
+/// ADVERSARIAL 40: a directory a watch cannot list (past the walk limits, here more
+/// names than `MAX_WALK_NAMES`, or the host's listings at their cap) is reported as an
+/// overflow (rescan), not watched blind without a word: one tenant spending the
+/// listings' pool left another's recursive watch reporting nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_too_large_to_list_is_reported_as_an_overflow() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let id = &sandbox.id;
+    let names = sandcell::raw::tree::MAX_WALK_NAMES + 1;
+    let made = backend
+        .run_shell(
+            id,
+            &format!(
+                // ext4 links a file at most 65,000 times: a new one every 60,000.
+                "mkdir -p w/big && python3 -c \"import os\n\
+                 for i in range({names}):\n\
+                 \x20   f = 'f%d' % (i // 60000)\n\
+                 \x20   i % 60000 or open(f, 'w').close()\n\
+                 \x20   os.link(f, 'w/big/%d' % i)\" && echo made"
+            ),
+        )
+        .await
+        .unwrap();
+    assert!(made.success(), "{made:?}");
+    let mut events = backend
+        .watch(
+            id,
+            &"w".parse().unwrap(),
+            WatchOptions::new().recursive(true),
+        )
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(30), events.next())
+        .await
+        .expect("the watch said nothing")
+        .unwrap()
+        .unwrap();
+    assert_eq!(first.kind, WatchEventKind::Overflow, "{first:?}");
+    drop(events);
+    backend.destroy(id).await.unwrap();
+}

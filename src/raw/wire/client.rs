@@ -63,6 +63,7 @@ impl WireClient {
             mux: Arc::clone(&self.mux),
             id,
             rx,
+            streaming: false,
         };
         self.mux
             .send(Frame::new(Kind::Call, id, proto::encode(call)))?;
@@ -270,10 +271,18 @@ struct Request {
     mux: Arc<Mux>,
     id: u64,
     rx: Inbound,
+    /// A stream of the server's still coming: dropped, it asks the server to stop.
+    streaming: bool,
 }
 
 impl Drop for Request {
     fn drop(&mut self) {
+        if self.streaming {
+            // The server's producer (a thread of the host's, for an export) stops now,
+            // not when its reader's credit runs dry. A server that does not know the
+            // frame ignores it.
+            let _ = self.mux.send(Frame::new(Kind::Kill, self.id, Bytes::new()));
+        }
         self.mux.close(self.id);
     }
 }
@@ -302,8 +311,12 @@ impl Request {
                 self.mux.grant(self.id, MAIN, f.payload.len());
                 Ok(Some(f.payload))
             }
-            Some(f) if f.kind == Kind::End => Ok(None),
+            Some(f) if f.kind == Kind::End => {
+                self.streaming = false;
+                Ok(None)
+            }
             Some(f) if f.kind == Kind::Abort => {
+                self.streaming = false;
                 Err(proto::decode::<WireError>(&f.payload, "abort")?.into())
             }
             Some(f) => Err(frame::protocol(format_args!(
@@ -314,7 +327,8 @@ impl Request {
         }
     }
 
-    fn into_data_stream(self) -> ByteStream {
+    fn into_data_stream(mut self) -> ByteStream {
+        self.streaming = true;
         futures::stream::unfold(Some(self), |state| async move {
             let mut request = state?;
             match request.next_data().await {

@@ -33,6 +33,11 @@ pub struct ServeOptions {
     /// connection given the same budget; past it a call is `LimitExceeded` (default:
     /// none, each call bounded by `max_file_bytes` alone).
     pub budget: Option<ByteBudget>,
+    /// How many archives (`export_tar`, `import_tar`, `export_changes`) may stream at
+    /// once, with every other connection given the same semaphore; past it a call is
+    /// `LimitExceeded` at once (default: none). Each holds a blocking thread of the
+    /// backend's for as long as its other end keeps up.
+    pub archive_streams: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Default for ServeOptions {
@@ -41,6 +46,7 @@ impl Default for ServeOptions {
             max_file_bytes: 1 << 30,
             archive_limits: ArchiveLimits::default(),
             budget: None,
+            archive_streams: None,
         }
     }
 }
@@ -62,6 +68,27 @@ impl ServeOptions {
     pub fn budget(mut self, budget: ByteBudget) -> Self {
         self.budget = Some(budget);
         self
+    }
+
+    /// Shares `streams` among the archive streams of this and every other connection
+    /// given it.
+    pub fn archive_streams(mut self, streams: Arc<tokio::sync::Semaphore>) -> Self {
+        self.archive_streams = Some(streams);
+        self
+    }
+
+    /// A place among the archive streams, if they are bounded.
+    fn stream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+        let Some(streams) = &self.archive_streams else {
+            return Ok(None);
+        };
+        match Arc::clone(streams).try_acquire_owned() {
+            Ok(permit) => Ok(Some(permit)),
+            Err(_) => Err(Error::limit_exceeded(
+                "as many archives as this connection's owner may stream at once are \
+                 streaming: finish one (read it to its end, or drop it) first",
+            )),
+        }
     }
 
     /// Takes `bytes` from the budget, if there is one.
@@ -232,29 +259,48 @@ async fn handle(
         }
         Call::Mkdir { path } => reply(value(backend.mkdir(sandbox, &path).await)),
         Call::Rename { from, to } => reply(value(backend.rename(sandbox, &from, &to).await)),
-        Call::ExportTar { path } => match backend.export_tar(sandbox, &path).await {
-            Ok(tar) => {
-                reply(Ok(serde_json::Value::Null));
-                send_stream(mux, id, tar).await;
+        Call::ExportTar { path } => {
+            let slot = options.stream_slot();
+            let exported = match slot {
+                Ok(_) => backend.export_tar(sandbox, &path).await,
+                Err(e) => Err(e),
+            };
+            match exported {
+                Ok(tar) => {
+                    reply(Ok(serde_json::Value::Null));
+                    send_stream(mux, id, tar, rx).await;
+                }
+                Err(e) => reply(Err(e)),
             }
-            Err(e) => reply(Err(e)),
-        },
+        }
         Call::ImportTar {
             path,
             options: mut import,
         } => {
             import.limits = import.limits.at_most(&options.archive_limits);
-            let tar = incoming(Arc::clone(mux), id, rx);
-            let result = backend.import_tar(sandbox, &path, tar, import).await;
+            let result = match options.stream_slot() {
+                Ok(_slot) => {
+                    let tar = incoming(Arc::clone(mux), id, rx);
+                    backend.import_tar(sandbox, &path, tar, import).await
+                }
+                Err(e) => Err(e),
+            };
             reply(value(result));
         }
-        Call::ExportChanges => match backend.export_changes(sandbox).await {
-            Ok(changes) => {
-                reply(value(Ok(changes.deleted)));
-                send_stream(mux, id, changes.tar).await;
+        Call::ExportChanges => {
+            let slot = options.stream_slot();
+            let changes = match slot {
+                Ok(_) => backend.export_changes(sandbox).await,
+                Err(e) => Err(e),
+            };
+            match changes {
+                Ok(changes) => {
+                    reply(value(Ok(changes.deleted)));
+                    send_stream(mux, id, changes.tar, rx).await;
+                }
+                Err(e) => reply(Err(e)),
             }
-            Err(e) => reply(Err(e)),
-        },
+        }
         Call::Watch {
             path,
             options: watch,
@@ -373,11 +419,30 @@ fn incoming(mux: Arc<Mux>, id: u64, rx: Inbound) -> ByteStream {
 }
 
 /// Sends a byte stream as data frames and an `End`, or an `Abort` if it fails.
-async fn send_stream(mux: &Mux, id: u64, mut stream: ByteStream) {
-    while let Some(chunk) = stream.next().await {
+/// Sends `stream` as request `id`'s data, until its end, or until the client kills
+/// the request (it dropped the stream: the producer is dropped with it, and a thread
+/// of the host's that an export holds is free at once).
+async fn send_stream(mux: &Mux, id: u64, mut stream: ByteStream, mut rx: Inbound) {
+    // What comes for the request while it streams: only a kill (or its end) matters.
+    async fn killed(rx: &mut Inbound) {
+        while let Some(frame) = rx.recv().await {
+            if frame.kind == Kind::Kill {
+                return;
+            }
+        }
+    }
+    loop {
+        let chunk = tokio::select! {
+            chunk = stream.next() => chunk,
+            () = killed(&mut rx) => return,
+        };
         let sent = match chunk {
-            Ok(chunk) => mux.send_data(id, MAIN, chunk).await,
-            Err(e) => {
+            None => break,
+            Some(Ok(chunk)) => tokio::select! {
+                sent = mux.send_data(id, MAIN, chunk) => sent,
+                () = killed(&mut rx) => return,
+            },
+            Some(Err(e)) => {
                 let _ = mux.send(Frame::new(
                     Kind::Abort,
                     id,

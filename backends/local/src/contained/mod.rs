@@ -559,6 +559,16 @@ fn fail(context: impl fmt::Display, e: Errno) -> Error {
             ErrorKind::Unsupported,
             Some("a system call is unavailable (openat2 needs Linux 5.6 or newer)"),
         ),
+        // The walk limits of `raw::tree`: one directory too large to walk, or the names
+        // every walk holds at once at their cap.
+        Errno::FBIG => (
+            ErrorKind::LimitExceeded,
+            Some("a directory too large to walk"),
+        ),
+        Errno::NOMEM => (
+            ErrorKind::LimitExceeded,
+            Some("the host holds as many directory listings as it may; try again shortly"),
+        ),
         _ => (ErrorKind::Backend, None),
     };
     let io = std::io::Error::from(e);
