@@ -412,3 +412,32 @@ async fn tiny_frames_a_caller_has_not_read_still_count() {
     assert!(ended, "the connection ended past its bound");
     drop(process);
 }
+
+/// ADVERSARIAL 41: a server that rewrites its errors for its clients
+/// (`ServeOptions::public_errors`, which sandcell-server sets so a backend's failure
+/// names no host path) has every error that leaves rewritten: a call's reply, and a
+/// stream's abort (an export of a directory that is not there).
+#[tokio::test]
+async fn every_error_that_leaves_is_rewritten_as_the_server_says() {
+    use std::sync::Arc;
+
+    use futures::StreamExt;
+    use sandcell::raw::wire::ServeOptions;
+
+    let backend = Arc::new(sandcell::testing::MockBackend::new());
+    let options = ServeOptions::default()
+        .public_errors(|e| sandcell::Error::new(e.kind(), "rewritten for the client"));
+    let (read, write, _served, _id) = raw_server(options, backend).await;
+    let client = WireClient::new(read, write);
+    let missing = "not/there".parse().unwrap();
+
+    let stat = client.stat(&missing).await.unwrap_err();
+    assert_eq!(stat.kind(), ErrorKind::NotFound);
+    assert_eq!(stat.message(), "rewritten for the client");
+    let exported = match client.export_tar(&missing).await {
+        Ok(mut tar) => tar.next().await.unwrap().unwrap_err(),
+        Err(e) => e,
+    };
+    assert_eq!(exported.kind(), ErrorKind::NotFound);
+    assert_eq!(exported.message(), "rewritten for the client");
+}

@@ -47,6 +47,11 @@ pub(super) async fn upgrade(
         .max_file_bytes(state.config.max_file_bytes as u64)
         .budget(state.transfers(&caller.0.name))
         .archive_streams(state.archive_streams(&caller.0.name))
+        // As on every other face (ADVERSARIAL 41): a backend's own failure reaches
+        // the client as a reference, its host paths only the server's log.
+        .public_errors(|e| {
+            Error::new(e.kind(), crate::public_message(e)).set_temporary(e.is_temporary())
+        })
         .archive_limits(ArchiveLimits::default().max_bytes(state.config.max_archive_bytes));
     let backend = Arc::clone(&state.backend);
     tokio::spawn(async move {

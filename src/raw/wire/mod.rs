@@ -39,7 +39,8 @@ mod client;
 mod frame;
 mod mux;
 mod proto;
+mod serve_options;
 mod server;
 
 pub use client::WireClient;
-pub use server::{serve, serve_with, ServeOptions};
+pub use server::{serve, serve_with, PublicErrors, ServeOptions};

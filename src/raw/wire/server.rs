@@ -10,95 +10,13 @@ use tokio::sync::mpsc;
 use super::frame::{Frame, Kind, ERR, MAIN};
 use super::mux::{Inbound, Mux};
 use super::proto::{self, Call, Reply, WireError};
-use crate::archive::ArchiveLimits;
+pub use super::serve_options::{PublicErrors, ServeOptions};
+
 use crate::backend::{ByteStream, SandboxBackend};
 use crate::error::{Error, ErrorKind, Result};
-use crate::raw::budget::{ByteBudget, Reservation};
+use crate::raw::budget::Reservation;
 use crate::raw::{read_at_most, read_within};
 use crate::sandbox::SandboxId;
-
-/// What a serving side accepts from its client: the bounds a server facing untrusted
-/// callers sets (an agent inside its own sandbox can keep the defaults).
-#[derive(Debug, Clone)]
-#[non_exhaustive]
-pub struct ServeOptions {
-    /// The largest file a `read` or `write` may carry; more is
-    /// [`ErrorKind::LimitExceeded`], a read's before the file is read (default 1 GiB:
-    /// a file is held in memory on its way through).
-    pub max_file_bytes: u64,
-    /// Caps on every archive import: the client's own limits apply, each at most this
-    /// (default [`ArchiveLimits::default`]).
-    pub archive_limits: ArchiveLimits,
-    /// What the files `read` and `write` carry may hold together, with every other
-    /// connection given the same budget; past it a call is `LimitExceeded` (default:
-    /// none, each call bounded by `max_file_bytes` alone).
-    pub budget: Option<ByteBudget>,
-    /// How many archives (`export_tar`, `import_tar`, `export_changes`) may stream at
-    /// once, with every other connection given the same semaphore; past it a call is
-    /// `LimitExceeded` at once (default: none). Each holds a blocking thread of the
-    /// backend's for as long as its other end keeps up.
-    pub archive_streams: Option<Arc<tokio::sync::Semaphore>>,
-}
-
-impl Default for ServeOptions {
-    fn default() -> Self {
-        ServeOptions {
-            max_file_bytes: 1 << 30,
-            archive_limits: ArchiveLimits::default(),
-            budget: None,
-            archive_streams: None,
-        }
-    }
-}
-
-impl ServeOptions {
-    /// Sets the largest file a `read` or `write` may carry.
-    pub fn max_file_bytes(mut self, bytes: u64) -> Self {
-        self.max_file_bytes = bytes;
-        self
-    }
-
-    /// Sets the caps on archive imports.
-    pub fn archive_limits(mut self, limits: ArchiveLimits) -> Self {
-        self.archive_limits = limits;
-        self
-    }
-
-    /// Sets the budget the files of `read` and `write` calls share.
-    pub fn budget(mut self, budget: ByteBudget) -> Self {
-        self.budget = Some(budget);
-        self
-    }
-
-    /// Shares `streams` among the archive streams of this and every other connection
-    /// given it.
-    pub fn archive_streams(mut self, streams: Arc<tokio::sync::Semaphore>) -> Self {
-        self.archive_streams = Some(streams);
-        self
-    }
-
-    /// A place among the archive streams, if they are bounded.
-    fn stream_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
-        let Some(streams) = &self.archive_streams else {
-            return Ok(None);
-        };
-        match Arc::clone(streams).try_acquire_owned() {
-            Ok(permit) => Ok(Some(permit)),
-            Err(_) => Err(Error::limit_exceeded(
-                "as many archives as this connection's owner may stream at once are \
-                 streaming: finish one (read it to its end, or drop it) first",
-            )),
-        }
-    }
-
-    /// Takes `bytes` from the budget, if there is one.
-    fn reserve(&self, bytes: u64) -> Result<Option<Reservation>> {
-        self.budget
-            .as_ref()
-            .map(|budget| budget.try_reserve(bytes))
-            .transpose()
-    }
-}
 
 /// Serves sandbox `sandbox` of `backend` to one [`WireClient`](super::WireClient) over a
 /// connection, until the client closes it, with the default [`ServeOptions`].
@@ -159,11 +77,12 @@ async fn handle(
     rx: Inbound,
 ) {
     let id = frame.id;
+    let public = &options.public_errors;
     let reply = |result: Result<serde_json::Value>| {
         let _ = mux.send(Frame::new(
             Kind::Reply,
             id,
-            proto::encode(&Reply::from_result(result)),
+            proto::encode(&public.reply(result)),
         ));
     };
     let call: Call = match proto::decode_call(&frame.payload) {
@@ -179,7 +98,7 @@ async fn handle(
         })
     }
     match call {
-        Call::Exec { request } => exec(backend, sandbox, mux, id, request, rx).await,
+        Call::Exec { request } => exec(backend, sandbox, mux, id, request, rx, public).await,
         Call::Read { path } => {
             // Held until the last byte is queued: `send_data` queues copies, so
             // nothing of the file outlives it.
@@ -268,7 +187,7 @@ async fn handle(
             match exported {
                 Ok(tar) => {
                     reply(Ok(serde_json::Value::Null));
-                    send_stream(mux, id, tar, rx).await;
+                    send_stream(mux, id, tar, rx, public).await;
                 }
                 Err(e) => reply(Err(e)),
             }
@@ -296,7 +215,7 @@ async fn handle(
             match changes {
                 Ok(changes) => {
                     reply(value(Ok(changes.deleted)));
-                    send_stream(mux, id, changes.tar, rx).await;
+                    send_stream(mux, id, changes.tar, rx, public).await;
                 }
                 Err(e) => reply(Err(e)),
             }
@@ -307,7 +226,7 @@ async fn handle(
         } => match backend.watch(sandbox, &path, watch).await {
             Ok(events) => {
                 reply(Ok(serde_json::Value::Null));
-                send_events(mux, id, events, rx).await;
+                send_events(mux, id, events, rx, public).await;
             }
             Err(e) => reply(Err(e)),
         },
@@ -344,7 +263,13 @@ async fn list_within(
 /// Sends a watch's events as JSON lines until the watch ends (then `End`, or `Abort` on
 /// an error) or the client sends `Kill` or goes. While the client does not read, the
 /// credit runs out and the backend's own bounded buffer overflows, not this one.
-async fn send_events(mux: &Mux, id: u64, mut events: crate::WatchStream, mut rx: Inbound) {
+async fn send_events(
+    mux: &Mux,
+    id: u64,
+    mut events: crate::WatchStream,
+    mut rx: Inbound,
+    public: &PublicErrors,
+) {
     // Any frame from the client (its `Kill`) or its going away ends the watch.
     let mut stopped = std::pin::pin!(async move {
         let _ = rx.recv().await;
@@ -364,11 +289,7 @@ async fn send_events(mux: &Mux, id: u64, mut events: crate::WatchStream, mut rx:
                 }
             }
             Some(Err(e)) => {
-                let _ = mux.send(Frame::new(
-                    Kind::Abort,
-                    id,
-                    proto::encode(&WireError::from(&e)),
-                ));
+                let _ = mux.send(Frame::new(Kind::Abort, id, proto::encode(&public.wire(&e))));
                 return;
             }
             None => {
@@ -422,7 +343,13 @@ fn incoming(mux: Arc<Mux>, id: u64, rx: Inbound) -> ByteStream {
 /// Sends `stream` as request `id`'s data, until its end, or until the client kills
 /// the request (it dropped the stream: the producer is dropped with it, and a thread
 /// of the host's that an export holds is free at once).
-async fn send_stream(mux: &Mux, id: u64, mut stream: ByteStream, mut rx: Inbound) {
+async fn send_stream(
+    mux: &Mux,
+    id: u64,
+    mut stream: ByteStream,
+    mut rx: Inbound,
+    public: &PublicErrors,
+) {
     // What comes for the request while it streams: only a kill (or its end) matters.
     async fn killed(rx: &mut Inbound) {
         while let Some(frame) = rx.recv().await {
@@ -443,11 +370,7 @@ async fn send_stream(mux: &Mux, id: u64, mut stream: ByteStream, mut rx: Inbound
                 () = killed(&mut rx) => return,
             },
             Some(Err(e)) => {
-                let _ = mux.send(Frame::new(
-                    Kind::Abort,
-                    id,
-                    proto::encode(&WireError::from(&e)),
-                ));
+                let _ = mux.send(Frame::new(Kind::Abort, id, proto::encode(&public.wire(&e))));
                 return;
             }
         };
@@ -465,11 +388,12 @@ async fn exec(
     id: u64,
     request: crate::ExecRequest,
     mut rx: Inbound,
+    public: &PublicErrors,
 ) {
     let mut process = match backend.exec(sandbox, request).await {
         Ok(process) => process,
         Err(e) => {
-            let reply = Reply::from_result::<()>(Err(e));
+            let reply = public.reply::<()>(Err(e));
             let _ = mux.send(Frame::new(Kind::Reply, id, proto::encode(&reply)));
             return;
         }
@@ -545,7 +469,7 @@ async fn exec(
     }
     let frame = match status {
         Ok(status) => Frame::new(Kind::Exit, id, proto::encode(&status)),
-        Err(e) => Frame::new(Kind::Abort, id, proto::encode(&WireError::from(&e))),
+        Err(e) => Frame::new(Kind::Abort, id, proto::encode(&public.wire(&e))),
     };
     let _ = mux.send(frame);
 }
