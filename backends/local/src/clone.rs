@@ -27,7 +27,8 @@ use crate::layout::SandboxDir;
 
 /// What the clone's workspace is made of, as the freezing thread decided.
 pub(crate) struct Plan {
-    /// Held until the clone names its layers, so no destroy releases one meanwhile.
+    /// Held until the clone names its layers, so no destroy releases one meanwhile
+    /// (and no longer: every sandbox's destroy and clone wait on it).
     lock: Arc<LayersLock>,
     /// The frozen layers the clone mounts, top first.
     stack: Vec<String>,
@@ -174,7 +175,18 @@ pub(crate) fn fill(
             "freezing the source's upper layer failed",
         )
     })??;
+    let mut lock = Some(plan.lock);
+    let named = |stack: &[String]| match stack.is_empty() {
+        true => Ok(()),
+        false => crate::layers::write_new(dir, stack),
+    };
     if plan.copy_upper {
+        // The clone names the layers it shares first, which keeps any destroy from
+        // releasing them, and lets go of the lock every sandbox's destroy and clone
+        // share before the copy: it takes as long as the source's upper layer is large
+        // (a tenant's 200,000 files held another tenant's destroys for 9 s).
+        named(&plan.stack)?;
+        drop(lock.take());
         let _frozen = source
             .cgroups
             .as_ref()
@@ -188,10 +200,10 @@ pub(crate) fn fill(
             .map_err(|e| Error::io("making the clone's upper layer", e))?;
     }
     crate::layers::mount(root, dir, &plan.stack, &source.template, owner)?;
-    if !plan.stack.is_empty() {
-        crate::layers::write_new(dir, &plan.stack)?;
+    if lock.is_some() {
+        named(&plan.stack)?;
     }
-    drop(plan.lock);
+    drop(lock);
     let Some(source_remount) = plan.source_remount else {
         return Ok("overlay");
     };

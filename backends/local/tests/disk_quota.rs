@@ -408,3 +408,53 @@ async fn a_disk_limit_below_the_smallest_disk_is_invalid() {
     assert_eq!(err.kind(), ErrorKind::InvalidInput, "{err}");
     nothing_left(root.path()).await;
 }
+
+/// ADVERSARIAL 40: a clone that copies its source's upper layer (a source with a disk
+/// of its own) does not make other sandboxes' destroys wait for the copy: it held the
+/// lock every destroy and clone share for as long as the copy took (a tenant's
+/// 200,000 files held another tenant's destroys for 9 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_copying_a_layer_holds_up_no_other_destroy() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(backend) = backend(root.path(), WorkspaceStrategy::Overlay, Isolation::Landlock)
+    else {
+        return;
+    };
+    let source = backend.create(&capped(1 << 30)).await.unwrap();
+    let out = backend
+        .run_shell(
+            &source.id,
+            "mkdir many && cd many && seq 1 40000 | xargs touch",
+        )
+        .await
+        .unwrap();
+    assert!(out.success(), "{}", out.stderr_str());
+    let other = backend.create(&SandboxSpec::default()).await.unwrap();
+
+    let cloning = tokio::spawn({
+        let (backend, id) = (backend.clone(), source.id.clone());
+        async move {
+            let clone = backend.clone_sandbox(&id, Default::default()).await;
+            (clone, std::time::Instant::now())
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    backend.destroy(&other.id).await.unwrap();
+    let destroyed = std::time::Instant::now();
+    let (clone, cloned) = cloning.await.unwrap();
+    let clone = clone.unwrap();
+    assert!(
+        destroyed < cloned,
+        "the destroy waited for the clone's copy ({:?} after it)",
+        destroyed - cloned
+    );
+    let out = backend
+        .run_shell(&clone.id, "ls many | wc -l")
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_str().trim(), "40000", "the clone is whole");
+    for id in [&source.id, &clone.id] {
+        backend.destroy(id).await.unwrap();
+    }
+    nothing_left(root.path()).await;
+}

@@ -58,7 +58,15 @@ impl Workspace {
             OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC,
             Mode::empty(),
         )
-        .map_err(|e| fail(format_args!("opening workspace {}", root.display()), e))?;
+        .map_err(|e| {
+            // No host path for the client: a call racing its sandbox's destroy lands
+            // here with `NotFound`, a kind servers pass on as it is.
+            tracing::debug!(workspace = %root.display(), error = %e, "opening a workspace failed");
+            match e {
+                Errno::NOENT => Error::not_found("the sandbox's workspace is gone (destroyed)"),
+                e => fail("opening the sandbox's workspace", e),
+            }
+        })?;
         Ok(Workspace {
             root: fd,
             root_path: root.to_path_buf(),
