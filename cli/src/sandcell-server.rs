@@ -295,6 +295,13 @@ async fn run(args: Args) -> sandcell::Result<()> {
             Backend::Docker => serde_json::json!({}),
         },
     };
+    // Answers never name where the server keeps its sandboxes and sessions.
+    if let Some(root) = options.get("root").and_then(|r| r.as_str()) {
+        config.private_paths.push(PathBuf::from(root));
+    }
+    config
+        .private_paths
+        .extend(args.mcp_data_dir.iter().cloned());
     let backend: Arc<dyn SandboxBackend> = match args.backend {
         Backend::Local => Arc::from(local_backend(options, args.unsafe_no_isolation)?),
         Backend::Docker => Arc::from(sandcell_docker::DockerBackend::from_options(options)?),

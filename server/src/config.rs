@@ -68,6 +68,10 @@ pub struct ServerConfig {
     /// [`with_mcp`](Self::with_mcp) gave it a manager). Only [`Face::Fly`], the server
     /// answers as a plain Fly endpoint does, and clients move files over `exec`.
     pub faces: std::collections::BTreeSet<Face>,
+    /// Host directories no answer names (default none): a message that mentions one
+    /// (the backend's root, say, in an error racing a destroy) has the path cut out.
+    /// `sandcell-server` lists the backend's root and the MCP data directory.
+    pub private_paths: Vec<std::path::PathBuf>,
     /// The host directories a client's spec may mount from (default none: every host
     /// mount is refused). A mount must resolve beneath one of them, symbolic links
     /// followed, and may be read-write only where that directory allows it.
@@ -183,6 +187,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("default_limits", &self.default_limits)
             .field("faces", &self.faces)
             .field("host_paths", &self.host_paths)
+            .field("private_paths", &self.private_paths)
             .field("e2b_base_template", &self.e2b_base_template)
             .finish()
     }
@@ -220,6 +225,7 @@ impl ServerConfig {
             default_limits: sandcell::Limits::recommended(),
             faces: Face::ALL.into_iter().collect(),
             host_paths: Vec::new(),
+            private_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
             #[cfg(feature = "mcp")]
             mcp: None,

@@ -28,6 +28,7 @@ pub(crate) mod machines;
 mod mcp;
 #[cfg(feature = "mcp")]
 mod mcp_quotas;
+mod private_paths;
 mod requests;
 mod sandbox_locks;
 mod tenants;
@@ -129,6 +130,7 @@ pub(crate) type AppState = Arc<Shared>;
 pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router {
     let json_limit = config.max_json_bytes;
     let faces = config.faces.clone();
+    private_paths::register(&config.private_paths);
     // An empty token never authenticates anyone.
     let tenants: Vec<Arc<Tenant>> = config
         .tenants
@@ -373,10 +375,12 @@ impl IntoResponse for ApiError {
 /// a `Backend` error is the server's own failure, whose message may name host paths
 /// (a cgroup directory, the backend's root), so it is logged in full under a reference
 /// and answered with that reference alone. The other kinds describe what the client
-/// asked for and pass as they are.
+/// asked for and pass, with any mention of a private host directory
+/// ([`ServerConfig::private_paths`]) or of a process's descriptors (`/proc/.../fd/...`)
+/// cut out: a call racing its sandbox's destroy, say, fails `NotFound` on a host path.
 pub(crate) fn public_message(error: &Error) -> String {
     if error.kind() != ErrorKind::Backend {
-        return error.to_string();
+        return private_paths::scrub(&error.to_string());
     }
     let reference = uuid::Uuid::new_v4().simple().to_string();
     let reference = &reference[..12];
@@ -489,5 +493,32 @@ mod tests {
         assert!(told.contains("reference"), "{told}");
         let asked = Error::invalid_input("a cpu limit of 0 leaves the sandbox nothing");
         assert_eq!(public_message(&asked), asked.to_string());
+    }
+
+    /// ADVERSARIAL case 41: an error of a kind that passes (a call racing its
+    /// sandbox's destroy is `NotFound`) still names no private host directory and no
+    /// process's descriptors.
+    #[test]
+    fn private_host_paths_are_cut_out_of_every_answer() {
+        private_paths::register(&[std::path::PathBuf::from("/srv/sandcell-private")]);
+        let raced = Error::not_found(
+            "opening workspace /srv/sandcell-private/sandboxes/local-1/disk/workspace: gone",
+        );
+        let told = public_message(&raced);
+        assert!(!told.contains("/srv/sandcell-private"), "{told}");
+        assert!(!told.contains("local-1/disk"), "{told}");
+        assert!(
+            told.starts_with("opening workspace <host path>: gone"),
+            "{told}"
+        );
+        let fds = Error::not_found("cannot open /proc/9935/fd/28/ns/user: gone");
+        let told = public_message(&fds);
+        assert!(!told.contains("9935"), "{told}");
+        let own = Error::not_found("src/main.rs does not exist");
+        assert_eq!(
+            public_message(&own),
+            own.to_string(),
+            "a sandbox path stays"
+        );
     }
 }
