@@ -14,9 +14,9 @@ use sandcell::{SandboxBackend, SandboxId, SandboxStatus};
 use sandcell_server::ServerConfig;
 use serde_json::json;
 
-/// How long the backend takes over a pause: long enough that the `connect` sent after
-/// it lands while it is under way.
-const PAUSING: Duration = Duration::from_millis(400);
+/// How long the backend takes over a pause: long enough that the `connect` sent a
+/// quarter of it later lands while it is under way, even on a loaded machine.
+const PAUSING: Duration = Duration::from_millis(1500);
 
 async fn post(http: &reqwest::Client, url: String) -> u16 {
     let response = http

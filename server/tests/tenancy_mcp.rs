@@ -222,7 +222,8 @@ async fn adversarial_39_mcp_list_sessions_stays_within_the_tenant() {
     }
 }
 
-/// A tenant's quota counts its sandboxes on every face, MCP's sessions included: with
+/// ADVERSARIAL 40 (MCP's sandboxes escaped their tenant's limits): a tenant's quota
+/// counts its sandboxes on every face, MCP's sessions included: with
 /// room for one, an E2B sandbox leaves none for an MCP session, and an MCP session none
 /// for an E2B sandbox.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

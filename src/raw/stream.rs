@@ -7,9 +7,9 @@
 //! writer that sends nothing more, would park the blocking thread for as long as it
 //! likes, and tokio's pool (512 threads) is what every backend's file work shares. So
 //! a blocking side that sees no progress for [`STALLED_STREAM_TIMEOUT`] gives up with
-//! [`ErrorKind::Timeout`](crate::ErrorKind::Timeout), and at most
-//! [`MAX_STREAM_PRODUCERS`] producers of [`writer_to_stream`] hold a thread at once
-//! (more wait for one without holding any).
+//! [`ErrorKind::Timeout`](crate::ErrorKind::Timeout). How many run at once is for the
+//! caller to bound (sandcell-server bounds each tenant's archive streams): a cap here
+//! would deadlock bridges that feed each other (a snapshot compresses an export).
 
 use std::io::{self, Read, Write};
 use std::sync::{Arc, Condvar, Mutex};
@@ -29,11 +29,6 @@ pub const STALLED_STREAM_TIMEOUT: Duration = match cfg!(test) {
     true => Duration::from_secs(1),
     false => Duration::from_secs(60),
 };
-
-/// Most [`writer_to_stream`] producers running at once in this process.
-pub const MAX_STREAM_PRODUCERS: usize = 64;
-
-static PRODUCERS: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(MAX_STREAM_PRODUCERS);
 
 /// How many items the async side of a bridge has moved (or whether it is gone): what
 /// the blocking side waits on, with a deadline, rather than on the channel itself.
@@ -191,10 +186,9 @@ pub fn reader_to_stream<R: Read + Send + 'static>(mut reader: R) -> ByteStream {
 /// Runs `produce` on a blocking thread, streaming what it writes. An error it returns
 /// becomes the stream's last item. Must be called inside a tokio runtime.
 ///
-/// The thread is taken when the stream is first polled, once one of the
-/// [`MAX_STREAM_PRODUCERS`] is free. A write the stream's reader takes nothing of for
-/// [`STALLED_STREAM_TIMEOUT`] fails (so `produce` ends, and its thread is free), and
-/// the stream ends with that error if it is still read.
+/// A write the stream's reader takes nothing of for [`STALLED_STREAM_TIMEOUT`] fails
+/// (so `produce` ends, and its thread is free), and the stream ends with that error if
+/// it is still read.
 pub fn writer_to_stream<F>(produce: F) -> ByteStream
 where
     F: FnOnce(&mut dyn Write) -> Result<()> + Send + 'static,
@@ -202,29 +196,24 @@ where
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Bytes>>(4);
     let progress = Arc::new(Progress::default());
     let reading = Gone(Arc::clone(&progress));
-    let start = async move {
-        // The semaphore is never closed.
-        let permit = PRODUCERS.acquire().await.ok();
-        tokio::task::spawn_blocking(move || {
-            let _permit = permit;
-            let mut writer = ChannelWriter {
-                tx,
-                progress,
-                buf: Vec::with_capacity(CHUNK),
-            };
-            let result = produce(&mut writer)
-                .and_then(|()| writer.flush().map_err(|e| Error::io("sending archive", e)));
-            if let Err(e) = result {
-                let _ = writer.send(Err(e));
-            }
-        });
-        futures::stream::unfold((rx, reading), |(mut rx, reading)| async move {
-            let item = rx.recv().await?;
-            reading.0.step();
-            Some((item, (rx, reading)))
-        })
-    };
-    futures::stream::once(start).flatten().boxed()
+    tokio::task::spawn_blocking(move || {
+        let mut writer = ChannelWriter {
+            tx,
+            progress,
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let result = produce(&mut writer)
+            .and_then(|()| writer.flush().map_err(|e| Error::io("sending archive", e)));
+        if let Err(e) = result {
+            let _ = writer.send(Err(e));
+        }
+    });
+    futures::stream::unfold((rx, reading), |(mut rx, reading)| async move {
+        let item = rx.recv().await?;
+        reading.0.step();
+        Some((item, (rx, reading)))
+    })
+    .boxed()
 }
 
 struct ChannelWriter {
@@ -367,40 +356,6 @@ mod tests {
             .unwrap();
         let error = Error::io("reading", read.unwrap_err());
         assert_eq!(error.kind(), crate::ErrorKind::Timeout, "{error}");
-    }
-
-    /// At most `MAX_STREAM_PRODUCERS` producers hold a thread; the next starts once
-    /// one ends.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn producers_past_the_cap_wait_for_a_thread() {
-        let started = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let stalled = |started: Arc<std::sync::atomic::AtomicUsize>| {
-            writer_to_stream(move |out| {
-                started.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                let chunk = vec![0u8; CHUNK];
-                loop {
-                    out.write_all(&chunk).map_err(|e| Error::io("writing", e))?;
-                }
-            })
-        };
-        let mut held = Vec::new();
-        for _ in 0..MAX_STREAM_PRODUCERS {
-            let mut stream = stalled(Arc::clone(&started));
-            assert!(stream.next().await.unwrap().is_ok());
-            held.push(stream);
-        }
-        let mut next = stalled(Arc::clone(&started));
-        let waited = tokio::time::timeout(STALLED_STREAM_TIMEOUT / 4, next.next()).await;
-        assert!(waited.is_err(), "a producer past the cap started");
-        assert_eq!(
-            started.load(std::sync::atomic::Ordering::SeqCst),
-            MAX_STREAM_PRODUCERS
-        );
-        drop(held);
-        let first = tokio::time::timeout(STALLED_STREAM_TIMEOUT * 5, next.next())
-            .await
-            .expect("the next producer never started");
-        assert!(first.unwrap().is_ok());
     }
 
     #[tokio::test]
