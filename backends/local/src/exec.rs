@@ -132,6 +132,7 @@ impl LocalBackend {
         let process = process::spawn(Launch {
             ptmx,
             wrapped: init,
+            sandbox: (dir.clone(), id.clone()),
             argv,
             env,
             cwd,

@@ -36,6 +36,9 @@ pub(crate) struct Launch {
     /// signals must pass the wrapper by (it would die of them rather than report the
     /// command's exit), and it enters through the init, held until it is reaped.
     pub(crate) wrapped: Option<crate::pinned::PinnedInit>,
+    /// The sandbox the command runs in, read should the command fail: a destroy under
+    /// way ends it, and that is the sandbox's answer, not the command's.
+    pub(crate) sandbox: (crate::layout::SandboxDir, sandcell::SandboxId),
     pub(crate) argv: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
     pub(crate) cwd: PathBuf,
@@ -194,7 +197,8 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
         }
     };
     let (kill_tx, kill_rx) = mpsc::channel::<()>(1);
-    let (status_tx, status_rx) = watch::channel::<Option<Result<ExitStatus, String>>>(None);
+    let (status_tx, status_rx) =
+        watch::channel::<Option<Result<ExitStatus, (ErrorKind, String)>>>(None);
 
     let wrapped = launch.wrapped.is_some();
     let wrapped_session = wrapped && terminal.is_some();
@@ -205,6 +209,7 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
             subreaper,
             wrapped_session,
             _init: launch.wrapped,
+            sandbox: launch.sandbox,
             cgroup: launch.cgroup.map(std::sync::Arc::new),
             recorded,
         },
@@ -322,6 +327,8 @@ struct Tree {
     wrapped_session: bool,
     /// What the wrapper enters through, held until it is reaped ([`Launch::wrapped`]).
     _init: Option<crate::pinned::PinnedInit>,
+    /// See [`Launch::sandbox`].
+    sandbox: (crate::layout::SandboxDir, sandcell::SandboxId),
     cgroup: Option<std::sync::Arc<crate::cgroup::CommandCgroup>>,
     /// The group's entry where the sandbox records its groups, forgotten once the
     /// leader is reaped.
@@ -335,7 +342,7 @@ async fn supervise(
     grace: Duration,
     mut kill_rx: mpsc::Receiver<()>,
     (out_done, err_done, close): Drains,
-    status_tx: watch::Sender<Option<Result<ExitStatus, String>>>,
+    status_tx: watch::Sender<Option<Result<ExitStatus, (ErrorKind, String)>>>,
 ) {
     let deadline = async {
         match timeout {
@@ -361,6 +368,17 @@ async fn supervise(
     if let (Some((groups, leader)), Ok(_)) = (&tree.recorded, &waited) {
         groups.leader_reaped(leader);
     }
+    // A command that failed as its sandbox was destroyed, or once its namespaces' init
+    // had gone, did not fail on its own: the kill, or `nsenter` finding no namespaces to
+    // enter (its diagnostics name this process's descriptors), is the sandbox's answer,
+    // not the command's (ADVERSARIAL 36).
+    let sandbox_gone = matches!(&waited, Ok(status) if !status.success())
+        && (tree._init.as_ref().is_some_and(|init| !init.is_running()) || {
+            let (dir, id) = &tree.sandbox;
+            dir.read_meta(id).map_or(true, |meta| {
+                meta.status == sandcell::SandboxStatus::Terminated
+            })
+        });
     // The command's cgroup goes with `tree` if it is empty; background processes of a
     // command that exited on its own keep it (and run on) until reset or destroy.
     drop(tree);
@@ -372,9 +390,17 @@ async fn supervise(
     })
     .await;
     let _ = close.send(true);
-    let status = waited
-        .map(|s| s.timed_out(timed_out))
-        .map_err(|e| format!("waiting for the process failed: {e}"));
+    let status = match waited {
+        _ if sandbox_gone => Err((
+            ErrorKind::NotFound,
+            "the sandbox was destroyed, or its namespaces ended, while the command ran".into(),
+        )),
+        Ok(status) => Ok(status.timed_out(timed_out)),
+        Err(e) => Err((
+            ErrorKind::Backend,
+            format!("waiting for the process failed: {e}"),
+        )),
+    };
     let _ = status_tx.send(Some(status));
 }
 
@@ -473,7 +499,7 @@ async fn stopped(pid: i32) {
 
 struct LocalControl {
     kill: mpsc::Sender<()>,
-    status: watch::Receiver<Option<Result<ExitStatus, String>>>,
+    status: watch::Receiver<Option<Result<ExitStatus, (ErrorKind, String)>>>,
     /// The process group every process of the command is in.
     pgid: i32,
     /// See [`Launch::wrapped`].
@@ -493,7 +519,7 @@ impl ProcessControl for LocalControl {
         })?;
         match status.as_ref() {
             Some(Ok(status)) => Ok(*status),
-            Some(Err(message)) => Err(Error::new(ErrorKind::Backend, message.clone())),
+            Some(Err((kind, message))) => Err(Error::new(*kind, message.clone())),
             None => Err(Error::new(ErrorKind::Backend, "no exit status")),
         }
     }

@@ -529,3 +529,57 @@ async fn exec_answers_alike_whether_a_host_file_exists_or_not() {
         "the answer shows whether a host file exists"
     );
 }
+
+/// A command whose sandbox is destroyed under it answers `NotFound`, not an exit of its
+/// own: neither the kill nor `nsenter` failing to find the namespaces is the command's
+/// output, and no answer names the server's descriptors (ADVERSARIAL 36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_command_racing_destroy_answers_not_found_and_names_no_host_path() {
+    let root = tempfile::tempdir().unwrap();
+    let Some(backend) = namespaces_backend(root.path()) else {
+        return;
+    };
+    let backend = std::sync::Arc::new(backend);
+    // A command that is running when destroy ends the sandbox.
+    let id = backend.create(&SandboxSpec::default()).await.unwrap().id;
+    let mut running = backend
+        .exec(&id, sandcell::ExecRequest::new(["sleep", "30"]))
+        .await
+        .unwrap();
+    backend.destroy(&id).await.unwrap();
+    let error = running.wait().await.unwrap_err();
+    assert_eq!(error.kind(), ErrorKind::NotFound, "{error}");
+
+    // Commands started as destroy runs: each one ran, or is refused, or answers
+    // `NotFound`; none reports a helper's diagnostics as its own.
+    for _ in 0..20 {
+        let id = backend.create(&SandboxSpec::default()).await.unwrap().id;
+        let racer = {
+            let (backend, id) = (backend.clone(), id.clone());
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                for _ in 0..5 {
+                    answers.push(backend.run(&id, sandcell::ExecRequest::new(["true"])).await);
+                }
+                answers
+            })
+        };
+        tokio::task::yield_now().await;
+        backend.destroy(&id).await.unwrap();
+        for answer in racer.await.unwrap() {
+            match answer {
+                Ok(output) => {
+                    assert!(output.success(), "{output:?}");
+                    assert!(!output.stderr_str().contains("/proc/"), "{output:?}");
+                }
+                Err(e) => {
+                    assert!(
+                        matches!(e.kind(), ErrorKind::NotFound | ErrorKind::InvalidState),
+                        "{e}"
+                    );
+                    assert!(!e.to_string().contains("/proc/"), "{e}");
+                }
+            }
+        }
+    }
+}
