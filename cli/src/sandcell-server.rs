@@ -100,6 +100,10 @@ struct Args {
     /// server accepts no more until one closes.
     #[arg(long, value_name = "N", default_value_t = 1024)]
     max_connections: usize,
+    /// The most connections one tenant holds at once (counted from its first
+    /// authenticated request on each); past it a new connection's request is refused.
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_connections_per_tenant: usize,
     /// CPU cores (thousandths: 1000 is one core) a sandbox gets when its create asks
     /// for none, on every face; applied where the backend enforces CPU limits.
     #[arg(long, value_name = "MILLIS", default_value_t = 1000)]
@@ -314,6 +318,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     config.idle_timeout = std::time::Duration::from_secs(args.idle_timeout);
     config.held_response_timeout = std::time::Duration::from_secs(args.held_response_timeout);
     config.max_connections = args.max_connections;
+    config.max_connections_per_tenant = args.max_connections_per_tenant;
     config.default_limits = sandcell::Limits::new()
         .cpu_millis(args.default_cpu_millis)
         .memory_bytes(args.default_memory_mb.saturating_mul(1 << 20))

@@ -40,6 +40,14 @@ pub struct ServerConfig {
     /// the wire protocol leaves the count once upgraded (each is one tenant's
     /// authenticated session with one sandbox).
     pub max_connections: usize,
+    /// The most connections one tenant holds at once (default 256, a quarter of
+    /// `max_connections`'s default): a connection counts against the tenant of its
+    /// first authenticated request until it closes, and past the share a request on a
+    /// new connection is refused (`429`, `LimitExceeded`) and its connection closed. So
+    /// one tenant's connections, each kept busy, leave room for the others'. A
+    /// connection upgraded to the wire protocol leaves the count once upgraded, as it
+    /// leaves `max_connections`'s.
+    pub max_connections_per_tenant: usize,
     /// Largest file a client may write or read (default 64 MiB): a file passes
     /// through the server's memory whole, so a larger one is refused (`413` on the E2B
     /// face, `LimitExceeded` on the wire), a read's before the file is read.
@@ -174,6 +182,10 @@ impl std::fmt::Debug for ServerConfig {
             .field("idle_timeout", &self.idle_timeout)
             .field("held_response_timeout", &self.held_response_timeout)
             .field("max_connections", &self.max_connections)
+            .field(
+                "max_connections_per_tenant",
+                &self.max_connections_per_tenant,
+            )
             .field("max_file_bytes", &self.max_file_bytes)
             .field(
                 "max_transfer_bytes_per_tenant",
@@ -218,6 +230,7 @@ impl ServerConfig {
             idle_timeout: listen::DEFAULT_IDLE_TIMEOUT,
             held_response_timeout: std::time::Duration::from_secs(30),
             max_connections: listen::DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_tenant: listen::DEFAULT_MAX_CONNECTIONS_PER_TENANT,
             max_file_bytes: 64 << 20,
             max_transfer_bytes_per_tenant: 256 << 20,
             max_archive_bytes: 1 << 30,

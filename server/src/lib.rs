@@ -19,6 +19,7 @@
 //! `{"error": ..., "kind": ...}` with a status from [`sandcell_remote::protocol::status_for`].
 
 mod config;
+mod connection_shares;
 mod e2b;
 mod exec;
 pub(crate) mod labels;
@@ -92,6 +93,9 @@ pub(crate) struct Shared {
     pub(crate) reserved: labels::Reserved,
     /// Lifecycle changes of one sandbox do not interleave.
     pub(crate) lifecycle: sandbox_locks::SandboxLocks,
+    /// How many connections each tenant holds
+    /// ([`ServerConfig::max_connections_per_tenant`]).
+    connections: Arc<connection_shares::ConnectionShares>,
 }
 
 impl Shared {
@@ -110,6 +114,25 @@ impl Shared {
             .get(tenant)
             .cloned()
             .unwrap_or_else(|| sandcell::raw::budget::ByteBudget::new(0))
+    }
+}
+
+impl Shared {
+    /// Counts the connection `request` came on against `tenant`
+    /// ([`ServerConfig::max_connections_per_tenant`]); a request served other than
+    /// through [`serve`] or [`serve_tls`] has no connection to count.
+    pub(crate) fn claim_connection(&self, request: &Request, tenant: &str) -> sandcell::Result<()> {
+        match request
+            .extensions()
+            .get::<connection_shares::ConnectionOwner>()
+        {
+            Some(owner) => owner.claim(
+                &self.connections,
+                tenant,
+                self.config.max_connections_per_tenant,
+            ),
+            None => Ok(()),
+        }
     }
 }
 
@@ -181,6 +204,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         tenants,
         reserved,
         lifecycle: Default::default(),
+        connections: Default::default(),
         stopped: Mutex::new(HashSet::new()),
         e2b: e2b::E2bState::default(),
     });
@@ -246,7 +270,8 @@ fn wire_routes() -> Router<AppState> {
 
 /// Serves `backend` on `listener` until `shutdown` resolves, then waits for the
 /// connections it has to finish their requests. At most
-/// [`ServerConfig::max_connections`] are served at once, and one is closed whose
+/// [`ServerConfig::max_connections`] are served at once (one tenant's at most
+/// [`ServerConfig::max_connections_per_tenant`]), and one is closed whose
 /// request head takes longer than [`ServerConfig::header_read_timeout`], whose
 /// request body stalls for [`ServerConfig::body_read_timeout`], or that has no request
 /// in flight for [`ServerConfig::idle_timeout`].
@@ -270,10 +295,14 @@ fn bounds_of(
         config.body_read_timeout,
         config.idle_timeout,
     ];
-    if config.max_connections == 0 || timeouts.iter().any(|t| t.is_zero()) {
+    if config.max_connections == 0
+        || config.max_connections_per_tenant == 0
+        || timeouts.iter().any(|t| t.is_zero())
+    {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidInput,
-            "max_connections, header_read_timeout, body_read_timeout and idle_timeout \
+            "max_connections, max_connections_per_tenant, header_read_timeout, \
+             body_read_timeout and idle_timeout \
              must be above zero",
         ));
     }
@@ -330,6 +359,11 @@ async fn authorize(State(state): State<AppState>, mut request: Request, next: Ne
         });
     match given.and_then(|t| tenants::authenticate(&state.tenants, t.as_bytes())) {
         Some(tenant) => {
+            if let Err(e) = state.claim_connection(&request, &tenant.name) {
+                let mut response = ApiError(e).into_response();
+                *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                return requests::closing(response);
+            }
             request.extensions_mut().insert(tenants::Caller(tenant));
             next.run(request).await
         }

@@ -30,6 +30,9 @@ pub(crate) const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10)
 /// How many connections are served at once, by default (a TLS handshake counts as
 /// one); past it the server stops accepting until one closes.
 pub(crate) const DEFAULT_MAX_CONNECTIONS: usize = 1024;
+/// How many of them one tenant holds, by default: a quarter, so a tenant keeping its
+/// connections busy leaves most of the server to the others.
+pub(crate) const DEFAULT_MAX_CONNECTIONS_PER_TENANT: usize = DEFAULT_MAX_CONNECTIONS / 4;
 /// How long the server waits on a request body that makes no progress, by default:
 /// as long as nginx's `client_body_timeout` is twice over, for slow links.
 pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);

@@ -27,6 +27,8 @@ use sandcell::{Error, ErrorKind};
 use tokio::sync::watch;
 use tokio::time::{Instant, Sleep};
 
+use crate::connection_shares::ConnectionOwner;
+
 /// How much of a body must arrive for its bound to start over. A client that trickles
 /// a byte now and then makes no progress by this measure, so it cannot hold a
 /// connection by sending just under the bound, while a slow link (at 100 bytes a
@@ -100,6 +102,8 @@ pub(crate) struct Service {
     router: TowerToHyperService<Router>,
     body_read_timeout: Duration,
     in_flight: InFlight,
+    /// Whose share of the connections this one counts against, once known.
+    owner: ConnectionOwner,
 }
 
 impl Service {
@@ -108,8 +112,18 @@ impl Service {
             router: TowerToHyperService::new(router),
             body_read_timeout,
             in_flight,
+            owner: ConnectionOwner::default(),
         }
     }
+}
+
+/// `response`, telling an HTTP/1 client that the connection closes after it: a
+/// connection refused its tenant's share is not kept open, idle, in the server's.
+pub(crate) fn closing(mut response: axum::response::Response) -> axum::response::Response {
+    response
+        .headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    response
 }
 
 impl hyper::service::Service<Request<Incoming>> for Service {
@@ -122,7 +136,7 @@ impl hyper::service::Service<Request<Incoming>> for Service {
         let stalled = Arc::new(AtomicBool::new(false));
         let http1 = request.version() <= Version::HTTP_11;
         let limit = self.body_read_timeout;
-        let request = request.map(|body| {
+        let mut request = request.map(|body| {
             Body::new(TimedBody {
                 inner: body,
                 limit,
@@ -133,6 +147,7 @@ impl hyper::service::Service<Request<Incoming>> for Service {
                 stalled: Arc::clone(&stalled),
             })
         });
+        request.extensions_mut().insert(self.owner.clone());
         let answer = self.router.call(request);
         Box::pin(async move {
             let mut response = answer.await?;

@@ -767,6 +767,94 @@ async fn case35_connections_past_the_cap_wait_for_a_free_slot() {
     );
 }
 
+/// Sends `request` on `stream` and reads what comes back within half a second (the
+/// whole of a small answer).
+async fn ask(stream: &mut tokio::net::TcpStream, request: &str) -> String {
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answered = Vec::new();
+    let mut buf = [0u8; 4096];
+    while let Ok(Ok(n)) =
+        tokio::time::timeout(Duration::from_millis(500), stream.read(&mut buf)).await
+    {
+        if n == 0 {
+            break;
+        }
+        answered.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&answered).into_owned()
+}
+
+/// ADVERSARIAL 35 across tenants: a tenant holds at most
+/// `max_connections_per_tenant` of the server's connections, each counted from its
+/// first authenticated request until it closes; past it a request on a new connection
+/// is `429` on every face and the connection closes, while another tenant is served.
+/// (One tenant's MCP calls left unanswered held every connection: another tenant's
+/// list timed out.)
+#[tokio::test]
+async fn case35_a_tenant_holds_no_more_than_its_share_of_connections() {
+    const OTHER: &str = "second-tenant-token";
+    let mut config = ServerConfig::with_tenants([
+        Tenant::new("first", common::TOKEN),
+        Tenant::new("second", OTHER),
+    ])
+    .unwrap();
+    config.max_connections = 8;
+    config.max_connections_per_tenant = 2;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let fly = |token: &str| {
+        format!(
+            "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\n\
+             Authorization: Bearer {token}\r\n\r\n"
+        )
+    };
+    let e2b = format!(
+        "GET /sandboxes HTTP/1.1\r\nHost: x\r\nX-API-KEY: {}\r\n\r\n",
+        common::TOKEN
+    );
+    let connect = || tokio::net::TcpStream::connect(served.addr);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        let mut kept = connect().await.unwrap();
+        let answer = ask(&mut kept, &fly(common::TOKEN)).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        held.push(kept);
+    }
+    // Again on a held connection: no second share.
+    let answer = ask(&mut held[0], &e2b).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for request in [fly(common::TOKEN), e2b.clone()] {
+        let mut third = connect().await.unwrap();
+        third.write_all(request.as_bytes()).await.unwrap();
+        let refused = closed_within(&mut third, Duration::from_secs(5))
+            .await
+            .expect("a connection past the tenant's share was closed");
+        let refused = String::from_utf8_lossy(&refused);
+        assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+        assert!(refused.contains("share"), "{refused}");
+    }
+    let mut other = connect().await.unwrap();
+    let answer = ask(&mut other, &fly(OTHER)).await;
+    assert!(
+        answer.starts_with("HTTP/1.1 200"),
+        "another tenant: {answer}"
+    );
+    // A closed connection gives its share back.
+    drop(held.pop());
+    let mut served_again = false;
+    for _ in 0..50 {
+        let mut next = connect().await.unwrap();
+        if ask(&mut next, &fly(common::TOKEN))
+            .await
+            .starts_with("HTTP/1.1 200")
+        {
+            served_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served_again, "a closed connection's share came back");
+}
+
 /// A Fly create's head, authenticated, announcing a body of `length` bytes.
 fn create_head(length: usize) -> String {
     format!(

@@ -142,6 +142,9 @@ async fn authorize_api(
         });
     match given.and_then(|t| tenants::authenticate(&state.tenants, t.as_bytes())) {
         Some(tenant) => {
+            if let Err(e) = state.claim_connection(&request, &tenant.name) {
+                return crate::requests::closing(E2bError(e).into_response());
+            }
             request.extensions_mut().insert(Caller(tenant));
             next.run(request).await
         }
@@ -209,6 +212,12 @@ async fn authorize_envd(
                 .to_owned(),
         );
     };
+    if let Err(e) = state.claim_connection(&request, &tenant.name) {
+        return crate::requests::closing(answer(
+            StatusCode::TOO_MANY_REQUESTS,
+            crate::public_message(&e),
+        ));
+    }
     let gone = || {
         answer(
             StatusCode::BAD_GATEWAY,
