@@ -90,6 +90,13 @@ pub mod store;
 pub mod testing;
 pub mod watch;
 
+/// What the crate's exported macros name, not part of its API.
+#[doc(hidden)]
+pub mod __private {
+    pub use async_trait::async_trait;
+    pub use bytes::Bytes;
+}
+
 pub use backend::{ByteStream, Changes, SandboxBackend};
 pub use capabilities::Capabilities;
 pub use config::{BackendRegistry, SandboxConfig};

@@ -36,6 +36,7 @@
 //! ```
 
 mod client;
+mod forward;
 mod frame;
 mod mux;
 mod proto;

@@ -166,7 +166,6 @@ pub(crate) fn encode<T: Serialize>(value: &T) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-/// Decodes a frame payload.
 /// A `Call` as the server reads it. Well-formed JSON that names an operation this side
 /// does not know is `Unsupported` (a newer peer), and a known operation with an argument
 /// that fails its own checks (a path with `..`, say) is `InvalidInput`, the kind the
@@ -187,6 +186,7 @@ pub(crate) fn decode_call(payload: &[u8]) -> Result<Call> {
     })
 }
 
+/// Decodes a frame payload.
 pub(crate) fn decode<T: serde::de::DeserializeOwned>(payload: &[u8], what: &str) -> Result<T> {
     serde_json::from_slice(payload)
         .map_err(|e| super::frame::protocol(format_args!("{what} ({e})")))

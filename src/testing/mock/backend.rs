@@ -24,6 +24,9 @@ use super::process::*;
 use super::tree::*;
 use super::*;
 
+// Every method written out: a method added to the trait cannot answer with its
+// default (`Unsupported`) here unnoticed.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl SandboxBackend for MockBackend {
     fn name(&self) -> &str {
@@ -416,6 +419,39 @@ impl SandboxBackend for MockBackend {
             futures::stream::once(async move { Ok(Bytes::from(data)) }).boxed(),
             deleted,
         ))
+    }
+
+    /// No ports: nothing listens in the mock.
+    async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
+        self.with_sandbox(id, |_| {
+            Err(Error::unsupported(format!(
+                "backend mock cannot expose port {port} to this host"
+            )))
+        })
+    }
+
+    async fn unpublish_port(&self, _id: &SandboxId, _port: u16) -> Result<()> {
+        Ok(())
+    }
+
+    /// Every file is in memory already: read whole, then checked.
+    async fn read_limited(
+        &self,
+        id: &SandboxId,
+        path: &SandboxPath,
+        max_bytes: u64,
+    ) -> Result<Bytes> {
+        let data = self.read(id, path).await?;
+        crate::backend::check_read_limit(path, data.len() as u64, max_bytes)?;
+        Ok(data)
+    }
+
+    async fn set_network(&self, id: &SandboxId, _network: &crate::Network) -> Result<()> {
+        self.with_sandbox(id, |_| {
+            Err(Error::unsupported(
+                "backend mock cannot change a running sandbox's network",
+            ))
+        })
     }
 
     async fn watch(

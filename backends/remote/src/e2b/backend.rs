@@ -152,6 +152,9 @@ impl E2bBackend {
     }
 }
 
+// Every method written out: a method added to the trait cannot answer with its
+// default (`Unsupported`) here unnoticed.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl SandboxBackend for E2bBackend {
     fn name(&self) -> &str {
@@ -252,6 +255,44 @@ impl SandboxBackend for E2bBackend {
         self.inner.api.kill(id.as_str()).await?;
         self.inner.forget(id);
         Ok(())
+    }
+
+    /// A machine's ports are reached through its provider, never on this host.
+    async fn publish_port(&self, _id: &SandboxId, port: u16) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "backend {} cannot expose port {port} on this host: reach the sandbox's \
+             ports through its provider",
+            self.name()
+        )))
+    }
+
+    async fn unpublish_port(&self, _id: &SandboxId, _port: u16) -> Result<()> {
+        Ok(())
+    }
+
+    /// E2B has no way to put a sandbox back to its template in place.
+    async fn reset(&self, id: &SandboxId) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "backend e2b cannot reset sandbox {id} in place: destroy it and create another"
+        )))
+    }
+
+    /// An E2B sandbox's workspace has no template layer to tell changes from.
+    async fn export_changes(&self, id: &SandboxId) -> Result<sandcell::Changes> {
+        Err(Error::unsupported(format!(
+            "backend e2b cannot tell sandbox {id}'s changes from its template: take a full \
+             snapshot"
+        )))
+    }
+
+    async fn clone_sandbox(
+        &self,
+        id: &SandboxId,
+        _labels: std::collections::BTreeMap<String, String>,
+    ) -> Result<SandboxInfo> {
+        Err(Error::unsupported(format!(
+            "backend e2b cannot clone sandbox {id}"
+        )))
     }
 
     async fn pause(&self, id: &SandboxId) -> Result<()> {

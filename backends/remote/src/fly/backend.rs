@@ -250,6 +250,9 @@ fn info_of(machine: &Machine) -> Result<SandboxInfo> {
     Ok(info)
 }
 
+// Every method written out: a method added to the trait cannot answer with its
+// default (`Unsupported`) here unnoticed.
+#[deny(clippy::missing_trait_methods)]
 #[async_trait]
 impl SandboxBackend for FlyBackend {
     fn name(&self) -> &str {
@@ -558,6 +561,19 @@ impl SandboxBackend for FlyBackend {
         if let Some(spec) = crate::lock(&self.inner.specs).get_mut(id) {
             Arc::make_mut(spec).network = network.clone();
         }
+        Ok(())
+    }
+
+    /// A machine's ports are reached through its provider, never on this host.
+    async fn publish_port(&self, _id: &SandboxId, port: u16) -> Result<()> {
+        Err(Error::unsupported(format!(
+            "backend {} cannot expose port {port} on this host: reach the sandbox's \
+             ports through its provider",
+            self.name()
+        )))
+    }
+
+    async fn unpublish_port(&self, _id: &SandboxId, _port: u16) -> Result<()> {
         Ok(())
     }
 
