@@ -6,6 +6,9 @@
 //! in [`SandboxBackendExt`](crate::SandboxBackendExt). Each `# Behavior` item is checked
 //! by the conformance suite in [`testing`](crate::testing) (feature `testing`).
 
+// The `# Behavior` lists link the conformance cases, which exist with the feature.
+#![cfg_attr(not(feature = "testing"), allow(rustdoc::broken_intra_doc_links))]
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -66,7 +69,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// A short name for logs, manifests and errors (`"local"`, `"docker"`, `"mock"`).
     fn name(&self) -> &str;
 
-    /// What this backend supports.
+    /// What this backend supports: each capability claimed works, and each operation
+    /// it does not claim answers `Unsupported`.
+    ///
+    /// Checked by [`claimed_capabilities_work`](crate::testing::conformance::claimed_capabilities_work).
     fn capabilities(&self) -> Capabilities;
 
     /// Creates a sandbox from `spec`.
@@ -76,6 +82,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - An unknown template is `NotFound` and creates nothing.
     /// - The new sandbox is `Running`, carries the spec's labels, and has an id no other
     ///   live sandbox of this backend has.
+    ///
+    /// Checked by [`lifecycle`](crate::testing::conformance::lifecycle),
+    /// [`create_rejects_bad_specs`](crate::testing::conformance::create_rejects_bad_specs),
+    /// [`create_refuses_what_it_cannot_honour`](crate::testing::conformance::create_refuses_what_it_cannot_honour).
     async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo>;
 
     /// Reports on one sandbox.
@@ -83,6 +93,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Returns what `create` returned, with the current status.
     /// - A destroyed sandbox is `NotFound`.
+    ///
+    /// Checked by [`lifecycle`](crate::testing::conformance::lifecycle),
+    /// [`unknown_sandbox_is_not_found`](crate::testing::conformance::unknown_sandbox_is_not_found).
     async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo>;
 
     /// Lists live sandboxes whose labels match `selector`.
@@ -90,6 +103,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Only sandboxes matching every condition of the selector are listed.
     /// - Destroyed sandboxes are not listed.
+    ///
+    /// Checked by [`lifecycle`](crate::testing::conformance::lifecycle).
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>>;
 
     /// Destroys a sandbox: its processes, its workspace, everything it holds.
@@ -97,6 +112,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Idempotent: destroying an unknown or already destroyed sandbox succeeds.
     /// - Afterwards `inspect` is `NotFound` and `list` does not show it.
+    ///
+    /// Checked by [`lifecycle`](crate::testing::conformance::lifecycle),
+    /// [`unknown_sandbox_is_not_found`](crate::testing::conformance::unknown_sandbox_is_not_found).
     async fn destroy(&self, id: &SandboxId) -> Result<()>;
 
     /// Freezes every process of the sandbox. Needs [`Capabilities::pause`].
@@ -104,6 +122,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Without the capability: `Unsupported`.
     /// - Afterwards the status is `Paused`; files can still be read.
+    ///
+    /// Checked by [`pause_resume`](crate::testing::conformance::pause_resume).
     async fn pause(&self, id: &SandboxId) -> Result<()> {
         let _ = id;
         Err(crate::Error::unsupported(format!(
@@ -117,6 +137,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Without the capability: `Unsupported`.
     /// - Afterwards the status is `Running`; resuming a running sandbox succeeds.
+    ///
+    /// Checked by [`pause_resume`](crate::testing::conformance::pause_resume).
     async fn resume(&self, id: &SandboxId) -> Result<()> {
         let _ = id;
         Err(crate::Error::unsupported(format!(
@@ -131,6 +153,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Without the capability: `Unsupported`.
     /// - Files in the workspace are unchanged; the status is `Running`.
+    ///
+    /// Checked by
+    /// [`reset_keeps_workspace`](crate::testing::conformance::reset_keeps_workspace),
+    /// [`background_processes_live_until_reset`](crate::testing::conformance::background_processes_live_until_reset).
     async fn reset(&self, id: &SandboxId) -> Result<()> {
         let _ = id;
         Err(crate::Error::unsupported(format!(
@@ -148,6 +174,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ///   connection to `127.0.0.1:port` reaches whatever listens on `port` inside the
     ///   sandbox on all of its addresses (`0.0.0.0`).
     /// - Publishing a port already published for the same sandbox succeeds.
+    ///
+    /// Checked by [`published_ports`](crate::testing::conformance::published_ports).
     async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
         let _ = (id, port);
         Err(crate::Error::unsupported(format!(
@@ -160,6 +188,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ///
     /// # Behavior
     /// - Idempotent: a port that is not published, or a sandbox that is gone, succeeds.
+    ///
+    /// Checked by [`published_ports`](crate::testing::conformance::published_ports).
     async fn unpublish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
         let _ = (id, port);
         Ok(())
@@ -179,12 +209,22 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - `Process::kill` ends the process and its children.
     /// - The process carries the spec's `Limits::output_bytes` as its default output cap
     ///   ([`Process::output_limit`](crate::Process::output_limit)).
+    ///
+    /// Checked by [`exec_basics`](crate::testing::conformance::exec_basics),
+    /// [`exec_missing_program_is_not_found`](crate::testing::conformance::exec_missing_program_is_not_found),
+    /// [`timeouts_end_every_descendant`](crate::testing::conformance::timeouts_end_every_descendant),
+    /// [`commands_start_with_default_signals`](crate::testing::conformance::commands_start_with_default_signals),
+    /// [`background_processes_by_id`](crate::testing::conformance::background_processes_by_id).
     async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process>;
 
     /// Reads a whole file.
     ///
     /// # Behavior
     /// - A missing file is `NotFound`; a directory is `InvalidInput`.
+    ///
+    /// Checked by [`files_round_trip`](crate::testing::conformance::files_round_trip),
+    /// [`hostile_paths_are_rejected`](crate::testing::conformance::hostile_paths_are_rejected),
+    /// [`symlink_escapes_are_refused`](crate::testing::conformance::symlink_escapes_are_refused).
     async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes>;
 
     /// Reads a whole file of at most `max_bytes`: the read a server facing untrusted
@@ -194,6 +234,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - A file holding more than `max_bytes` is `LimitExceeded`; a backend that
     ///   overrides this holds at most `max_bytes` and one chunk of it meanwhile.
     /// - Otherwise as [`read`](Self::read).
+    ///
+    /// Checked by [`files_round_trip`](crate::testing::conformance::files_round_trip).
     ///
     /// The default reads the whole file and then checks it: bounded in what it answers,
     /// not in what it held. The local and Docker backends override it.
@@ -214,6 +256,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - Writing the root or over a directory is `InvalidInput`.
     /// - Reading the file back gives exactly `data`.
+    ///
+    /// Checked by [`files_round_trip`](crate::testing::conformance::files_round_trip),
+    /// [`read_only_mounts_refuse_writes`](crate::testing::conformance::read_only_mounts_refuse_writes),
+    /// [`symlink_escapes_are_refused`](crate::testing::conformance::symlink_escapes_are_refused).
     async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()>;
 
     /// Metadata of a path, without following a final symlink.
@@ -221,6 +267,8 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - A missing path is `NotFound`.
     /// - A symlink is reported as [`FileKind::Symlink`](crate::FileKind::Symlink) with its target.
+    ///
+    /// Checked by [`files_round_trip`](crate::testing::conformance::files_round_trip).
     async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo>;
 
     /// Lists a directory, sorted by name.
@@ -232,6 +280,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ///   whose names and paths total over [`MAX_LISTING_BYTES`](crate::MAX_LISTING_BYTES),
     ///   is `LimitExceeded`; the backend stops reading it there
     ///   ([`raw::ListingLimit`](crate::raw::ListingLimit)).
+    ///
+    /// Checked by [`files_round_trip`](crate::testing::conformance::files_round_trip),
+    /// [`huge_directories_are_refused_not_held`](crate::testing::conformance::huge_directories_are_refused_not_held).
     async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>>;
 
     /// Removes a file, symlink or directory (a non-empty directory only when `recursive`).
@@ -240,12 +291,18 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - A missing path is `NotFound`; the root is `InvalidInput`.
     /// - A non-empty directory without `recursive` is `InvalidInput` and removes nothing.
     /// - A symlink is removed itself; its target is untouched.
+    ///
+    /// Checked by
+    /// [`remove_mkdir_rename`](crate::testing::conformance::remove_mkdir_rename).
     async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()>;
 
     /// Creates a directory and any missing parents; succeeds if it exists.
     ///
     /// # Behavior
     /// - A file in the way is `AlreadyExists`.
+    ///
+    /// Checked by
+    /// [`remove_mkdir_rename`](crate::testing::conformance::remove_mkdir_rename).
     async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()>;
 
     /// Renames a file or directory, replacing a file at `to`.
@@ -253,6 +310,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// # Behavior
     /// - A missing `from` is `NotFound`; renaming the root is `InvalidInput`.
     /// - Moving a directory into itself is `InvalidInput`.
+    ///
+    /// Checked by
+    /// [`remove_mkdir_rename`](crate::testing::conformance::remove_mkdir_rename),
+    /// [`prefix_confusion`](crate::testing::conformance::prefix_confusion).
     async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()>;
 
     /// Exports `path` (a directory) as an uncompressed tar stream whose entries are
@@ -262,6 +323,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - Symlinks are exported as symlinks, never followed.
     /// - Only files, directories and links are exported; modes are masked to `0o777`.
     /// - A missing directory is `NotFound`.
+    ///
+    /// Checked by
+    /// [`archive_round_trip`](crate::testing::conformance::archive_round_trip),
+    /// [`walks_never_follow_a_racing_sandbox_out`](crate::testing::conformance::walks_never_follow_a_racing_sandbox_out).
     async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream>;
 
     /// What changed in the workspace since its template. Needs
@@ -271,6 +336,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - Without the capability (or for a sandbox whose workspace cannot tell): `Unsupported`.
     /// - Deleting the listed paths from a fresh sandbox of the same template, then merging
     ///   the tar into its root, reproduces this workspace.
+    ///
+    /// Checked by
+    /// [`incremental_snapshot_round_trip`](crate::testing::conformance::incremental_snapshot_round_trip).
     async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
         let _ = id;
         Err(crate::Error::unsupported(format!(
@@ -295,6 +363,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ///   place of those lost; memory stays bounded.
     /// - Dropping the stream ends the watch and frees what it held. The stream ends
     ///   when the sandbox is destroyed.
+    ///
+    /// Checked by
+    /// [`watch_reports_changes_in_order`](crate::testing::conformance::watch_reports_changes_in_order),
+    /// [`watch_outlives_a_clone`](crate::testing::conformance::watch_outlives_a_clone).
     async fn watch(
         &self,
         id: &SandboxId,
@@ -319,6 +391,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
     ///   policy other than an allowlist. A malformed entry is `InvalidInput`.
     /// - New connections follow the new list at once; connections already open stay
     ///   open. [`inspect`](Self::inspect) reports the new list.
+    ///
+    /// Checked by
+    /// [`egress::allowlist_is_enforced`](crate::testing::egress::allowlist_is_enforced).
     async fn set_network(&self, id: &SandboxId, network: &crate::Network) -> Result<()> {
         let _ = (id, network);
         Err(crate::Error::unsupported(format!(
@@ -333,6 +408,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - Without the capability: `Unsupported`.
     /// - Fields the backend cannot know are `None`; `disk_bytes` counts at least the
     ///   bytes of the files written into the workspace.
+    ///
+    /// Checked by
+    /// [`metrics_report_use`](crate::testing::conformance::metrics_report_use),
+    /// [`disk_limit_is_enforced`](crate::testing::conformance::disk_limit_is_enforced).
     async fn metrics(&self, id: &SandboxId) -> Result<SandboxMetrics> {
         let _ = id;
         Err(crate::Error::unsupported(format!(
@@ -351,6 +430,9 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - The clone is `Running`, has its own id, and has the source's template, env,
     ///   limits and network. Processes are not copied.
     /// - Destroying either leaves the other as it is.
+    ///
+    /// Checked by
+    /// [`clone_is_independent`](crate::testing::conformance::clone_is_independent).
     async fn clone_sandbox(
         &self,
         id: &SandboxId,
@@ -373,6 +455,10 @@ pub trait SandboxBackend: Send + Sync + 'static {
     /// - [`ImportMode::Replace`](crate::archive::ImportMode::Replace) leaves `path` holding
     ///   exactly the archive's entries; `Merge` keeps what the archive does not replace.
     /// - Entries beneath a symlink already in the workspace are `PermissionDenied`.
+    ///
+    /// Checked by
+    /// [`archive_round_trip`](crate::testing::conformance::archive_round_trip),
+    /// [`hostile_archives_are_rejected`](crate::testing::conformance::hostile_archives_are_rejected).
     async fn import_tar(
         &self,
         id: &SandboxId,

@@ -87,8 +87,7 @@ impl WireLoop {
 crate::backend_over_wire! {
     impl SandboxBackend for WireLoop {
         wire = live;
-        forward = [exec, read, read_limited, write, stat, list_dir, remove, mkdir, rename,
-            export_tar, export_changes, import_tar, watch, metrics, set_network];
+        forward = [files, exec, read, read_limited, export_changes, metrics, set_network];
 
         fn name(&self) -> &str {
             self.inner.name()

@@ -15,7 +15,10 @@
 ///
 /// The forwardable methods: `exec`, `read`, `read_limited`, `write`, `stat`,
 /// `list_dir`, `remove`, `mkdir`, `rename`, `export_tar`, `export_changes`,
-/// `import_tar`, `watch`, `metrics` and `set_network`.
+/// `import_tar`, `watch`, `metrics` and `set_network`; `files` stands for `write`
+/// through `watch` (every operation on the workspace's files but the reads, which
+/// backends bound in their own ways), so an operation added to the group reaches every
+/// backend that names it.
 ///
 /// ```
 /// use sandcell::raw::wire::WireClient;
@@ -32,8 +35,7 @@
 /// sandcell::backend_over_wire! {
 ///     impl SandboxBackend for Agents {
 ///         wire = agent;
-///         forward = [exec, read, read_limited, write, stat, list_dir, remove, mkdir,
-///             rename, export_tar, export_changes, import_tar, watch, metrics, set_network];
+///         forward = [files, exec, read, read_limited, export_changes, metrics, set_network];
 ///
 ///         fn name(&self) -> &str { "agents" }
 ///         fn capabilities(&self) -> Capabilities { Capabilities::default() }
@@ -68,6 +70,13 @@ macro_rules! backend_over_wire {
     ) => {
         $crate::backend_over_wire!(@munch
             [$(#[$attr])*] [$ty] $wire [$($rest)*] [] $($method)*
+        );
+    };
+    // `files`: every operation on the workspace's files, so a new one added here reaches
+    // every backend that forwards them all without an edit there.
+    (@munch $attrs:tt $ty:tt $wire:ident $rest:tt $done:tt files $($more:ident)*) => {
+        $crate::backend_over_wire!(@munch $attrs $ty $wire $rest $done
+            write stat list_dir remove mkdir rename export_tar import_tar watch $($more)*
         );
     };
     // Each arm adds one method's forwarder to what is done, then goes on with the rest;

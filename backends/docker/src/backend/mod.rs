@@ -99,7 +99,7 @@ sandcell::backend_over_wire! {
     impl SandboxBackend for DockerBackend {
         // Through the agent (which watches with inotify inside the container).
         wire = client;
-        forward = [write, stat, list_dir, remove, mkdir, rename, export_tar, import_tar, watch];
+        forward = [files];
 
         fn name(&self) -> &str {
             "docker"
