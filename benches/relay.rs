@@ -1,5 +1,5 @@
 //! What relaying costs on this machine, outside any sandbox: 1 GiB from a server on
-//! loopback to a reader, straight, through `sandcell::egress::relay` (splice(2)), and
+//! loopback to a reader, straight, through `sandcell::raw::egress::relay` (splice(2)), and
 //! through Tokio's copying relay with 256 KiB buffers. Reports throughput and the
 //! CPU-seconds the whole process spent (server, relay and reader), so the cost of the
 //! second TCP connection a relay opens shows apart from the cost of copying.
@@ -52,7 +52,7 @@ fn relay(upstream: u16, splice: bool) -> u16 {
                     .unwrap();
                 tokio::spawn(async move {
                     if splice {
-                        let _ = sandcell::egress::relay(&client, &server).await;
+                        let _ = sandcell::raw::egress::relay(&client, &server).await;
                     } else {
                         let size = 256 * 1024;
                         let _ = tokio::io::copy_bidirectional_with_sizes(

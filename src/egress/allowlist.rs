@@ -127,10 +127,10 @@ impl Allowlist {
     }
 
     /// The first address rule that names or covers part of a network this host is
-    /// directly on ([`host_networks`](super::host_networks)): its neighbours, whatever
+    /// directly on ([`host_networks`](crate::raw::egress::host_networks)): its neighbours, whatever
     /// their addresses, which only an operator may allow (ADVERSARIAL 38).
     pub fn host_network_rule(&self) -> Option<&Rule> {
-        let networks = super::host_networks();
+        let networks = super::host_networks::host_networks();
         self.rules.iter().find(|rule| match rule.target {
             Target::Range { network, prefix } => networks
                 .iter()

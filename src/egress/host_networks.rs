@@ -53,7 +53,8 @@ fn interface_networks() -> Vec<(IpAddr, u8)> {
 /// IPv4).
 ///
 /// ```
-/// use sandcell::egress::{on_host_network, reaches_host};
+/// use sandcell::egress::reaches_host;
+/// use sandcell::raw::egress::on_host_network;
 /// // Loopback is never one of them: it is this host itself, which `reaches_host`
 /// // (and no rule at all) covers.
 /// let loopback = "127.0.0.1".parse().unwrap();

@@ -44,7 +44,7 @@ pub const DENIED_HEADER: &str = "x-sandcell-egress-denied";
 ///   the host.
 /// - Names are resolved here, never by the sandbox: an allowed name that resolves only
 ///   to this host's addresses, or to [private](super::is_private) ones or ones on a
-///   network this host is directly on ([`on_host_network`](super::on_host_network))
+///   network this host is directly on ([`on_host_network`](crate::raw::egress::on_host_network))
 ///   that no address rule allows (which it can only where the operator allows private ranges,
 ///   [`allow_private_ranges`](Self::allow_private_ranges)), is refused, and the
 ///   connection goes to an address that was checked. An address that reaches this
@@ -57,7 +57,8 @@ pub const DENIED_HEADER: &str = "x-sandcell-egress-denied";
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use sandcell::egress::{Allowlist, EgressProxy};
+/// use sandcell::egress::Allowlist;
+/// use sandcell::raw::egress::EgressProxy;
 /// use tokio::io::{AsyncReadExt, AsyncWriteExt};
 ///
 /// let proxy = EgressProxy::new(Allowlist::parse(["pypi.org:443"]).unwrap());

@@ -71,7 +71,7 @@ socket!(UnixStream);
 ///
 /// let (mut client, a) = UnixStream::pair()?;
 /// let (b, mut server) = UnixStream::pair()?;
-/// let relaying = tokio::spawn(async move { sandcell::egress::relay(&a, &b).await });
+/// let relaying = tokio::spawn(async move { sandcell::raw::egress::relay(&a, &b).await });
 /// client.write_all(b"ping").await?;
 /// client.shutdown().await?;
 /// let mut heard = String::new();

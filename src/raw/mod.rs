@@ -32,6 +32,19 @@ pub mod stream;
 pub mod tree;
 pub mod wire;
 
+/// The egress proxy that enforces allowlists, for backends: a backend gives a sandbox
+/// with [`Network::Allowlist`](crate::Network::Allowlist) no route out except to an
+/// [`EgressProxy`](egress::EgressProxy) it runs outside the sandbox's reach, and sets
+/// the usual proxy variables ([`proxy_env`](egress::proxy_env)) for the tools that
+/// honour them. The allowlist itself is [`crate::egress::Allowlist`].
+pub mod egress {
+    pub use crate::egress::env::proxy_env;
+    pub use crate::egress::host_networks::{host_networks, on_host_network};
+    pub use crate::egress::proxy::{EgressProxy, DENIED_HEADER, OTHER_HOSTS};
+    pub use crate::egress::relay::{relay, Socket};
+    pub use crate::egress::served::ServedProxies;
+}
+
 use bytes::Bytes;
 
 pub use crate::backend::check_read_limit;

@@ -84,7 +84,7 @@ impl WireLoop {
 
 // A forwarder: a trait method left to its default would answer for the inner backend
 // (the macro denies `missing_trait_methods`).
-crate::backend_over_wire! {
+crate::raw::wire::backend_over_wire! {
     impl SandboxBackend for WireLoop {
         wire = live;
         forward = [files, exec, read, read_limited, export_changes, metrics, set_network];

@@ -11,7 +11,8 @@ use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use sandcell::egress::{Allowlist, EgressProxy, ServedProxies};
+use sandcell::egress::Allowlist;
+use sandcell::raw::egress::{EgressProxy, ServedProxies};
 use sandcell::{Error, Result, SandboxId};
 
 /// Where the host directory appears inside the container.

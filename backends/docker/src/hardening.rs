@@ -170,7 +170,7 @@ pub(crate) fn container_body(
             crate::egress::CONTAINER_DIR
         ));
         // The spec's own settings come later and win.
-        let proxy = sandcell::egress::proxy_env(crate::egress::LISTEN);
+        let proxy = sandcell::raw::egress::proxy_env(crate::egress::LISTEN);
         env.splice(0..0, proxy.into_iter().map(|(k, v)| format!("{k}={v}")));
     }
     let user = spec.user.clone().or_else(|| config.user.clone());

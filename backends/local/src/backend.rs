@@ -73,7 +73,7 @@ struct Inner {
     /// mount point between the two. Once open, a workspace pins its mount.
     workspace_gate: std::sync::RwLock<()>,
     /// The egress proxies this process serves for allowlisted sandboxes.
-    egress: sandcell::egress::ServedProxies,
+    egress: sandcell::raw::egress::ServedProxies,
 }
 
 /// What `build()` found out about the host for the chosen isolation level.
@@ -120,7 +120,7 @@ impl LocalBackend {
                 probed,
                 rulesets: std::sync::Mutex::new(HashMap::new()),
                 workspace_gate: std::sync::RwLock::new(()),
-                egress: sandcell::egress::ServedProxies::default(),
+                egress: sandcell::raw::egress::ServedProxies::default(),
             }),
         }
     }

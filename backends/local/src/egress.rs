@@ -15,7 +15,8 @@ use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::os::fd::AsFd;
 use std::path::Path;
 
-use sandcell::egress::{Allowlist, EgressProxy, ServedProxies};
+use sandcell::egress::Allowlist;
+use sandcell::raw::egress::{EgressProxy, ServedProxies};
 use sandcell::{Error, Network, Result, SandboxId};
 
 /// Where the proxy listens inside a sandbox's network namespace.

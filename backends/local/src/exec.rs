@@ -65,7 +65,7 @@ impl LocalBackend {
         env.insert("TMPDIR".to_owned(), tmp);
         env.insert("LANG".to_owned(), "C.UTF-8".to_owned());
         if let Some(listener) = self.egress_listener(&meta)? {
-            env.extend(sandcell::egress::proxy_env(&listener.proxy_addr()));
+            env.extend(sandcell::raw::egress::proxy_env(&listener.proxy_addr()));
         }
         env.extend(meta.spec.env.clone());
         env.extend(request.env.clone());

@@ -54,7 +54,9 @@ async fn a_denied_name_or_address_gets_403_with_the_reason() {
     assert!(answer.contains("b.test:443"), "{answer}");
     // A documentation address no host here is directly on (192.0.2.0/24 can be).
     let public = "203.0.113.9";
-    assert!(!crate::egress::on_host_network(public.parse().unwrap()));
+    assert!(!crate::raw::egress::on_host_network(
+        public.parse().unwrap()
+    ));
     let get = format!("GET http://{public}/ HTTP/1.1\r\nhost: x\r\n\r\n");
     let answer = ask(&proxy, get.as_bytes()).await;
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");

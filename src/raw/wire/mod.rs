@@ -44,4 +44,6 @@ mod serve_options;
 mod server;
 
 pub use client::WireClient;
+#[doc(inline)]
+pub use forward::backend_over_wire;
 pub use server::{serve, serve_with, PublicErrors, ServeOptions};

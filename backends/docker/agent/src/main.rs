@@ -186,7 +186,7 @@ async fn relay_egress(listener: tokio::net::TcpListener, to: PathBuf) {
             match tokio::net::UnixStream::connect(&to).await {
                 // Spliced: the bytes pass through the kernel, not this process.
                 Ok(proxy) => {
-                    let _ = sandcell::egress::relay(&client, &proxy).await;
+                    let _ = sandcell::raw::egress::relay(&client, &proxy).await;
                 }
                 Err(e) => eprintln!("sandcell-agent: egress proxy {}: {e}", to.display()),
             }

@@ -40,7 +40,7 @@ pub(super) struct Inner {
     /// Per template whose image is prepared: whether `python3` is on its `PATH`.
     pub(super) python: Mutex<HashMap<String, bool>>,
     /// The egress proxies of allowlisted sandboxes this process serves.
-    pub(super) egress: sandcell::egress::ServedProxies,
+    pub(super) egress: sandcell::raw::egress::ServedProxies,
     /// Whether the engine runs on this host, where a socket can be mounted into a
     /// container (not over TCP).
     pub(super) local_engine: bool,
@@ -99,7 +99,7 @@ impl DockerBackend {
                 paused: Mutex::new(HashSet::new()),
                 ports: crate::ports::Forwarders::default(),
                 python: Mutex::new(HashMap::new()),
-                egress: sandcell::egress::ServedProxies::default(),
+                egress: sandcell::raw::egress::ServedProxies::default(),
                 local_engine,
                 socket,
                 ulimits: tokio::sync::OnceCell::new(),

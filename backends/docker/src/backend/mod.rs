@@ -95,7 +95,7 @@ impl DockerBackend {
     }
 }
 
-sandcell::backend_over_wire! {
+sandcell::raw::wire::backend_over_wire! {
     impl SandboxBackend for DockerBackend {
         // Through the agent (which watches with inotify inside the container).
         wire = client;
