@@ -22,6 +22,8 @@ mod records;
 mod rules;
 pub(crate) mod session;
 mod snapshots;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
+mod sql;
 #[cfg(feature = "sqlite")]
 mod sqlite;
 mod url;
