@@ -11,7 +11,7 @@ use crate::store::sql::session_columns;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations/postgres");
 
-/// A [`StateStore`] in PostgreSQL (migrations embedded, run at [`connect`](Self::connect)).
+/// A [`StateStore`](crate::store::StateStore) in PostgreSQL (migrations embedded, run at [`connect`](Self::connect)).
 ///
 /// Any number of managers, on any number of hosts, may share one database: a claim
 /// takes a transaction-scoped advisory lock on its tenant before it counts the tenant's

@@ -14,7 +14,7 @@ use crate::store::sql::session_columns;
 
 static MIGRATOR: sqlx::migrate::Migrator = sqlx::migrate!("./migrations");
 
-/// A [`StateStore`] in a SQLite database file (bundled SQLite; migrations embedded).
+/// A [`StateStore`](crate::store::StateStore) in a SQLite database file (bundled SQLite; migrations embedded).
 ///
 /// Several processes may open the same file: claims run in `BEGIN IMMEDIATE`
 /// transactions, which SQLite serializes across processes, so a tenant limit holds for
