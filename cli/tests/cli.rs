@@ -9,8 +9,7 @@ use std::time::{Duration, Instant};
 
 use sandcell::{LabelSelector, SandboxBackend, SandboxSpec};
 
-#[path = "../../backends/docker/tests/common/mod.rs"]
-mod docker_common;
+use sandcell_docker::testing as docker_testing;
 use serde_json::Value;
 
 /// The built `sandcell` binary: cargo builds it before it runs this test.
@@ -487,15 +486,18 @@ fn snapshot_ls_and_gc_report_json() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_docker_session_survives_process_restarts_too() {
-    if !docker_common::engine_available().await {
+    if !docker_testing::engine_available().await {
         return;
     }
-    docker_common::images().await;
+    docker_testing::test_images().await.unwrap();
     // The CLI finds the agent through the environment, as a user's shell would.
-    std::env::set_var("SANDCELL_DOCKER_AGENT", docker_common::agent_binary());
+    std::env::set_var(
+        "SANDCELL_DOCKER_AGENT",
+        docker_testing::agent_binary().unwrap(),
+    );
     let dir = tempfile::tempdir().unwrap();
     let cli = Cli::docker(dir.path());
-    cli.json(&["template", "add", "default", docker_common::USER_IMAGE]);
+    cli.json(&["template", "add", "default", docker_testing::USER_IMAGE]);
     let acquired = cli.json(&["acquire", "d1"]);
     assert_eq!(
         (acquired["backend"].as_str(), acquired["outcome"].as_str()),

@@ -1,5 +1,6 @@
 //! Helpers for tests and examples on machines without a registry (feature `testing`):
-//! an image built from this host's static busybox.
+//! an image built from this host's static busybox, the engine probe every Docker test
+//! starts with, and the static agent binary.
 
 use std::path::{Path, PathBuf};
 
@@ -97,4 +98,104 @@ pub fn copy_host_program(program: &Path, rootfs: &Path) -> Result<()> {
     std::fs::create_dir_all(rootfs.join("bin")).map_err(|e| io(program, e))?;
     std::fs::copy(program, rootfs.join("bin").join(name)).map_err(|e| io(program, e))?;
     Ok(())
+}
+
+/// The imported busybox root file system, as the test suites name it.
+pub const BASE_IMAGE: &str = "sandcell-test/busybox:latest";
+/// [`BASE_IMAGE`] with a non-root `sandbox` user (built from it): the image the test
+/// suites run their sandboxes from.
+pub const USER_IMAGE: &str = "sandcell-test/busybox-user:latest";
+
+/// Whether an engine answers. Without one a test prints why and skips, unless
+/// `SANDCELL_REQUIRE_DOCKER=1` (set by CI), where a missing engine fails it.
+pub async fn engine_available() -> bool {
+    let ping = match crate::DockerBackend::builder().build() {
+        Ok(probe) => probe.ping().await.map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping)
+}
+
+/// Imports [`BASE_IMAGE`] from the host's busybox and builds [`USER_IMAGE`] from it,
+/// once per process (nothing is done when the engine has the user image already).
+pub async fn test_images() -> Result<()> {
+    static READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    READY
+        .get_or_try_init(|| async {
+            let probe = crate::DockerBackend::builder().build()?;
+            if probe.docker().inspect_image(USER_IMAGE).await.is_ok() {
+                return Ok(());
+            }
+            let work = tempfile::tempdir().map_err(|e| Error::io("a scratch directory", e))?;
+            let rootfs = work.path().join("rootfs");
+            let busybox = host_busybox().ok_or_else(|| {
+                Error::not_found("busybox is not installed (apt-get install busybox-static)")
+            })?;
+            busybox_rootfs(&busybox, &rootfs)?;
+            let context = work.path().join("context");
+            std::fs::create_dir_all(&context)
+                .map_err(|e| Error::io("writing the build context", e))?;
+            std::fs::write(
+                context.join("Dockerfile"),
+                format!("FROM {BASE_IMAGE}\nUSER sandbox\nENV PATH=/bin\n"),
+            )
+            .map_err(|e| Error::io("writing the build context", e))?;
+            // Two backends, so the import finishes before the build that needs it.
+            crate::DockerBackend::builder()
+                .template("base", crate::ImageSpec::import(&rootfs, BASE_IMAGE))
+                .build()?
+                .prepare_images()
+                .await?;
+            crate::DockerBackend::builder()
+                .template(
+                    "user",
+                    crate::ImageSpec::Build(crate::BuildStage::new(&context, USER_IMAGE)),
+                )
+                .build()?
+                .prepare_images()
+                .await
+        })
+        .await
+        .map(|_| ())
+}
+
+/// The static agent binary: `SANDCELL_DOCKER_AGENT`, or built on demand (as `.ci/run`
+/// does) into the workspace's `target/agent` with the `cargo` that built this crate.
+pub fn agent_binary() -> Result<PathBuf> {
+    static AGENT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    if let Some(path) = AGENT.get() {
+        return Ok(path.clone());
+    }
+    if let Some(path) = std::env::var_os("SANDCELL_DOCKER_AGENT").filter(|p| !p.is_empty()) {
+        return Ok(AGENT.get_or_init(|| PathBuf::from(path)).clone());
+    }
+    let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .ancestors()
+        .find(|d| d.join("Cargo.lock").exists())
+        .ok_or_else(|| Error::not_found("building the agent needs the sandcell workspace"))?
+        .to_path_buf();
+    let target = workspace.join("target/agent");
+    let status = std::process::Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--release",
+            "-p",
+            "sandcell-agent",
+            "--target",
+            "x86_64-unknown-linux-gnu",
+            "--target-dir",
+        ])
+        .arg(&target)
+        .env("RUSTFLAGS", "-C target-feature=+crt-static")
+        .current_dir(&workspace)
+        .status()
+        .map_err(|e| Error::io("running cargo to build the agent", e))?;
+    if !status.success() {
+        return Err(Error::new(
+            sandcell::ErrorKind::Backend,
+            format!("building the static sandcell-agent failed ({status})"),
+        ));
+    }
+    let built = target.join("x86_64-unknown-linux-gnu/release/sandcell-agent");
+    Ok(AGENT.get_or_init(|| built).clone())
 }

@@ -4,26 +4,26 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 use sandcell::SandboxBackend;
-use sandcell_docker::{BuildStage, DockerBackend, ImageSpec};
+use sandcell_docker::{DockerBackend, ImageSpec};
 
 /// The label every test sandbox carries, so the leak check can find them.
 pub(crate) const TEST_LABEL: (&str, &str) = ("sandcell.test", "docker");
-/// The imported busybox root file system.
-pub(crate) const BASE_IMAGE: &str = "sandcell-test/busybox:latest";
-/// BASE_IMAGE with a non-root `sandbox` user (built FROM it).
-pub(crate) const USER_IMAGE: &str = "sandcell-test/busybox-user:latest";
+// Each test binary uses some of these.
+#[allow(unused_imports)]
+pub(crate) use sandcell_docker::testing::{engine_available, BASE_IMAGE, USER_IMAGE};
 
-/// Whether an engine answers. Without one the tests print why and skip, unless
-/// `SANDCELL_REQUIRE_DOCKER=1` (set by CI), where a missing engine fails them.
-pub(crate) async fn engine_available() -> bool {
-    let probe = DockerBackend::builder()
-        .build()
-        .expect("a default builder builds");
-    let ping = probe.ping().await.map_err(|e| e.to_string());
-    sandcell::testing::require_or_skip("DOCKER", "a Docker engine", ping)
+/// The test images ([`sandcell_docker::testing::test_images`]).
+pub(crate) async fn images() {
+    sandcell_docker::testing::test_images()
+        .await
+        .expect("importing the busybox image and building the user image");
+}
+
+/// The static agent binary ([`sandcell_docker::testing::agent_binary`]).
+pub(crate) fn agent_binary() -> PathBuf {
+    sandcell_docker::testing::agent_binary().expect("the static agent")
 }
 
 /// What the backend marks its host workspaces with: the engine's data root.
@@ -52,91 +52,6 @@ pub(crate) async fn is_podman(backend: &DockerBackend) -> bool {
         .unwrap_or_default()
         .iter()
         .any(|c| c.name.contains("Podman"))
-}
-
-/// Imports the busybox image and builds the user image from it, once per test binary.
-pub(crate) async fn images() {
-    static READY: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
-    READY
-        .get_or_init(|| async {
-            let probe = DockerBackend::builder().build().unwrap();
-            if probe.docker().inspect_image(USER_IMAGE).await.is_ok() {
-                return;
-            }
-            let work = tempfile::tempdir().unwrap();
-            let rootfs = work.path().join("rootfs");
-            let busybox = sandcell_docker::testing::host_busybox()
-                .expect("busybox is installed (apt-get install busybox-static)");
-            sandcell_docker::testing::busybox_rootfs(&busybox, &rootfs).unwrap();
-            let context = work.path().join("context");
-            std::fs::create_dir_all(&context).unwrap();
-            std::fs::write(
-                context.join("Dockerfile"),
-                format!("FROM {BASE_IMAGE}\nUSER sandbox\nENV PATH=/bin\n"),
-            )
-            .unwrap();
-            // Two backends, so the import finishes before the build that needs it.
-            DockerBackend::builder()
-                .template("base", ImageSpec::import(&rootfs, BASE_IMAGE))
-                .build()
-                .unwrap()
-                .prepare_images()
-                .await
-                .expect("importing the busybox image");
-            DockerBackend::builder()
-                .template(
-                    "user",
-                    ImageSpec::Build(BuildStage::new(&context, USER_IMAGE)),
-                )
-                .build()
-                .unwrap()
-                .prepare_images()
-                .await
-                .expect("building the user image");
-        })
-        .await;
-}
-
-/// The static agent binary: `SANDCELL_DOCKER_AGENT`, or built on demand (as `.ci/run`
-/// does) into `target/agent`.
-pub(crate) fn agent_binary() -> PathBuf {
-    static AGENT: OnceLock<PathBuf> = OnceLock::new();
-    AGENT
-        .get_or_init(|| {
-            if let Some(path) = std::env::var_os("SANDCELL_DOCKER_AGENT").filter(|p| !p.is_empty())
-            {
-                return PathBuf::from(path);
-            }
-            // The workspace root: the nearest ancestor with the lock file (this module is
-            // also used from the root crate's tests).
-            let workspace = Path::new(env!("CARGO_MANIFEST_DIR"))
-                .ancestors()
-                .find(|d| d.join("Cargo.lock").exists())
-                .expect("inside the workspace")
-                .to_path_buf();
-            let target = workspace.join("target/agent");
-            let status = std::process::Command::new(env!("CARGO"))
-                .args([
-                    "build",
-                    "--release",
-                    "-p",
-                    "sandcell-agent",
-                    "--target",
-                    "x86_64-unknown-linux-gnu",
-                    "--target-dir",
-                ])
-                .arg(&target)
-                .env("RUSTFLAGS", "-C target-feature=+crt-static")
-                .current_dir(&workspace)
-                .status()
-                .unwrap();
-            assert!(
-                status.success(),
-                "building the static sandcell-agent failed"
-            );
-            target.join("x86_64-unknown-linux-gnu/release/sandcell-agent")
-        })
-        .clone()
 }
 
 /// A backend whose `default` template is the user image; with or without the agent.
