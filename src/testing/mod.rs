@@ -33,6 +33,7 @@
 // This module is a test kit: a failed expectation is reported by panicking, like `assert!`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod capability_table;
 pub mod conformance;
 pub mod egress;
 pub mod fuzz;
@@ -46,6 +47,7 @@ pub mod stores;
 mod tar_builder;
 mod wire_loop;
 
+pub use capability_table::check_capability_table;
 pub use hostile::{hostile_archives, HostileArchive};
 pub use mock::{MockBackend, MockCall, MockReply};
 pub use require::{require_env, require_or_skip};

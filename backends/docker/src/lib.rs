@@ -12,11 +12,29 @@
 //! process, the image's (or the configured) user, the workspace at `/workspace`, labels
 //! for reconcile. Host mounts from the spec are bind mounts, read-only where asked.
 //!
-//! Capability checklist: pause, reset, host mounts (read-only enforced), network
-//! isolation, resource limits, symlinks, shell, python (once every template image is
-//! prepared and has `python3` on its `PATH`), port exposure (a forwarder on this
-//! host's loopback to the container's address; not for a sandbox without a network). Not supported: incremental snapshots,
-//! network allowlists, disk limits.
+//! One row per [`Capabilities`](sandcell::Capabilities) field, checked against
+//! `capabilities()` by `tests/conformance.rs`:
+//!
+//! | capability | docker |
+//! |---|---|
+//! | `shell` | yes |
+//! | `python` | once every template's image is prepared and has `python3` on its `PATH` |
+//! | `pause` | yes (the engine's freezer) |
+//! | `reset` | yes (a restart; the workspace is kept) |
+//! | `host_mounts`, `read_only_mounts_enforced` | yes (bind mounts; no capability to remount) |
+//! | `network_isolation` | yes |
+//! | `network_full` | on an operator's named network, or a network of the sandbox's own where the engine is on this host with its firewall rules (`nft`) |
+//! | `network_allowlist`, `network_update` | with the agent, on an engine on this host |
+//! | `cpu_limit`, `memory_limit`, `pids_limit` | yes |
+//! | `disk_limit` | no |
+//! | `choose_user` | yes |
+//! | `port_exposure` | yes (a forwarder on this host's loopback to the container's address; not for a sandbox without a network) |
+//! | `incremental_snapshot` | when every template has a host-directory workspace |
+//! | `symlinks` | yes |
+//! | `files_while_paused` | no (the agent is frozen with the container) |
+//! | `interactive_exec`, `pty` | yes |
+//! | `watch`, `metrics` | with the agent |
+//! | `clone` | yes |
 //!
 //! Without an agent binary, commands run through the engine's exec API (about 60 ms a
 //! call, against about 1 ms through the agent) and file operations are `Unsupported`.

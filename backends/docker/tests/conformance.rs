@@ -17,3 +17,24 @@ async fn setup() -> Option<Fixture> {
 }
 
 sandcell::conformance_tests!(setup);
+
+/// The crate docs' capability table says what the backend reports, with and without
+/// the agent (building a backend needs no engine, with the agent its binary).
+#[tokio::test]
+async fn the_capability_table_matches_the_backend() {
+    let source = include_str!("../src/lib.rs");
+    for backend in [
+        sandcell_docker::DockerBackend::builder().build().unwrap(),
+        sandcell_docker::DockerBackend::builder()
+            .agent(common::agent_binary())
+            .build()
+            .unwrap(),
+    ] {
+        sandcell::testing::check_capability_table(
+            source,
+            "docker",
+            &sandcell::SandboxBackend::capabilities(&backend),
+        )
+        .unwrap();
+    }
+}

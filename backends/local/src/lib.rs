@@ -10,20 +10,33 @@
 //!
 //! # Capabilities
 //!
-//! | capability | |
+//! One row per [`Capabilities`](sandcell::Capabilities) field, checked against
+//! `capabilities()` by `tests/conformance.rs`:
+//!
+//! | capability | local |
 //! |---|---|
-//! | shell, python | where `sh` / `python3` are on the default PATH |
-//! | pause / resume | yes (the cgroup freezer; SIGSTOP / SIGCONT where there is no cgroup) |
-//! | reset | yes (kills every process, keeps the workspace) |
-//! | port exposure | below `Namespaces`, for a sandbox with `Network::Full` (its processes share the host network) |
-//! | symlinks | yes |
-//! | host mounts | yes (bind mounts; read-only ones refuse writes; enforced against remounting at `Landlock` and `Namespaces`, not at `None`, where a root process could remount) |
-//! | resource limits | where cgroups are writable (pids, memory, cpu); otherwise asking for a limit is `Unsupported` |
-//! | disk limit | as root with loop devices, for overlay and copied workspaces: everything the sandbox writes is on an ext4 file system of its own of that size (a sparse image); otherwise `Unsupported` |
-//! | incremental snapshots | overlay workspaces (the upper layer, whiteouts as deletions) |
-//! | network isolation | at `Landlock` (no IPv4, IPv6 or packet sockets) and `Namespaces` (a network namespace of its own) |
-//! | full network | below `Namespaces` the host's; at `Namespaces` as root only, a veth of the sandbox's own with NAT and no route to the host's addresses, its loopback or other sandboxes (ADVERSARIAL 38) |
-//! | network allowlists | at `Namespaces`, and at `Landlock` as root with cgroup v2 and Landlock ABI 4 (TCP only, to the egress proxy's port, by Landlock and a connect filter on the cgroup) |
+//! | `shell` | where `sh` is on the default PATH |
+//! | `python` | where `python3` is on the default PATH |
+//! | `pause` | yes (the cgroup freezer; SIGSTOP / SIGCONT where there is no cgroup) |
+//! | `reset` | yes (kills every process, keeps the workspace) |
+//! | `host_mounts` | as root (bind mounts) |
+//! | `read_only_mounts_enforced` | at `Landlock` and `Namespaces`; not at `None`, where a root process could remount |
+//! | `network_isolation` | at `Landlock` (no IPv4, IPv6 or packet sockets) and `Namespaces` (a network namespace of its own); not at `None` |
+//! | `network_full` | below `Namespaces` the host's, where it may be shared; at `Namespaces` as root only, a veth of the sandbox's own with NAT and no route to the host's addresses, its loopback or other sandboxes (ADVERSARIAL 38) |
+//! | `network_allowlist` | at `Namespaces`, and at `Landlock` as root with cgroup v2 and Landlock ABI 4 (TCP only, to the egress proxy's port, by Landlock and a connect filter on the cgroup) |
+//! | `network_update` | wherever allowlists are |
+//! | `cpu_limit`, `memory_limit`, `pids_limit` | where cgroups are writable; otherwise asking for a limit is `Unsupported` |
+//! | `disk_limit` | as root with loop devices, for overlay and copied workspaces: everything the sandbox writes is on an ext4 file system of its own of that size (a sparse image); otherwise `Unsupported` |
+//! | `choose_user` | no (commands run as the sandbox's owner) |
+//! | `port_exposure` | below `Namespaces`, for a sandbox with `Network::Full` (its processes share the host network) |
+//! | `incremental_snapshot` | overlay workspaces (the upper layer, whiteouts as deletions) |
+//! | `symlinks` | yes |
+//! | `files_while_paused` | yes (file operations are the host's) |
+//! | `interactive_exec` | yes |
+//! | `pty` | yes |
+//! | `watch` | yes (inotify on the host) |
+//! | `metrics` | yes (the cgroup's counters, the workspace's bytes) |
+//! | `clone` | every workspace but `InPlace` |
 //!
 //! Isolation levels:
 //! - [`Isolation::Landlock`], the default: processes may write only beneath their

@@ -58,3 +58,33 @@ mod through_the_wire_protocol {
     }
     sandcell::conformance_tests!(setup);
 }
+
+/// The crate docs' capability table says what the backend reports, at every isolation
+/// level this host has and with every workspace strategy.
+#[test]
+fn the_capability_table_matches_the_backend() {
+    let source = include_str!("../src/lib.rs");
+    let root = tempfile::tempdir().unwrap();
+    for isolation in [
+        sandcell_local::Isolation::Landlock,
+        sandcell_local::Isolation::Namespaces,
+        sandcell_local::Isolation::None,
+    ] {
+        for workspace in [
+            WorkspaceStrategy::Overlay,
+            WorkspaceStrategy::Copy,
+            WorkspaceStrategy::InPlace,
+        ] {
+            let Ok(backend) = LocalBackend::builder()
+                .root(root.path())
+                .isolation(isolation)
+                .workspace(workspace)
+                .build()
+            else {
+                continue;
+            };
+            sandcell::testing::check_capability_table(source, "local", &backend.capabilities())
+                .unwrap_or_else(|e| panic!("{isolation:?}, {workspace:?}: {e}"));
+        }
+    }
+}

@@ -9,6 +9,29 @@
 //! | [`E2bBackend`] (module [`e2b`]) | [`SandboxBackend`](sandcell::SandboxBackend) over E2B's control plane and each sandbox's envd, on E2B or on sandcell-server's E2B face |
 //! | [`RetryPolicy`], [`RateLimits`] | retries of calls safe to repeat (connection errors, 408, 429 with `Retry-After`, 5xx) with capped exponential backoff; client-side token buckets per machine and action |
 //!
+//! What each client can do, one row per [`Capabilities`](sandcell::Capabilities) field
+//! (checked against `capabilities()` by `tests/exec_files.rs`). Against sandcell-server,
+//! [`FlyBackend`] has the served backend's capabilities, whatever they are; the column
+//! below is a plain Fly Machines endpoint's.
+//!
+//! | capability | Fly endpoint | E2B |
+//! |---|---|---|
+//! | `shell` | yes | yes |
+//! | `python` | no | no (the template's) |
+//! | `pause` | yes (suspend) | yes |
+//! | `reset` | where the workspace is on a volume (`FlyConfig::workspace_survives_restart`) | no |
+//! | `host_mounts`, `read_only_mounts_enforced` | no | no |
+//! | `network_isolation` | no | yes |
+//! | `network_full` | yes | yes |
+//! | `network_allowlist`, `network_update` | no | yes (`allowOut`, changed in place) |
+//! | `cpu_limit`, `memory_limit` | yes (the guest's size) | no (the template's) |
+//! | `pids_limit`, `disk_limit`, `choose_user`, `port_exposure` | no | no |
+//! | `incremental_snapshot` | no | no |
+//! | `symlinks` | yes | yes |
+//! | `files_while_paused` | no | no |
+//! | `interactive_exec`, `pty`, `watch`, `metrics` | no | yes |
+//! | `clone` | no | no |
+//!
 //! Creates are never retried blindly: every create carries a unique machine name, and
 //! an attempt whose answer is lost is resolved by looking that name up, so one create
 //! makes at most one machine.

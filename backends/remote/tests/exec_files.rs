@@ -304,3 +304,13 @@ async fn reset_is_offered_only_when_the_workspace_outlives_a_restart() {
     );
     on_volume.destroy(&sandbox.id).await.unwrap();
 }
+
+/// The crate docs' capability table says what each client reports.
+#[tokio::test]
+async fn the_capability_table_matches_the_clients() {
+    let source = include_str!("../src/lib.rs");
+    let (_server, fly) = plain().await;
+    sandcell::testing::check_capability_table(source, "Fly endpoint", &fly.capabilities()).unwrap();
+    let e2b = common::e2b_client("http://127.0.0.1:9").await;
+    sandcell::testing::check_capability_table(source, "E2B", &e2b.capabilities()).unwrap();
+}
