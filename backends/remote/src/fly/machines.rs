@@ -16,6 +16,12 @@ use crate::protocol::{
 
 /// The machine lifecycle calls a remote backend needs from a provider.
 ///
+/// One implementation today, [`FlyMachines`]. It stays a trait for two reasons:
+/// [`FlyBackend::control_plane`](super::FlyBackend::control_plane) hands it out for the
+/// machine-level calls a caller may need beyond `SandboxBackend` (waiting for a state,
+/// stopping without suspending), and the exec-based file layer and a provider with the
+/// same lifecycle behind another API take it as `dyn`, not as Fly's client.
+///
 /// # Behavior
 /// - `create` makes at most one machine per call, whatever fails on the way: an answer
 ///   that is lost is resolved by looking the machine up by its name.
