@@ -256,11 +256,11 @@ impl LocalBackendBuilder {
     /// Validates everything and creates the root directory (`0700`), refusing one that
     /// another user could change ([`LocalConfig::root`]).
     ///
-    /// A root backend at `Isolation::Landlock` runs commands as
-    /// [`LocalConfig::sandbox_uid`], which reaches its workspace by host path: the root
-    /// and its `sandboxes/` are then `0710` with that uid's group (no other user may
-    /// pass), and a root it cannot reach, beneath a directory it may not search (such
-    /// as `/root`, or a `0700` temporary directory), fails with
+    /// A root backend runs commands at `Isolation::Landlock`, and its own file work at
+    /// every isolation, as [`LocalConfig::sandbox_uid`], which reaches workspaces by host
+    /// path: the root and its `sandboxes/` are then `0710` with that uid's group (no
+    /// other user may pass), and a root it cannot reach, beneath a directory it may not
+    /// search (such as `/root`, or a `0700` temporary directory), fails with
     /// `ErrorKind::PermissionDenied` naming that directory.
     pub fn build(self) -> Result<LocalBackend> {
         let mut config = self.config;
@@ -304,12 +304,13 @@ impl LocalBackendBuilder {
         for (name, dir) in config.templates.iter_mut() {
             validate_template(name, dir)?;
         }
+        // The backend's own file work (reads, writes, imports, exports) runs as the
+        // owner where there is one, and reaches workspaces by host path, as Landlock's
+        // commands do (`crate::root_dir`).
+        if let Some(owner) = &probed.owner {
+            crate::root_dir::open_to_owner(&config.root, owner)?;
+        }
         if config.isolation == Isolation::Landlock {
-            // Commands reach their workspaces by host path, as the owner where there
-            // is one (`crate::root_dir`).
-            if let Some(owner) = &probed.owner {
-                crate::root_dir::open_to_owner(&config.root, owner)?;
-            }
             // No read rule reaches into the root, where other sandboxes live, even
             // one beneath a readable directory: its own workspace and tmp are granted
             // by their own rules. (What other users may not read beneath the readable

@@ -14,8 +14,11 @@
 //! directories only.
 //!
 //! The directories above the root are the operator's: checked, never changed. At
-//! `Namespaces` none of this is needed (the workspace is mounted into the sandbox's
-//! namespaces) and the root stays `0700`.
+//! `Namespaces` commands need none of this (the workspace is mounted into the
+//! sandbox's namespaces, and the host's paths are not there to pass), but the
+//! backend's own file work runs as the owner too (imports, exports, copies), by host
+//! path: the root is opened the same way, or every restore of a snapshot into a
+//! `0700` root failed.
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::Path;

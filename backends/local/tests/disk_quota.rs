@@ -458,3 +458,48 @@ async fn a_clone_copying_a_layer_holds_up_no_other_destroy() {
     }
     nothing_left(root.path()).await;
 }
+
+/// A sandbox on a disk of its own takes an archive into its workspace's root, as a
+/// snapshot's restore does, at every isolation level, in a root only root may enter
+/// (as `sandcell-server` makes it). Host-side work runs as the sandbox owner: under
+/// `Namespaces` the root stayed `0700`, and every restore failed to make its staging
+/// directory (permission denied).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_archive_restores_into_the_root_of_a_sandbox_with_a_disk() {
+    use std::os::unix::fs::PermissionsExt;
+    for isolation in [Isolation::Landlock, Isolation::Namespaces] {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
+        let Some(backend) = backend(root.path(), WorkspaceStrategy::Overlay, isolation) else {
+            continue;
+        };
+        let source = backend.create(&capped(CAP)).await.unwrap().id;
+        backend
+            .write(&source, &"kept.txt".parse().unwrap(), "kept".into())
+            .await
+            .unwrap();
+        let tar = backend
+            .export_tar(&source, &SandboxPath::root())
+            .await
+            .unwrap();
+        let restored = backend.create(&capped(CAP)).await.unwrap().id;
+        backend
+            .import_tar(
+                &restored,
+                &SandboxPath::root(),
+                tar,
+                sandcell::archive::ImportOptions::replace(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{isolation:?}: {e}"));
+        let read = backend
+            .read(&restored, &"kept.txt".parse().unwrap())
+            .await
+            .unwrap();
+        assert_eq!(read, "kept", "{isolation:?}");
+        for id in [source, restored] {
+            backend.destroy(&id).await.unwrap();
+        }
+        nothing_left(root.path()).await;
+    }
+}
