@@ -29,6 +29,10 @@ pub struct ToolSettings {
     /// fork bomb or an allocation loop meets only the host's limits. Set
     /// `Limits::new()` to opt out.
     pub default_limits: sandcell::Limits,
+    /// What a model is told of an error (default: all of it): a server facing tenants
+    /// rewrites its backend's failures so that no host path reaches them, as on its
+    /// other faces.
+    pub public_errors: sandcell::raw::wire::PublicErrors,
 }
 
 impl Default for ToolSettings {
@@ -39,6 +43,7 @@ impl Default for ToolSettings {
             max_write_bytes: 10 << 20,
             max_read_bytes: 64 << 20,
             default_limits: sandcell::Limits::recommended(),
+            public_errors: Default::default(),
         }
     }
 }

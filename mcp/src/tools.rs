@@ -68,27 +68,31 @@ fn text(body: impl Into<String>) -> Answer {
     Ok(CallToolResult::success(vec![ContentBlock::text(body)]))
 }
 
-/// A sandbox error as a tool error: its kind and message, for the model to act on.
-fn failed(e: &Error) -> Answer {
-    let hint = match e.kind() {
-        ErrorKind::LimitExceeded => " (a limit of this server: ask for less)",
-        ErrorKind::Timeout => " (give a longer timeout_secs, or run it in the background)",
-        _ => "",
-    };
-    Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-        "{}: {e}{hint}",
-        e.kind()
-    ))]))
-}
+impl SandboxTools {
+    /// A sandbox error as a tool error: its kind and message (as the settings let a
+    /// client see it), for the model to act on.
+    fn failed(&self, e: Error) -> Answer {
+        let e = self.settings.public_errors.rewrite(e);
+        let hint = match e.kind() {
+            ErrorKind::LimitExceeded => " (a limit of this server: ask for less)",
+            ErrorKind::Timeout => " (give a longer timeout_secs, or run it in the background)",
+            _ => "",
+        };
+        Ok(CallToolResult::error(vec![ContentBlock::text(format!(
+            "{}: {e}{hint}",
+            e.kind()
+        ))]))
+    }
 
-/// Runs `body`, turning a sandbox error into a tool error.
-async fn answer<F>(body: F) -> Answer
-where
-    F: std::future::Future<Output = sandcell::Result<String>>,
-{
-    match body.await {
-        Ok(out) => text(out),
-        Err(e) => failed(&e),
+    /// Runs `body`, turning a sandbox error into a tool error.
+    async fn answer<F>(&self, body: F) -> Answer
+    where
+        F: std::future::Future<Output = sandcell::Result<String>>,
+    {
+        match body.await {
+            Ok(out) => text(out),
+            Err(e) => self.failed(e),
+        }
     }
 }
 
@@ -325,7 +329,7 @@ impl SandboxTools {
         match self.run(&ctx, args, progress).await {
             Ok((out, false)) => text(out),
             Ok((out, true)) => Ok(CallToolResult::error(vec![ContentBlock::text(out)])),
-            Err(e) => failed(&e),
+            Err(e) => self.failed(e),
         }
     }
 
@@ -341,7 +345,7 @@ impl SandboxTools {
         Parameters(args): Parameters<ReadFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(self.read(&ctx, args)).await
+        self.answer(self.read(&ctx, args)).await
     }
 
     /// Writes a file.
@@ -354,7 +358,7 @@ impl SandboxTools {
         Parameters(args): Parameters<WriteFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(self.write(&ctx, args)).await
+        self.answer(self.write(&ctx, args)).await
     }
 
     /// Edits a file.
@@ -368,7 +372,7 @@ impl SandboxTools {
         Parameters(args): Parameters<EditFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let file = path(&args.path)?;
             let sandbox = self.open(&ctx, &args.session).await?;
             let outcome = sandbox
@@ -394,7 +398,7 @@ impl SandboxTools {
         Parameters(args): Parameters<ListDirectory>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let dir = match args.path.as_deref() {
                 None | Some("") | Some(".") => SandboxPath::root(),
                 Some(raw) => path(raw)?,
@@ -437,7 +441,7 @@ impl SandboxTools {
         Parameters(args): Parameters<Glob>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let sandbox = self.open(&ctx, &args.session).await?;
             let found = sandbox
                 .call("glob", |b, id| b.glob(id, &args.pattern))
@@ -469,7 +473,7 @@ impl SandboxTools {
         Parameters(args): Parameters<Grep>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let root = match args.path.as_deref() {
                 None | Some("") | Some(".") => SandboxPath::root(),
                 Some(raw) => path(raw)?,
@@ -493,7 +497,7 @@ impl SandboxTools {
         Parameters(args): Parameters<SessionOnly>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let key = self.key(&ctx, &args.session)?;
             let manifest = self.manager.snapshot(&key).await?;
             Ok(format!(
@@ -514,7 +518,7 @@ impl SandboxTools {
         Parameters(args): Parameters<Restore>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let key = self.key(&ctx, &args.session)?;
             self.manager.restore(&key, &args.snapshot_id).await?;
             Ok(format!(
@@ -532,7 +536,7 @@ impl SandboxTools {
         Parameters(_): Parameters<Nothing>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let tenant = self.tenant(&ctx)?;
             let sessions = self.manager.list(Some(&tenant)).await?;
             let mut out = String::new();
@@ -566,7 +570,7 @@ impl SandboxTools {
         Parameters(args): Parameters<ReleaseSession>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        answer(async {
+        self.answer(async {
             let key = self.key(&ctx, &args.session)?;
             let mode = match args.mode {
                 Release::Keep => ReleaseMode::Keep,

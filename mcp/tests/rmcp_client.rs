@@ -255,3 +255,41 @@ async fn sessions_get_the_recommended_limits_unless_told_otherwise() {
     run_once(SandboxTools::new(manager, "agent", settings)).await;
     assert_eq!(live_spec(&mock).await.limits, sandcell::Limits::new());
 }
+
+/// A tool error is what `ToolSettings::public_errors` makes of it: a server facing
+/// tenants rewrites it so that no host path reaches them (sandcell-server's MCP face
+/// told a model its backend's root in every failed restore).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_errors_are_told_as_the_settings_rewrite_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Box<dyn SandboxBackend> = Box::new(sandcell::testing::MockBackend::new());
+    let manager = sandcell::SandboxManager::builder(backend)
+        .data_dir(dir.path().join("data"))
+        .build()
+        .await
+        .unwrap();
+    let mut settings = ToolSettings::default();
+    settings.public_errors = sandcell::raw::wire::PublicErrors::new(|e| {
+        sandcell::Error::new(e.kind(), "rewritten for the client")
+    });
+    let tools = SandboxTools::new(Arc::new(manager), "agent", settings);
+    let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+    let server = tokio::spawn(async move {
+        let running = tools.serve(server_end).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    let client = ().serve(client_end).await.unwrap();
+    let out = client
+        .call_tool(call(
+            "read_file",
+            serde_json::json!({"session": "s", "path": "missing.txt"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.is_error, Some(true));
+    let told = text(&out);
+    assert!(told.contains("rewritten for the client"), "{told}");
+    assert!(!told.contains("missing.txt"), "{told}");
+    client.cancel().await.unwrap();
+    server.await.unwrap();
+}

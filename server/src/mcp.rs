@@ -28,6 +28,11 @@ pub(super) fn routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> R
     let mut settings = sandcell_mcp::ToolSettings::default();
     settings.default_limits = state.config.default_limits.clone();
     settings.max_read_bytes = state.config.max_file_bytes as u64;
+    // A model is told what a client of any other face is: no host path, and a backend's
+    // own failure as a reference to the server's log.
+    settings.public_errors = sandcell::raw::wire::PublicErrors::new(|e| {
+        Error::new(e.kind(), crate::public_message(e)).set_temporary(e.is_temporary())
+    });
     let service = sandcell_mcp::http_service(manager, settings);
     Router::new()
         .nest_service("/mcp", service)

@@ -52,6 +52,19 @@ impl std::fmt::Debug for PublicErrors {
 }
 
 impl PublicErrors {
+    /// Errors rewritten by `rewrite` before they leave for a client.
+    pub fn new(rewrite: impl Fn(&Error) -> Error + Send + Sync + 'static) -> Self {
+        PublicErrors(Some(Arc::new(rewrite)))
+    }
+
+    /// `error` as a client is told it.
+    pub fn rewrite(&self, error: Error) -> Error {
+        match &self.0 {
+            Some(rewrite) => rewrite(&error),
+            None => error,
+        }
+    }
+
     /// `error` as the client is told it.
     pub(super) fn wire(&self, error: &Error) -> WireError {
         match &self.0 {
@@ -114,7 +127,7 @@ impl ServeOptions {
         mut self,
         rewrite: impl Fn(&Error) -> Error + Send + Sync + 'static,
     ) -> Self {
-        self.public_errors = PublicErrors(Some(Arc::new(rewrite)));
+        self.public_errors = PublicErrors::new(rewrite);
         self
     }
 
