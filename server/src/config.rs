@@ -38,15 +38,17 @@ pub struct ServerConfig {
     /// The most connections served at once, TLS handshakes included (default 1024);
     /// past it the server accepts no more until one closes. A connection upgraded to
     /// the wire protocol leaves the count once upgraded (each is one tenant's
-    /// authenticated session with one sandbox).
+    /// authenticated session with one sandbox, and stays in that tenant's
+    /// [`max_connections_per_tenant`](Self::max_connections_per_tenant)).
     pub max_connections: usize,
     /// The most connections one tenant holds at once (default 256, a quarter of
     /// `max_connections`'s default): a connection counts against the tenant of its
     /// first authenticated request until it closes, and past the share a request on a
     /// new connection is refused (`429`, `LimitExceeded`) and its connection closed. So
     /// one tenant's connections, each kept busy, leave room for the others'. A
-    /// connection upgraded to the wire protocol leaves the count once upgraded, as it
-    /// leaves `max_connections`'s.
+    /// connection upgraded to the wire protocol stays in its tenant's count until it
+    /// closes (it leaves `max_connections`'s): a client holding a wire connection per
+    /// machine holds at most this many machines' at once.
     pub max_connections_per_tenant: usize,
     /// Largest file a client may write or read (default 64 MiB): a file passes
     /// through the server's memory whole, so a larger one is refused (`413` on the E2B

@@ -43,6 +43,14 @@ pub(super) async fn upgrade(
         return Ok(response);
     }
     let on_upgrade = hyper::upgrade::on(&mut request);
+    // The connection keeps counting against its tenant's share for as long as it
+    // serves the machine: upgraded, it leaves `max_connections`' count and the idle
+    // timeout, and a tenant could otherwise hold idle wire connections until the
+    // server had no descriptors left for anyone.
+    let share = request
+        .extensions()
+        .get::<crate::connection_shares::ConnectionOwner>()
+        .cloned();
     let options = ServeOptions::default()
         .max_file_bytes(state.config.max_file_bytes as u64)
         .budget(state.transfers(&caller.0.name))
@@ -55,6 +63,7 @@ pub(super) async fn upgrade(
         .archive_limits(ArchiveLimits::default().max_bytes(state.config.max_archive_bytes));
     let backend = Arc::clone(&state.backend);
     tokio::spawn(async move {
+        let _share = share;
         match on_upgrade.await {
             Ok(upgraded) => {
                 let (read, write) = tokio::io::split(TokioIo::new(upgraded));

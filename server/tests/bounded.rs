@@ -855,6 +855,64 @@ async fn case35_a_tenant_holds_no_more_than_its_share_of_connections() {
     assert!(served_again, "a closed connection's share came back");
 }
 
+/// A connection upgraded to the wire protocol keeps its tenant's share until it closes:
+/// it leaves `max_connections`' count and the idle timeout, and one tenant held 19,979
+/// idle wire connections, until the server had no descriptors left for anyone.
+#[tokio::test]
+async fn case35_wire_connections_hold_their_tenant_s_share() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_connections_per_tenant = 2;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let url = format!("http://{}", served.addr);
+    let client = common::client(&url).await;
+    let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+    drop(client);
+    let upgrade = format!(
+        "GET /v1/apps/sandcell/machines/{}/sandcell/wire HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {}\r\nConnection: upgrade\r\nUpgrade: sandcell-wire\r\n\r\n",
+        sandbox.id,
+        common::TOKEN
+    );
+    let capabilities = format!(
+        "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        common::TOKEN
+    );
+    let connect = || tokio::net::TcpStream::connect(served.addr);
+    // The client's own connections close with it; wait for their shares to come back.
+    let mut wires = Vec::new();
+    for _ in 0..50 {
+        let mut wire = connect().await.unwrap();
+        let answer = ask(&mut wire, &upgrade).await;
+        if answer.starts_with("HTTP/1.1 101") {
+            wires.push(wire);
+            if wires.len() == 2 {
+                break;
+            }
+        } else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    assert_eq!(wires.len(), 2, "two wire connections within the share");
+    let mut third = connect().await.unwrap();
+    let refused = ask(&mut third, &capabilities).await;
+    assert!(refused.starts_with("HTTP/1.1 429"), "{refused}");
+    drop(wires.pop());
+    let mut served_again = false;
+    for _ in 0..50 {
+        let mut next = connect().await.unwrap();
+        if ask(&mut next, &capabilities)
+            .await
+            .starts_with("HTTP/1.1 200")
+        {
+            served_again = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(served_again, "a closed wire connection's share came back");
+}
+
 /// A Fly create's head, authenticated, announcing a body of `length` bytes.
 fn create_head(length: usize) -> String {
     format!(
