@@ -80,6 +80,10 @@ struct Args {
     /// past it another is refused until one ends.
     #[arg(long, value_name = "N", default_value_t = 8)]
     max_archive_streams_per_tenant: usize,
+    /// Most file watches one tenant holds at once, on every face; past it another is
+    /// refused until one ends.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    max_watches_per_tenant: usize,
     /// Seconds a client may take to send a request's head before its connection is
     /// closed.
     #[arg(long, value_name = "SECS", default_value_t = 10)]
@@ -313,6 +317,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     config.max_file_bytes = args.max_file_bytes;
     config.max_transfer_bytes_per_tenant = args.max_transfer_bytes_per_tenant;
     config.max_archive_streams_per_tenant = args.max_archive_streams_per_tenant;
+    config.max_watches_per_tenant = args.max_watches_per_tenant;
     config.header_read_timeout = std::time::Duration::from_secs(args.header_read_timeout);
     config.body_read_timeout = std::time::Duration::from_secs(args.body_read_timeout);
     config.idle_timeout = std::time::Duration::from_secs(args.idle_timeout);

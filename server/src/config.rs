@@ -67,6 +67,13 @@ pub struct ServerConfig {
     /// one of the host's blocking threads for as long as its client keeps up, so a
     /// tenant that starts hundreds and reads none holds no more than this.
     pub max_archive_streams_per_tenant: usize,
+    /// Most file watches a tenant holds at once, on every face (E2B's `WatchDir` and
+    /// `CreateWatcher`, the wire's `watch`; default 8); past it another is
+    /// `LimitExceeded` until one ends. Each holds an inotify instance, of which the
+    /// server's user has few (128 by default, shared with its other processes), and a
+    /// polled E2B watcher buffers events until it is read: one tenant's watches took
+    /// every instance, and every other tenant's watch failed.
+    pub max_watches_per_tenant: usize,
     /// The limits every sandbox gets, on every face (Fly, E2B, MCP), where its create
     /// sets none of its own; each is applied only when the backend enforces it
     /// (`Capabilities::cpu_limit`, `memory_limit`, `pids_limit`, `disk_limit`).
@@ -198,6 +205,7 @@ impl std::fmt::Debug for ServerConfig {
                 "max_archive_streams_per_tenant",
                 &self.max_archive_streams_per_tenant,
             )
+            .field("max_watches_per_tenant", &self.max_watches_per_tenant)
             .field("default_limits", &self.default_limits)
             .field("faces", &self.faces)
             .field("host_paths", &self.host_paths)
@@ -237,6 +245,7 @@ impl ServerConfig {
             max_transfer_bytes_per_tenant: 256 << 20,
             max_archive_bytes: 1 << 30,
             max_archive_streams_per_tenant: 8,
+            max_watches_per_tenant: 8,
             default_limits: sandcell::Limits::recommended(),
             faces: Face::ALL.into_iter().collect(),
             host_paths: Vec::new(),

@@ -87,6 +87,8 @@ pub(crate) struct Shared {
     /// Each tenant's archive streams on the wire
     /// ([`ServerConfig::max_archive_streams_per_tenant`]).
     archive_streams: std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>,
+    /// Each tenant's file watches ([`ServerConfig::max_watches_per_tenant`]).
+    watches: std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
     /// The labels no client may set or filter on.
@@ -137,6 +139,30 @@ impl Shared {
 }
 
 impl Shared {
+    /// The file watches `tenant` may hold (a tenant the server does not have gets
+    /// none).
+    pub(crate) fn watches(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
+        self.watches
+            .get(tenant)
+            .cloned()
+            .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(0)))
+    }
+
+    /// A place among `tenant`'s file watches, held for as long as the watch lives.
+    pub(crate) fn watch_slot(
+        &self,
+        tenant: &str,
+    ) -> sandcell::Result<tokio::sync::OwnedSemaphorePermit> {
+        self.watches(tenant).try_acquire_owned().map_err(|_| {
+            Error::limit_exceeded(format!(
+                "tenant {tenant} holds {} file watches, as many as it may: end one first",
+                self.config.max_watches_per_tenant
+            ))
+        })
+    }
+}
+
+impl Shared {
     /// The archive streams `tenant`'s wire connections share (a tenant the server does
     /// not have gets none).
     pub(crate) fn archive_streams(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
@@ -180,6 +206,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     };
     let transfer_bytes = (config.max_file_bytes as u64).max(config.max_transfer_bytes_per_tenant);
     let streams = config.max_archive_streams_per_tenant;
+    let watches = config.max_watches_per_tenant;
     let state = Arc::new(Shared {
         backend,
         config,
@@ -198,6 +225,15 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
                 (
                     t.name.clone(),
                     Arc::new(tokio::sync::Semaphore::new(streams)),
+                )
+            })
+            .collect(),
+        watches: tenants
+            .iter()
+            .map(|t| {
+                (
+                    t.name.clone(),
+                    Arc::new(tokio::sync::Semaphore::new(watches)),
                 )
             })
             .collect(),

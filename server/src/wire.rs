@@ -55,6 +55,7 @@ pub(super) async fn upgrade(
         .max_file_bytes(state.config.max_file_bytes as u64)
         .budget(state.transfers(&caller.0.name))
         .archive_streams(state.archive_streams(&caller.0.name))
+        .watches(state.watches(&caller.0.name))
         // As on every other face (ADVERSARIAL 41): a backend's own failure reaches
         // the client as a reference, its host paths only the server's log.
         .public_errors(|e| {

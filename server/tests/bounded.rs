@@ -1314,3 +1314,62 @@ async fn case40_a_tenant_streams_a_bounded_number_of_archives() {
         client.destroy(id).await.unwrap();
     }
 }
+
+/// A tenant holds at most `max_watches_per_tenant` file watches across the E2B and wire
+/// faces; past it another is refused until one ends, and another tenant still
+/// watches. (Each is an inotify instance, of which the server's user has 128: one
+/// tenant's 127 watchers left every other tenant's watch failing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn case40_a_tenant_holds_a_bounded_number_of_watches() {
+    const OTHER: &str = "second-tenant-token";
+    let mut config = ServerConfig::with_tenants([
+        Tenant::new("first", common::TOKEN),
+        Tenant::new("second", OTHER),
+    ])
+    .unwrap();
+    config.max_watches_per_tenant = 2;
+    let server = common::serve_local_with(config).await;
+    let http = reqwest::Client::new();
+    let (id, access) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
+    let create = |id: &str, access: &str| {
+        http.post(format!("{}/filesystem.Filesystem/CreateWatcher", server.url))
+            .header("E2b-Sandbox-Id", id)
+            .header("X-Access-Token", access)
+            .json(&json!({"path": "/home/user", "recursive": false}))
+            .send()
+    };
+    let first = create(&id, &access).await.unwrap();
+    assert_eq!(first.status(), 200);
+    let first: Value = first.json().await.unwrap();
+    // The second through the wire, held open.
+    let client = common::client(&server.url).await;
+    let sandbox = client.create(&SandboxSpec::new("default")).await.unwrap();
+    let held = client
+        .watch(&sandbox.id, &SandboxPath::root(), Default::default())
+        .await
+        .unwrap();
+    let refused = create(&id, &access).await.unwrap();
+    assert_eq!(refused.status(), 429, "{}", refused.text().await.unwrap());
+    let wire_refused = client
+        .watch(&sandbox.id, &SandboxPath::root(), Default::default())
+        .await
+        .err()
+        .expect("a third watch over the wire is refused");
+    assert_eq!(wire_refused.kind(), ErrorKind::LimitExceeded, "{wire_refused}");
+    let (other_id, other_access) = e2b_sandbox(&http, &server.url, OTHER).await;
+    let other = create(&other_id, &other_access).await.unwrap();
+    assert_eq!(other.status(), 200, "another tenant still watches");
+    // Removing one gives its place back.
+    let removed = http
+        .post(format!("{}/filesystem.Filesystem/RemoveWatcher", server.url))
+        .header("E2b-Sandbox-Id", &id)
+        .header("X-Access-Token", &access)
+        .json(&json!({"watcherId": first["watcherId"]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(removed.status(), 200);
+    let again = create(&id, &access).await.unwrap();
+    assert_eq!(again.status(), 200);
+    drop(held);
+}

@@ -54,6 +54,8 @@ pub(crate) struct Watchers {
 
 struct Watcher {
     sandbox: SandboxId,
+    /// Its place among the tenant's watches.
+    _slot: tokio::sync::OwnedSemaphorePermit,
     /// Filled by `task`, emptied by each poll.
     pending: Arc<std::sync::Mutex<Vec<FilesystemEvent>>>,
     task: tokio::task::JoinHandle<()>,
@@ -89,10 +91,10 @@ pub(super) async fn call(
         "Move" => rename(backend, id, rpc::message(request).await).await,
         "Remove" => remove(backend, id, rpc::message(request).await).await,
         "WatchDir" => {
-            let watching = watch_dir(&state, id, rpc::message(request).await, timing).await;
+            let watching = watch_dir(&state, &envd, rpc::message(request).await, timing).await;
             Ok(watching.unwrap_or_else(|e| rpc::stream_error(&e.0)))
         }
-        "CreateWatcher" => create_watcher(&state, id, rpc::message(request).await).await,
+        "CreateWatcher" => create_watcher(&state, &envd, rpc::message(request).await).await,
         "GetWatcherEvents" => watcher_events(&state, id, rpc::message(request).await),
         "RemoveWatcher" => remove_watcher(&state, id, rpc::message(request).await),
         other => Err(rpc::unknown_method("filesystem.Filesystem", other)),
@@ -403,27 +405,47 @@ async fn events_of(
     out
 }
 
+/// A watch of the sandbox's directory the request names, with its place among the
+/// sandbox's tenant's watches ([`ServerConfig::max_watches_per_tenant`]).
+///
+/// [`ServerConfig::max_watches_per_tenant`]: crate::ServerConfig::max_watches_per_tenant
 async fn open_watch(
-    backend: &dyn SandboxBackend,
-    id: &SandboxId,
+    state: &AppState,
+    envd: &Envd,
     request: &WatchDirRequest,
-) -> sandcell::Result<(SandboxPath, sandcell::WatchStream)> {
+) -> sandcell::Result<(
+    SandboxPath,
+    sandcell::WatchStream,
+    tokio::sync::OwnedSemaphorePermit,
+)> {
     let dir = paths::to_workspace(&request.path)?;
+    let tenant = envd
+        .info
+        .labels
+        .get(crate::tenants::TENANT_LABEL)
+        .map(String::as_str)
+        .unwrap_or_default();
+    let slot = state.watch_slot(tenant)?;
     let options = WatchOptions::new().recursive(request.recursive);
-    let stream = backend.watch(id, &dir, options).await?;
-    Ok((dir, stream))
+    let stream = state.backend.watch(envd.id(), &dir, options).await?;
+    Ok((dir, stream, slot))
 }
 
 async fn watch_dir(
     state: &AppState,
-    id: &SandboxId,
+    envd: &Envd,
     request: RpcResult<WatchDirRequest>,
     timing: StreamTiming,
 ) -> RpcResult<Response> {
     let request = request?;
-    let (dir, watch) = open_watch(state.backend.as_ref(), id, &request).await?;
+    let (dir, watch, slot) = open_watch(state, envd, &request).await?;
+    // The slot goes with the stream.
+    let watch = watch.map(move |event| {
+        let _ = &slot;
+        event
+    });
     let backend = Arc::clone(&state.backend);
-    let id = id.clone();
+    let id = envd.id().clone();
     let include = request.include_entry;
     let changes = watch
         .then(move |event| {
@@ -460,10 +482,11 @@ async fn watch_dir(
 
 async fn create_watcher(
     state: &AppState,
-    id: &SandboxId,
+    envd: &Envd,
     request: RpcResult<WatchDirRequest>,
 ) -> RpcResult<Response> {
     let request = request?;
+    let id = envd.id();
     let watching = lock(&state.e2b.watchers.by_id)
         .values()
         .filter(|w| &w.sandbox == id)
@@ -474,7 +497,7 @@ async fn create_watcher(
         ))
         .into());
     }
-    let (dir, mut watch) = open_watch(state.backend.as_ref(), id, &request).await?;
+    let (dir, mut watch, slot) = open_watch(state, envd, &request).await?;
     let watcher_id = format!("watcher-{}", uuid::Uuid::new_v4().simple());
     let pending = Arc::new(std::sync::Mutex::new(Vec::<FilesystemEvent>::new()));
     let backend = Arc::clone(&state.backend);
@@ -493,6 +516,7 @@ async fn create_watcher(
     // Dropping the watcher (removed, or its sandbox gone) aborts the task.
     let watcher = Arc::new(Watcher {
         sandbox: id.clone(),
+        _slot: slot,
         pending,
         task,
     });

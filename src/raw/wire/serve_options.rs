@@ -29,6 +29,9 @@ pub struct ServeOptions {
     /// `LimitExceeded` at once (default: none). Each holds a blocking thread of the
     /// backend's for as long as its other end keeps up.
     pub archive_streams: Option<Arc<tokio::sync::Semaphore>>,
+    /// The watches this connection may hold at once, shared with others given the same
+    /// semaphore; `None` (the default) leaves them unbounded.
+    pub watches: Option<Arc<tokio::sync::Semaphore>>,
     /// What the client is told of an error (default: all of it): a server facing
     /// tenants tells them no host path ([`ServeOptions::public_errors`]).
     pub public_errors: PublicErrors,
@@ -89,6 +92,7 @@ impl Default for ServeOptions {
             archive_limits: ArchiveLimits::default(),
             budget: None,
             archive_streams: None,
+            watches: None,
             public_errors: PublicErrors::default(),
         }
     }
@@ -118,6 +122,27 @@ impl ServeOptions {
     pub fn archive_streams(mut self, streams: Arc<tokio::sync::Semaphore>) -> Self {
         self.archive_streams = Some(streams);
         self
+    }
+
+    /// Shares `watches` among the file watches of this and every other connection given
+    /// it: past them a `watch` is `LimitExceeded` until one ends.
+    pub fn watches(mut self, watches: Arc<tokio::sync::Semaphore>) -> Self {
+        self.watches = Some(watches);
+        self
+    }
+
+    /// A place among the watches, if they are bounded.
+    pub(super) fn watch_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+        let Some(watches) = &self.watches else {
+            return Ok(None);
+        };
+        match Arc::clone(watches).try_acquire_owned() {
+            Ok(permit) => Ok(Some(permit)),
+            Err(_) => Err(Error::limit_exceeded(
+                "as many file watches as this connection's owner may hold are watching: \
+                 end one first",
+            )),
+        }
     }
 
     /// Rewrites every error before it leaves for the client: a server facing tenants

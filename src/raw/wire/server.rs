@@ -223,13 +223,21 @@ async fn handle(
         Call::Watch {
             path,
             options: watch,
-        } => match backend.watch(sandbox, &path, watch).await {
-            Ok(events) => {
-                reply(Ok(serde_json::Value::Null));
-                send_events(mux, id, events, rx, public).await;
+        } => {
+            // Held until the watch ends.
+            let slot = options.watch_slot();
+            let watching = match slot {
+                Ok(_) => backend.watch(sandbox, &path, watch).await,
+                Err(e) => Err(e),
+            };
+            match watching {
+                Ok(events) => {
+                    reply(Ok(serde_json::Value::Null));
+                    send_events(mux, id, events, rx, public).await;
+                }
+                Err(e) => reply(Err(e)),
             }
-            Err(e) => reply(Err(e)),
-        },
+        }
         Call::Metrics => reply(value(backend.metrics(sandbox).await)),
         Call::SetNetwork { network } => reply(value(backend.set_network(sandbox, &network).await)),
     }
