@@ -1332,11 +1332,14 @@ async fn case40_a_tenant_holds_a_bounded_number_of_watches() {
     let http = reqwest::Client::new();
     let (id, access) = e2b_sandbox(&http, &server.url, common::TOKEN).await;
     let create = |id: &str, access: &str| {
-        http.post(format!("{}/filesystem.Filesystem/CreateWatcher", server.url))
-            .header("E2b-Sandbox-Id", id)
-            .header("X-Access-Token", access)
-            .json(&json!({"path": "/home/user", "recursive": false}))
-            .send()
+        http.post(format!(
+            "{}/filesystem.Filesystem/CreateWatcher",
+            server.url
+        ))
+        .header("E2b-Sandbox-Id", id)
+        .header("X-Access-Token", access)
+        .json(&json!({"path": "/home/user", "recursive": false}))
+        .send()
     };
     let first = create(&id, &access).await.unwrap();
     assert_eq!(first.status(), 200);
@@ -1355,13 +1358,20 @@ async fn case40_a_tenant_holds_a_bounded_number_of_watches() {
         .await
         .err()
         .expect("a third watch over the wire is refused");
-    assert_eq!(wire_refused.kind(), ErrorKind::LimitExceeded, "{wire_refused}");
+    assert_eq!(
+        wire_refused.kind(),
+        ErrorKind::LimitExceeded,
+        "{wire_refused}"
+    );
     let (other_id, other_access) = e2b_sandbox(&http, &server.url, OTHER).await;
     let other = create(&other_id, &other_access).await.unwrap();
     assert_eq!(other.status(), 200, "another tenant still watches");
     // Removing one gives its place back.
     let removed = http
-        .post(format!("{}/filesystem.Filesystem/RemoveWatcher", server.url))
+        .post(format!(
+            "{}/filesystem.Filesystem/RemoveWatcher",
+            server.url
+        ))
         .header("E2b-Sandbox-Id", &id)
         .header("X-Access-Token", &access)
         .json(&json!({"watcherId": first["watcherId"]}))

@@ -36,8 +36,8 @@ pub(crate) struct Launch {
     /// signals must pass the wrapper by (it would die of them rather than report the
     /// command's exit), and it enters through the init, held until it is reaped.
     pub(crate) wrapped: Option<crate::pinned::PinnedInit>,
-    /// The sandbox the command runs in, read should the command fail: a destroy under
-    /// way ends it, and that is the sandbox's answer, not the command's.
+    /// The sandbox the command runs in, read should a wrapped command exit with an
+    /// error: a destroy under way may have ended its namespaces as it started.
     pub(crate) sandbox: (crate::layout::SandboxDir, sandcell::SandboxId),
     pub(crate) argv: Vec<String>,
     pub(crate) env: BTreeMap<String, String>,
@@ -368,16 +368,18 @@ async fn supervise(
     if let (Some((groups, leader)), Ok(_)) = (&tree.recorded, &waited) {
         groups.leader_reaped(leader);
     }
-    // A command that failed as its sandbox was destroyed, or once its namespaces' init
-    // had gone, did not fail on its own: the kill, or `nsenter` finding no namespaces to
-    // enter (its diagnostics name this process's descriptors), is the sandbox's answer,
-    // not the command's (ADVERSARIAL 36).
-    let sandbox_gone = matches!(&waited, Ok(status) if !status.success())
-        && (tree._init.as_ref().is_some_and(|init| !init.is_running()) || {
+    // A wrapped command that exited with an error as its sandbox was being destroyed
+    // (or once its namespaces' init had gone) may never have started: `nsenter` found
+    // no namespaces to enter, and its exit is the sandbox's answer, not the command's
+    // (ADVERSARIAL 36). A command the destroy killed keeps its status (a signal). The
+    // init alone does not tell: it may not be a zombie yet when its namespaces are gone.
+    let sandbox_gone = matches!(&waited, Ok(status) if status.code.is_some_and(|code| code != 0))
+        && tree._init.as_ref().is_some_and(|init| {
             let (dir, id) = &tree.sandbox;
-            dir.read_meta(id).map_or(true, |meta| {
-                meta.status == sandcell::SandboxStatus::Terminated
-            })
+            !init.is_running()
+                || dir.read_meta(id).map_or(true, |meta| {
+                    meta.status == sandcell::SandboxStatus::Terminated
+                })
         });
     // The command's cgroup goes with `tree` if it is empty; background processes of a
     // command that exited on its own keep it (and run on) until reset or destroy.
@@ -393,7 +395,7 @@ async fn supervise(
     let status = match waited {
         _ if sandbox_gone => Err((
             ErrorKind::NotFound,
-            "the sandbox was destroyed, or its namespaces ended, while the command ran".into(),
+            "the sandbox was destroyed, or its namespaces ended, as the command started".into(),
         )),
         Ok(status) => Ok(status.timed_out(timed_out)),
         Err(e) => Err((
