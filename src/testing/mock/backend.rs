@@ -5,7 +5,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use tokio::io::AsyncReadExt;
 
-use crate::archive::{self, EntryKind, ImportMode, ImportOptions};
+use crate::archive::ImportOptions;
 use crate::backend::{ByteStream, Changes, SandboxBackend};
 use crate::capabilities::Capabilities;
 use crate::error::{Error, ErrorKind, Result};
@@ -13,7 +13,6 @@ use crate::exec::{ExecRequest, ExitStatus};
 use crate::fs::{DirEntry, FileInfo, FileKind};
 use crate::path::SandboxPath;
 use crate::process::Process;
-use crate::raw::archive::{read_entries_with, EntryChecker};
 use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo, SandboxStatus};
 use crate::spec::SandboxSpec;
 use crate::watch::{WatchOptions, WatchStream};
@@ -533,83 +532,7 @@ impl SandboxBackend for MockBackend {
         self.with_sandbox(id, |_| Ok(()))?;
         let data = collect_capped(tar, options.limits.max_stream_bytes()).await?;
         self.with_sandbox(id, |sb| {
-            let dest = resolve(&sb.files, path, true)?;
-            let mut files = sb.files.clone();
-            if !is_dir(&files, &dest) {
-                if files.contains_key(&dest) {
-                    return Err(Error::invalid_input(format!("{path} is not a directory")));
-                }
-                add_parents(&mut files, &dest)?;
-                files.insert(dest.clone(), Node::Dir { mode: 0o755 });
-            }
-            let mut checker = EntryChecker::new(options.limits);
-            match options.mode {
-                ImportMode::Replace => files.retain(|p, _| !p.starts_with(&dest) || *p == dest),
-                _ => {
-                    for (p, node) in children(&files, &dest) {
-                        if matches!(node, Node::Symlink(_)) {
-                            checker.assume_existing_symlink(
-                                p.strip_prefix(&dest).unwrap_or_else(SandboxPath::root),
-                            );
-                        }
-                    }
-                }
-            }
-            let mut apply =
-                |entry: &archive::CheckedEntry, content: &mut dyn std::io::Read| -> Result<()> {
-                    let target = if dest.is_root() {
-                        entry.path.clone()
-                    } else {
-                        dest.join(entry.path.as_str())?
-                    };
-                    add_parents(&mut files, &target)?;
-                    let node = match &entry.kind {
-                        EntryKind::File => {
-                            let mut buf = Vec::with_capacity(entry.size as usize);
-                            content.read_to_end(&mut buf).map_err(|e| {
-                                Error::io(format_args!("reading {}", entry.path), e)
-                            })?;
-                            Node::File {
-                                data: Bytes::from(buf),
-                                mode: entry.mode,
-                            }
-                        }
-                        EntryKind::Dir => {
-                            if let Some(Node::Dir { .. }) = files.get(&target) {
-                                return Ok(());
-                            }
-                            Node::Dir { mode: entry.mode }
-                        }
-                        EntryKind::Symlink(t) => Node::Symlink(t.clone()),
-                        EntryKind::HardLink(src) => {
-                            let src = if dest.is_root() {
-                                src.clone()
-                            } else {
-                                dest.join(src.as_str())?
-                            };
-                            match files.get(&src) {
-                                Some(n @ Node::File { .. }) => n.clone(),
-                                _ => {
-                                    return Err(Error::permission_denied(format!(
-                                        "hard link {} has no file to point to",
-                                        entry.path
-                                    )))
-                                }
-                            }
-                        }
-                    };
-                    if let Some(Node::Dir { .. }) = files.get(&target) {
-                        files.retain(|p, _| !p.starts_with(&target));
-                    }
-                    files.insert(target, node);
-                    Ok(())
-                };
-            read_entries_with(
-                checker,
-                std::io::Cursor::new(data),
-                &options.limits,
-                &mut apply,
-            )?;
+            let files = super::import::imported(&sb.files, path, data, options)?;
             sb.commit(files);
             Ok(())
         })

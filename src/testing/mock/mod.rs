@@ -302,6 +302,7 @@ impl MockBackend {
 }
 
 mod backend;
+mod import;
 mod process;
 mod tree;
 mod watch;
