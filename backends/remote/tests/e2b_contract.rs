@@ -498,7 +498,11 @@ async fn envd_messages_match_the_proto_files() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_cannot_make_envd_hold_unbounded_processes_or_watchers() {
-    let server = common::serve_local_with(ServerConfig::new(KEY)).await;
+    // The cap per sandbox, past the tenant's (which `sandcell-server`'s bounded tests
+    // check).
+    let mut config = ServerConfig::new(KEY);
+    config.max_watches_per_tenant = 100;
+    let server = common::serve_local_with(config).await;
     let client = Client {
         http: reqwest::Client::new(),
         url: server.url.clone(),
