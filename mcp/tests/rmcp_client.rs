@@ -256,7 +256,7 @@ async fn sessions_get_the_recommended_limits_unless_told_otherwise() {
     assert_eq!(live_spec(&mock).await.limits, sandcell::Limits::new());
 }
 
-/// A tool error is what `ToolSettings::public_errors` makes of it: a server facing
+/// ADVERSARIAL 41: a tool error is what `ToolSettings::public_errors` makes of it: a server facing
 /// tenants rewrites it so that no host path reaches them (sandcell-server's MCP face
 /// told a model its backend's root in every failed restore).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

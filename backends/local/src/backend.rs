@@ -27,10 +27,14 @@ use crate::process;
 mod capabilities;
 #[path = "exec.rs"]
 mod exec;
+#[path = "inner.rs"]
+mod inner;
 #[path = "provision.rs"]
 mod provision;
 #[path = "teardown.rs"]
 mod teardown;
+
+pub(crate) use inner::blocking;
 
 /// Sandboxes as directories under a root, with processes in their own process groups.
 ///
@@ -170,45 +174,6 @@ impl LocalBackend {
         let (dir, mut meta) = self.meta(id)?;
         meta.status = status;
         dir.write_meta(&meta)
-    }
-}
-
-pub(crate) async fn blocking<T, F>(op: F) -> Result<T>
-where
-    T: Send + 'static,
-    F: FnOnce() -> Result<T> + Send + 'static,
-{
-    tokio::task::spawn_blocking(op)
-        .await
-        .map_err(|e| Error::with_source(ErrorKind::Backend, "a file operation task failed", e))?
-}
-
-impl Inner {
-    /// Drops the Landlock ruleset cached for a sandbox that is gone, or whose
-    /// workspace this process remounted.
-    fn forget_ruleset(&self, id: &SandboxId) {
-        self.lock_rulesets().remove(id);
-    }
-
-    fn lock_rulesets(&self) -> std::sync::MutexGuard<'_, HashMap<SandboxId, (u64, Arc<OwnedFd>)>> {
-        // Entries are whole values inserted or removed at once: a poisoned map is intact.
-        self.rulesets.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    /// Who owns and runs the sandboxes, where that is not this process's user (see
-    /// [`crate::owner`]).
-    fn owner(&self) -> Option<Arc<crate::owner::SandboxOwner>> {
-        self.probed.owner.clone()
-    }
-
-    /// Opens the workspace in `dir`, never while a clone remounts it.
-    fn open_workspace(&self, dir: &SandboxDir) -> Result<Workspace> {
-        // The guard protects no data: a poisoned gate is as good as a sound one.
-        let _open = self
-            .workspace_gate
-            .read()
-            .unwrap_or_else(|p| p.into_inner());
-        Workspace::open(&dir.workspace())
     }
 }
 

@@ -21,8 +21,8 @@ use super::wires::Wires;
 use crate::exec_files::ExecFiles;
 use crate::http::{Body, Call, Http, RateLimits};
 use crate::protocol::{
-    CloneMachineRequest, CreateMachineRequest, ExecBody, Guest, Init, Machine, MachineConfig,
-    ServerInfo, SPEC_METADATA,
+    CloneMachineRequest, CreateMachineRequest, ExecBody, Guest, Init, MachineConfig, ServerInfo,
+    SPEC_METADATA,
 };
 
 /// Sandboxes as remote machines: lifecycle over the Fly Machines API; commands and
@@ -209,47 +209,6 @@ enum Route<'a> {
     Exec(&'a ExecFiles),
 }
 
-/// What sandcell knows of a machine.
-fn info_of(machine: &Machine) -> Result<SandboxInfo> {
-    let id = SandboxId::new(machine.id.clone()).map_err(|_| {
-        Error::new(
-            ErrorKind::Backend,
-            format!(
-                "the API reported a machine id sandcell cannot use: {:?}",
-                machine.id
-            ),
-        )
-    })?;
-    let config = machine.config.clone().unwrap_or_default();
-    let status = MachineState::parse(&machine.state)
-        .map(MachineState::status)
-        .unwrap_or(sandcell::SandboxStatus::Failed);
-    // The spec sandcell stored at create says the network the machine has; a machine
-    // made by something else has Fly's default, the network.
-    let mut spec = SandboxSpec::new(config.image);
-    spec.network = config
-        .metadata
-        .get(SPEC_METADATA)
-        .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
-        .map_or(Network::Full, |s| s.network);
-    let mut info = SandboxInfo::new(id, "remote", &spec, status);
-    info.labels = config
-        .metadata
-        .into_iter()
-        .filter(|(k, _)| k != SPEC_METADATA)
-        .collect();
-    if let Ok(created) = chrono::DateTime::parse_from_rfc3339(&machine.created_at) {
-        info.created_at = created.with_timezone(&chrono::Utc);
-    }
-    info.details = crate::details_of(&[
-        ("name", &machine.name),
-        ("region", &machine.region),
-        ("state", &machine.state),
-        ("version", &machine.instance_id),
-    ]);
-    Ok(info)
-}
-
 // Every method written out: a method added to the trait cannot answer with its
 // default (`Unsupported`) here unnoticed.
 #[deny(clippy::missing_trait_methods)]
@@ -308,7 +267,7 @@ impl SandboxBackend for FlyBackend {
             },
         };
         let machine = self.inner.control.create(&request).await?;
-        let info = info_of(&machine)?;
+        let info = super::state::info_of(&machine)?;
         if machine.state != MachineState::Started.as_str() {
             let version = Some(machine.instance_id.as_str());
             if let Err(e) = self
@@ -326,7 +285,7 @@ impl SandboxBackend for FlyBackend {
     }
 
     async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
-        info_of(&self.inner.control.get(id.as_str()).await?)
+        super::state::info_of(&self.inner.control.get(id.as_str()).await?)
     }
 
     async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
@@ -335,7 +294,7 @@ impl SandboxBackend for FlyBackend {
             if machine.state == MachineState::Destroyed.as_str() {
                 continue;
             }
-            let info = info_of(&machine)?;
+            let info = super::state::info_of(&machine)?;
             if selector.matches(&info.labels) {
                 out.push(info);
             }
@@ -543,7 +502,7 @@ impl SandboxBackend for FlyBackend {
             .control
             .clone_machine(id.as_str(), &request)
             .await?;
-        let info = info_of(&machine)?;
+        let info = super::state::info_of(&machine)?;
         crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec));
         Ok(info)
     }

@@ -1,6 +1,10 @@
-//! Machine states as the Fly Machines API names them, and how they map onto sandcell's.
+//! Machines and their states as the Fly Machines API reports them, and how they map
+//! onto sandcell's ([`info_of`]).
 
 use sandcell::SandboxStatus;
+use sandcell::{Error, ErrorKind, Network, Result, SandboxId, SandboxInfo, SandboxSpec};
+
+use crate::protocol::{Machine, SPEC_METADATA};
 
 /// A machine's state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -110,4 +114,45 @@ impl MachineState {
             MachineState::Failed | MachineState::Settled => SandboxStatus::Failed,
         }
     }
+}
+
+/// What sandcell knows of a machine.
+pub(super) fn info_of(machine: &Machine) -> Result<SandboxInfo> {
+    let id = SandboxId::new(machine.id.clone()).map_err(|_| {
+        Error::new(
+            ErrorKind::Backend,
+            format!(
+                "the API reported a machine id sandcell cannot use: {:?}",
+                machine.id
+            ),
+        )
+    })?;
+    let config = machine.config.clone().unwrap_or_default();
+    let status = MachineState::parse(&machine.state)
+        .map(MachineState::status)
+        .unwrap_or(SandboxStatus::Failed);
+    // The spec sandcell stored at create says the network the machine has; a machine
+    // made by something else has Fly's default, the network.
+    let mut spec = SandboxSpec::new(config.image);
+    spec.network = config
+        .metadata
+        .get(SPEC_METADATA)
+        .and_then(|json| serde_json::from_str::<SandboxSpec>(json).ok())
+        .map_or(Network::Full, |s| s.network);
+    let mut info = SandboxInfo::new(id, "remote", &spec, status);
+    info.labels = config
+        .metadata
+        .into_iter()
+        .filter(|(k, _)| k != SPEC_METADATA)
+        .collect();
+    if let Ok(created) = chrono::DateTime::parse_from_rfc3339(&machine.created_at) {
+        info.created_at = created.with_timezone(&chrono::Utc);
+    }
+    info.details = crate::details_of(&[
+        ("name", &machine.name),
+        ("region", &machine.region),
+        ("state", &machine.state),
+        ("version", &machine.instance_id),
+    ]);
+    Ok(info)
 }
