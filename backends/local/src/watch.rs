@@ -1,6 +1,6 @@
-//! File watching with inotify: one inotify instance per watch, a kernel watch per
-//! directory (every directory beneath, for a recursive watch, added as they appear),
-//! and events turned into workspace-relative [`WatchEvent`]s.
+//! File watching with inotify: a kernel watch per directory (every directory beneath,
+//! for a recursive watch, added as they appear) on the process's one inotify instance
+//! ([`instance`]), and events turned into workspace-relative [`WatchEvent`]s.
 //!
 //! Directories are resolved inside the workspace by the contained operations and
 //! watched through their open descriptor (`/proc/self/fd/N`), so the kernel watches the
@@ -8,38 +8,29 @@
 //! with `O_NOFOLLOW`. Names come from the kernel and are joined to the watched path,
 //! so an event can only name something beneath it.
 //!
-//! A recursive watch follows at most [`budget::MAX_PER_WATCH`] directories, and all the
-//! process's watches together at most half the user's inotify limit; past either, the
-//! consumer gets one `Overflow` (rescan) and what lies beyond is not watched.
+//! A recursive watch follows at most [`budget::MAX_PER_WATCH`] directories, a
+//! sandbox's watches together at most [`instance::MAX_PER_SANDBOX`] distinct ones, and
+//! all the process's watches at most half the user's inotify limit; past any of them,
+//! the consumer gets one `Overflow` (rescan) and what lies beyond is not watched.
 
 mod budget;
+mod instance;
 
 use std::ffi::{CStr, CString};
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::time::Duration;
 
 use std::path::PathBuf;
 
-use rustix::fs::inotify::{self, CreateFlags, ReadFlags, WatchFlags};
+use rustix::fs::inotify::ReadFlags;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
 use rustix::io::Errno;
 use sandcell::{Error, Result, SandboxPath, WatchEvent, WatchEventKind, WatchSender};
-use tokio::io::unix::AsyncFd;
 
 use crate::contained::{list_names, open_subdir, Workspace};
 use budget::WatchedDirs;
+use instance::{AddError, Delivery, Instance, Raw, Subscription};
 use sandcell::raw::tree::DirStack;
-
-/// What every kernel watch reports.
-const MASK: WatchFlags = WatchFlags::CREATE
-    .union(WatchFlags::MODIFY)
-    .union(WatchFlags::DELETE)
-    .union(WatchFlags::ATTRIB)
-    .union(WatchFlags::MOVED_FROM)
-    .union(WatchFlags::MOVED_TO)
-    .union(WatchFlags::DELETE_SELF)
-    .union(WatchFlags::ONLYDIR)
-    .union(WatchFlags::EXCL_UNLINK);
 
 /// How long a rename's first half waits for its second in a later read. The kernel
 /// queues both halves in one rename, but a reader can come between them, and the
@@ -47,9 +38,10 @@ const MASK: WatchFlags = WatchFlags::CREATE
 /// reported this much later.
 const RENAME_PAIRING: Duration = Duration::from_millis(50);
 
-/// One watch: its inotify instance and which directory each kernel watch is on.
+/// One watch: its share of the inotify instance and which directory each kernel
+/// watch is on.
 pub(crate) struct Watcher {
-    inotify: AsyncFd<OwnedFd>,
+    events: Subscription,
     /// Kernel watch descriptor → the directory's path in the workspace.
     dirs: WatchedDirs,
     /// Whether a directory went unwatched for the caps since the consumer was told
@@ -68,14 +60,6 @@ pub(crate) struct Watcher {
     /// The sandbox's watch lock, held shared while the watch lives: no clone unmounts
     /// the workspace from under it (`crate::layers::hold_for_watch`).
     _holding: std::fs::File,
-}
-
-/// One inotify event, owned.
-struct Raw {
-    wd: i32,
-    mask: ReadFlags,
-    cookie: u32,
-    name: Option<CString>,
 }
 
 impl Watcher {
@@ -98,12 +82,11 @@ impl Watcher {
             .ok_or_else(|| {
                 Error::permission_denied(format!("{root} resolves outside the workspace"))
             })?;
-        let fd = inotify::init(CreateFlags::CLOEXEC | CreateFlags::NONBLOCK)
-            .map_err(|e| Error::io("starting a file watch", e.into()))?;
-        let inotify =
-            crate::sys::async_fd(fd).map_err(|e| Error::io("starting a file watch", e))?;
+        let events = Instance::shared()
+            .map_err(|e| Error::io("starting a file watch", e))?
+            .subscribe(workspace.root_path());
         let mut watcher = Watcher {
-            inotify,
+            events,
             dirs: WatchedDirs::default(),
             capped: false,
             root_wd: -1,
@@ -125,25 +108,26 @@ impl Watcher {
 
     /// Adds a kernel watch on the directory open as `dir`.
     fn add(&mut self, dir: BorrowedFd<'_>, path: SandboxPath) -> rustix::io::Result<i32> {
-        if !self.dirs.reserve() {
-            // Past the caps nothing beneath is watched: what changes there is lost,
-            // and the consumer is told so (rescan), once.
-            if !self.capped {
-                self.capped = true;
-                let _ = self.sender.overflowed();
-            }
-            return Err(Errno::NOSPC);
-        }
-        let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
-        match inotify::add_watch(self.inotify.get_ref(), proc_path, MASK) {
+        let added = if self.dirs.has_room() {
+            self.events.add(dir)
+        } else {
+            Err(AddError::Budget)
+        };
+        match added {
             Ok(wd) => {
                 self.dirs.insert(wd, path);
                 Ok(wd)
             }
-            Err(e) => {
-                self.dirs.unreserve();
-                Err(e)
+            Err(AddError::Budget) => {
+                // Past the caps nothing beneath is watched: what changes there is
+                // lost, and the consumer is told so (rescan), once.
+                if !self.capped {
+                    self.capped = true;
+                    let _ = self.sender.overflowed();
+                }
+                Err(Errno::NOSPC)
             }
+            Err(AddError::Kernel(e)) => Err(e),
         }
     }
 
@@ -239,7 +223,7 @@ impl Watcher {
         for wd in gone {
             self.dirs.remove(wd);
             self.capped = false;
-            let _ = inotify::remove_watch(self.inotify.get_ref(), wd);
+            self.events.remove(wd);
         }
     }
 
@@ -267,10 +251,11 @@ impl Watcher {
     /// goes (removed, or unmounted with its sandbox).
     pub(crate) async fn run(mut self) {
         let mut pending_from: Option<(u32, SandboxPath, bool)> = None;
+        let mut batch = Vec::new();
         loop {
-            let batch = if self.sender.has_pending() {
+            let received = if self.sender.has_pending() {
                 tokio::select! {
-                    batch = read(&self.inotify) => batch,
+                    received = self.events.recv(&mut batch) => received,
                     alive = self.sender.flush() => {
                         if !alive {
                             return;
@@ -280,29 +265,20 @@ impl Watcher {
                 }
             } else {
                 tokio::select! {
-                    batch = read(&self.inotify) => batch,
+                    received = self.events.recv(&mut batch) => received,
                     () = self.sender.closed() => return,
                 }
             };
-            let batch = match batch {
-                Ok(batch) => batch,
-                Err(e) => {
-                    self.sender.fail(e).await;
-                    return;
-                }
-            };
-            let mut root_gone = false;
-            for raw in batch {
-                root_gone |= self.handle(raw, &mut pending_from);
+            if !received {
+                return;
             }
+            let mut root_gone = self.take(&mut batch, &mut pending_from);
             if let Some((cookie, from, is_dir)) = pending_from.take() {
                 // The other half of a rename may be in the next read.
-                match tokio::time::timeout(RENAME_PAIRING, read(&self.inotify)).await {
-                    Ok(Ok(batch)) => {
+                match tokio::time::timeout(RENAME_PAIRING, self.events.recv(&mut batch)).await {
+                    Ok(true) => {
                         pending_from = Some((cookie, from, is_dir));
-                        for raw in batch {
-                            root_gone |= self.handle(raw, &mut pending_from);
-                        }
+                        root_gone |= self.take(&mut batch, &mut pending_from);
                         if let Some((_, from, is_dir)) = pending_from.take() {
                             self.moved_out(from, is_dir);
                         }
@@ -316,13 +292,36 @@ impl Watcher {
         }
     }
 
+    /// Turns what the instance handed over into watch events; `true` once the
+    /// watched directory itself is gone.
+    fn take(
+        &mut self,
+        batch: &mut Vec<Delivery>,
+        pending_from: &mut Option<(u32, SandboxPath, bool)>,
+    ) -> bool {
+        let mut root_gone = false;
+        for delivery in batch.drain(..) {
+            match delivery {
+                Delivery::Event(raw) => root_gone |= self.handle(raw, pending_from),
+                Delivery::Overflow => {
+                    let _ = self.sender.overflowed();
+                }
+            }
+        }
+        if self.events.take_lost() {
+            // Events were dropped, the kernel's word that a directory went among them
+            // perhaps: keep only what the instance still holds for this watch.
+            let _ = self.sender.overflowed();
+            let events = &self.events;
+            self.dirs.retain(|wd| events.holds(wd));
+            root_gone |= !self.events.holds(self.root_wd);
+        }
+        root_gone
+    }
+
     /// Turns one kernel event into watch events; `true` once the watched directory
     /// itself is gone.
     fn handle(&mut self, raw: Raw, pending_from: &mut Option<(u32, SandboxPath, bool)>) -> bool {
-        if raw.mask.contains(ReadFlags::QUEUE_OVERFLOW) {
-            let _ = self.sender.overflowed();
-            return false;
-        }
         if raw.mask.contains(ReadFlags::IGNORED) || raw.mask.contains(ReadFlags::UNMOUNT) {
             self.dirs.remove(raw.wd);
             self.capped = false;
@@ -452,39 +451,6 @@ impl Watcher {
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
         )
         .ok()
-    }
-}
-
-/// Waits for events and reads every one available.
-async fn read(fd: &AsyncFd<OwnedFd>) -> Result<Vec<Raw>> {
-    loop {
-        let mut guard = fd
-            .readable()
-            .await
-            .map_err(|e| Error::io("reading file events", e))?;
-        let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); 16 * 1024];
-        let mut reader = inotify::Reader::new(fd.get_ref(), &mut buf);
-        let mut out = Vec::new();
-        loop {
-            match reader.next() {
-                Ok(event) => out.push(Raw {
-                    wd: event.wd(),
-                    mask: event.events(),
-                    cookie: event.cookie(),
-                    name: event.file_name().map(CStr::to_owned),
-                }),
-                Err(Errno::AGAIN) => break,
-                Err(e) => return Err(Error::io("reading file events", e.into())),
-            }
-            if reader.is_buffer_empty() && out.len() >= 4096 {
-                break;
-            }
-        }
-        if out.is_empty() {
-            guard.clear_ready();
-            continue;
-        }
-        return Ok(out);
     }
 }
 

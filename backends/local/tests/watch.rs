@@ -1,5 +1,6 @@
 //! File watching on the local backend: a flood stays bounded and says it overflowed,
-//! and a dropped watch gives its kernel watches back.
+//! a dropped watch gives its kernel watches back, and every watch shares one inotify
+//! instance.
 
 // Test helpers outside #[test] fns report failures by panicking too.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -111,7 +112,7 @@ async fn a_dropped_watch_gives_back_its_kernel_watches() {
             .await
             .unwrap();
     }
-    let before = inotify_watches();
+    let before: usize = inotify_watches().iter().sum();
     let events = backend
         .watch(
             id,
@@ -120,30 +121,23 @@ async fn a_dropped_watch_gives_back_its_kernel_watches() {
         )
         .await
         .unwrap();
-    let during = inotify_watches();
+    let during: usize = inotify_watches().iter().sum();
     assert_eq!(
-        during.len(),
-        before.len() + 1,
-        "one inotify instance per watch"
-    );
-    assert!(
-        during.contains(&41),
-        "one kernel watch per directory (root, 20, 20 beneath): {during:?}"
+        during - before,
+        41,
+        "one kernel watch per directory (root, 20, 20 beneath)"
     );
     drop(events);
     let mut released = false;
     for _ in 0..200 {
-        if inotify_watches().len() == before.len() {
+        if inotify_watches().iter().sum::<usize>() == before {
             released = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(
-        released,
-        "the inotify instance is closed once the stream is dropped"
-    );
-    // A watch whose sandbox is destroyed ends, and frees its instance too.
+    assert!(released, "the kernel watches go once the stream is dropped");
+    // A watch whose sandbox is destroyed ends, and gives its kernel watch back too.
     let mut events = backend
         .watch(id, &"".parse().unwrap(), WatchOptions::new())
         .await
@@ -154,7 +148,81 @@ async fn a_dropped_watch_gives_back_its_kernel_watches() {
     })
     .await;
     assert!(ended.is_ok(), "the watch ends with its sandbox");
-    assert_eq!(inotify_watches().len(), before.len());
+    assert_eq!(inotify_watches().iter().sum::<usize>(), before);
+}
+
+/// ADVERSARIAL 40: every watch of the process shares one inotify instance. With one
+/// per watch, a tenant's 128 watches took every instance the server's user may have
+/// (`fs.inotify.max_user_instances`, shared with every other program of that user, for
+/// a root server every root program on the host): other tenants' watches failed.
+/// Two watches of one directory share its kernel watch, and each still hears of every
+/// change; dropping one leaves the other watching.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_watch_shares_one_inotify_instance_and_each_hears_its_events() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let root = tempfile::tempdir().unwrap();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let sandbox = backend.create(&SandboxSpec::default()).await.unwrap();
+    let id = &sandbox.id;
+    let max_instances: usize = std::fs::read_to_string("/proc/sys/fs/inotify/max_user_instances")
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let instances_before = inotify_watches().len();
+    let watches_before: usize = inotify_watches().iter().sum();
+    let mut streams = Vec::new();
+    for _ in 0..max_instances + 8 {
+        streams.push(
+            backend
+                .watch(id, &"".parse().unwrap(), WatchOptions::new())
+                .await
+                .expect("more watches than the user may have inotify instances"),
+        );
+    }
+    assert!(
+        inotify_watches().len() <= instances_before.max(1),
+        "one instance for the process: {:?}",
+        inotify_watches().len()
+    );
+    assert_eq!(
+        inotify_watches().iter().sum::<usize>() - watches_before,
+        1,
+        "one directory watched by all of them is one kernel watch"
+    );
+    backend
+        .write(id, &"seen.txt".parse().unwrap(), "x".into())
+        .await
+        .unwrap();
+    for (n, stream) in streams.iter_mut().enumerate() {
+        let event = tokio::time::timeout(Duration::from_secs(5), stream.next())
+            .await
+            .unwrap_or_else(|_| panic!("watch {n} heard nothing"))
+            .unwrap()
+            .unwrap();
+        assert_eq!(event.path.as_str(), "seen.txt", "watch {n}: {event:?}");
+    }
+    // All but one let go; the last still watches.
+    let mut last = streams.pop().unwrap();
+    drop(streams);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    backend
+        .write(id, &"later.txt".parse().unwrap(), "x".into())
+        .await
+        .unwrap();
+    let event = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let event = last.next().await.unwrap().unwrap();
+            if event.path.as_str() == "later.txt" {
+                return event;
+            }
+        }
+    })
+    .await
+    .expect("the watch left goes on hearing");
+    assert_eq!(event.kind, WatchEventKind::Created);
+    drop(last);
+    backend.destroy(id).await.unwrap();
 }
 
 /// A sandbox moves a directory of 10,000 directories into a recursively watched one:
