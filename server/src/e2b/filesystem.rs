@@ -1,25 +1,15 @@
-//! envd's `filesystem.Filesystem` service over the backend's file operations and
-//! watches: stat, list, make, move and remove, and watches both streamed (`WatchDir`)
-//! and polled (`CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`).
-
-use std::collections::HashMap;
-use std::sync::Arc;
+//! envd's `filesystem.Filesystem` service over the backend's file operations: stat,
+//! list, make, move and remove here, the watches in [`super::watchers`].
 
 use axum::extract::{Extension, Path, Request, State};
 use axum::response::Response;
-use futures::stream::StreamExt;
-use sandcell::{
-    Error, ErrorKind, FileInfo, FileKind, SandboxBackend, SandboxId, SandboxPath, WatchEvent,
-    WatchEventKind, WatchOptions,
-};
+use sandcell::{Error, ErrorKind, FileInfo, FileKind, SandboxBackend, SandboxId, SandboxPath};
 
 use super::rpc::{self, RpcResult, StreamTiming};
-use super::{paths, Envd};
-use crate::lock;
+use super::{paths, watchers, Envd};
 use crate::AppState;
 use sandcell_remote::e2b::envd::{
-    event_type, file_type, EntryInfo, EntryResponse, FilesystemEvent, ListDirRequest, MoveRequest,
-    PathRequest, WatchDirMessage, WatchDirRequest, WatcherEvents, WatcherId,
+    file_type, EntryInfo, EntryResponse, ListDirRequest, MoveRequest, PathRequest,
 };
 
 /// Most entries one `ListDir` answers, however deep it goes; past it the call is
@@ -41,39 +31,6 @@ const DIRECTORY_HOLD: u64 = 64 << 20;
 /// request is refused as invalid (`400`), not clamped, so a client never takes a
 /// partial tree for the whole one.
 pub(crate) const MAX_DEPTH: u32 = 64;
-/// Most polled watchers one sandbox has at once.
-const MAX_WATCHERS: usize = 64;
-/// Most events a polled watcher keeps between two polls; older ones are dropped.
-const MAX_PENDING: usize = 10_000;
-
-/// The polled watchers, by id.
-#[derive(Default)]
-pub(crate) struct Watchers {
-    by_id: std::sync::Mutex<HashMap<String, Arc<Watcher>>>,
-}
-
-struct Watcher {
-    sandbox: SandboxId,
-    /// Its place among the tenant's watches.
-    _slot: tokio::sync::OwnedSemaphorePermit,
-    /// Filled by `task`, emptied by each poll.
-    pending: Arc<std::sync::Mutex<Vec<FilesystemEvent>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Watcher {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Watchers {
-    /// Ends every watcher of `sandbox` (it is gone).
-    pub(crate) fn forget_sandbox(&self, sandbox: &SandboxId) {
-        lock(&self.by_id).retain(|_, w| &w.sandbox != sandbox);
-    }
-}
-
 /// `POST /filesystem.Filesystem/{method}`.
 pub(super) async fn call(
     State(state): State<AppState>,
@@ -91,12 +48,15 @@ pub(super) async fn call(
         "Move" => rename(backend, id, rpc::message(request).await).await,
         "Remove" => remove(backend, id, rpc::message(request).await).await,
         "WatchDir" => {
-            let watching = watch_dir(&state, &envd, rpc::message(request).await, timing).await;
+            let watching =
+                watchers::watch_dir(&state, &envd, rpc::message(request).await, timing).await;
             Ok(watching.unwrap_or_else(|e| rpc::stream_error(&e.0)))
         }
-        "CreateWatcher" => create_watcher(&state, &envd, rpc::message(request).await).await,
-        "GetWatcherEvents" => watcher_events(&state, id, rpc::message(request).await),
-        "RemoveWatcher" => remove_watcher(&state, id, rpc::message(request).await),
+        "CreateWatcher" => {
+            watchers::create_watcher(&state, &envd, rpc::message(request).await).await
+        }
+        "GetWatcherEvents" => watchers::watcher_events(&state, id, rpc::message(request).await),
+        "RemoveWatcher" => watchers::remove_watcher(&state, id, rpc::message(request).await),
         other => Err(rpc::unknown_method("filesystem.Filesystem", other)),
     };
     answer.unwrap_or_else(axum::response::IntoResponse::into_response)
@@ -352,203 +312,5 @@ async fn remove(
 ) -> RpcResult<Response> {
     let path = paths::to_workspace(&request?.path)?;
     backend.remove(id, &path, true).await?;
-    Ok(rpc::reply(&serde_json::json!({})))
-}
-
-/// The events envd reports for one change beneath `dir`: a rename is the old name's
-/// `RENAME` then the new name's `CREATE`, as inotify-based watchers see it.
-async fn events_of(
-    backend: &dyn SandboxBackend,
-    id: &SandboxId,
-    dir: &SandboxPath,
-    event: WatchEvent,
-    include_entry: bool,
-) -> Vec<FilesystemEvent> {
-    let name = |path: &SandboxPath| {
-        path.strip_prefix(dir)
-            .map_or_else(|| path.as_str().to_owned(), |p| p.as_str().to_owned())
-    };
-    let one = |kind: &str, path: &SandboxPath| FilesystemEvent {
-        name: name(path),
-        event_type: kind.to_owned(),
-        entry: None,
-    };
-    let mut out = match event.kind {
-        WatchEventKind::Created => vec![one(event_type::CREATE, &event.path)],
-        WatchEventKind::Modified => vec![one(event_type::WRITE, &event.path)],
-        WatchEventKind::Removed => vec![one(event_type::REMOVE, &event.path)],
-        WatchEventKind::Attributes => vec![one(event_type::CHMOD, &event.path)],
-        WatchEventKind::Renamed => {
-            let mut both = Vec::new();
-            if let Some(from) = &event.from {
-                both.push(one(event_type::RENAME, from));
-            }
-            both.push(one(event_type::CREATE, &event.path));
-            both
-        }
-        // Lost events cannot be told apart; the watch goes on.
-        _ => Vec::new(),
-    };
-    if include_entry {
-        for item in out
-            .iter_mut()
-            .filter(|e| e.event_type != event_type::REMOVE)
-        {
-            if item.event_type == event_type::RENAME {
-                continue;
-            }
-            if let Ok(path) = dir.join(&item.name) {
-                item.entry = backend.stat(id, &path).await.ok().map(|i| entry_of(&i));
-            }
-        }
-    }
-    out
-}
-
-/// A watch of the sandbox's directory the request names, with its place among the
-/// sandbox's tenant's watches ([`ServerConfig::max_watches_per_tenant`]).
-///
-/// [`ServerConfig::max_watches_per_tenant`]: crate::ServerConfig::max_watches_per_tenant
-async fn open_watch(
-    state: &AppState,
-    envd: &Envd,
-    request: &WatchDirRequest,
-) -> sandcell::Result<(
-    SandboxPath,
-    sandcell::WatchStream,
-    tokio::sync::OwnedSemaphorePermit,
-)> {
-    let dir = paths::to_workspace(&request.path)?;
-    let tenant = envd
-        .info
-        .labels
-        .get(crate::tenants::TENANT_LABEL)
-        .map(String::as_str)
-        .unwrap_or_default();
-    let slot = state.watch_slot(tenant)?;
-    let options = WatchOptions::new().recursive(request.recursive);
-    let stream = state.backend.watch(envd.id(), &dir, options).await?;
-    Ok((dir, stream, slot))
-}
-
-async fn watch_dir(
-    state: &AppState,
-    envd: &Envd,
-    request: RpcResult<WatchDirRequest>,
-    timing: StreamTiming,
-) -> RpcResult<Response> {
-    let request = request?;
-    let (dir, watch, slot) = open_watch(state, envd, &request).await?;
-    // The slot goes with the stream.
-    let watch = watch.map(move |event| {
-        let _ = &slot;
-        event
-    });
-    let backend = Arc::clone(&state.backend);
-    let id = envd.id().clone();
-    let include = request.include_entry;
-    let changes = watch
-        .then(move |event| {
-            let (backend, id, dir) = (Arc::clone(&backend), id.clone(), dir.clone());
-            async move {
-                match event {
-                    Ok(event) => events_of(backend.as_ref(), &id, &dir, event, include)
-                        .await
-                        .into_iter()
-                        .map(|e| {
-                            Ok(WatchDirMessage {
-                                filesystem: Some(e),
-                                ..WatchDirMessage::default()
-                            })
-                        })
-                        .collect::<Vec<_>>(),
-                    Err(e) => vec![Err(e)],
-                }
-            }
-        })
-        .flat_map(futures::stream::iter);
-    let start = futures::stream::once(async {
-        Ok(WatchDirMessage {
-            start: Some(sandcell_remote::e2b::envd::Empty {}),
-            ..WatchDirMessage::default()
-        })
-    });
-    let keepalive = WatchDirMessage {
-        keepalive: Some(sandcell_remote::e2b::envd::Empty {}),
-        ..WatchDirMessage::default()
-    };
-    Ok(rpc::stream(start.chain(changes).boxed(), keepalive, timing))
-}
-
-async fn create_watcher(
-    state: &AppState,
-    envd: &Envd,
-    request: RpcResult<WatchDirRequest>,
-) -> RpcResult<Response> {
-    let request = request?;
-    let id = envd.id();
-    let watching = lock(&state.e2b.watchers.by_id)
-        .values()
-        .filter(|w| &w.sandbox == id)
-        .count();
-    if watching >= MAX_WATCHERS {
-        return Err(Error::limit_exceeded(format!(
-            "sandbox {id} already has {MAX_WATCHERS} watchers: remove one first"
-        ))
-        .into());
-    }
-    let (dir, mut watch, slot) = open_watch(state, envd, &request).await?;
-    let watcher_id = format!("watcher-{}", uuid::Uuid::new_v4().simple());
-    let pending = Arc::new(std::sync::Mutex::new(Vec::<FilesystemEvent>::new()));
-    let backend = Arc::clone(&state.backend);
-    let sandbox = id.clone();
-    let include = request.include_entry;
-    let filled = Arc::clone(&pending);
-    let task = tokio::spawn(async move {
-        while let Some(Ok(event)) = watch.next().await {
-            let events = events_of(backend.as_ref(), &sandbox, &dir, event, include).await;
-            let mut pending = lock(&filled);
-            pending.extend(events);
-            let over = pending.len().saturating_sub(MAX_PENDING);
-            pending.drain(..over);
-        }
-    });
-    // Dropping the watcher (removed, or its sandbox gone) aborts the task.
-    let watcher = Arc::new(Watcher {
-        sandbox: id.clone(),
-        _slot: slot,
-        pending,
-        task,
-    });
-    lock(&state.e2b.watchers.by_id).insert(watcher_id.clone(), watcher);
-    Ok(rpc::reply(&WatcherId { watcher_id }))
-}
-
-fn watcher(state: &AppState, id: &SandboxId, watcher_id: &str) -> RpcResult<Arc<Watcher>> {
-    lock(&state.e2b.watchers.by_id)
-        .get(watcher_id)
-        .filter(|w| &w.sandbox == id)
-        .cloned()
-        .ok_or_else(|| Error::not_found(format!("watcher {watcher_id} not found")).into())
-}
-
-fn watcher_events(
-    state: &AppState,
-    id: &SandboxId,
-    request: RpcResult<WatcherId>,
-) -> RpcResult<Response> {
-    let watcher = watcher(state, id, &request?.watcher_id)?;
-    let events = std::mem::take(&mut *lock(&watcher.pending));
-    Ok(rpc::reply(&WatcherEvents { events }))
-}
-
-fn remove_watcher(
-    state: &AppState,
-    id: &SandboxId,
-    request: RpcResult<WatcherId>,
-) -> RpcResult<Response> {
-    let watcher_id = request?.watcher_id;
-    watcher(state, id, &watcher_id)?;
-    lock(&state.e2b.watchers.by_id).remove(&watcher_id);
     Ok(rpc::reply(&serde_json::json!({})))
 }

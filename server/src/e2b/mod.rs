@@ -28,6 +28,7 @@ mod paths;
 mod process;
 mod rpc;
 mod transfer;
+mod watchers;
 
 pub(crate) use control::start_reaper;
 
@@ -51,7 +52,7 @@ pub(crate) const E2B_APP: &str = "e2b";
 #[derive(Default)]
 pub(crate) struct E2bState {
     processes: process::Processes,
-    watchers: filesystem::Watchers,
+    watchers: watchers::Watchers,
     lifetimes: control::Lifetimes,
 }
 

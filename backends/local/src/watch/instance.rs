@@ -143,7 +143,9 @@ impl Instance {
     /// The process's instance, made (with its reader thread) on first use.
     pub(crate) fn shared() -> std::io::Result<Arc<Instance>> {
         static SHARED: Mutex<Option<Arc<Instance>>> = Mutex::new(None);
-        let mut shared = SHARED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut shared = SHARED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(instance) = shared.as_ref() {
             return Ok(instance.clone());
         }
@@ -415,7 +417,9 @@ mod tests {
         }
         let watch = instance.subscribe(tmp.path());
         for n in 0..3 {
-            watch.add(dir(&tmp.path().join(n.to_string())).as_fd()).unwrap();
+            watch
+                .add(dir(&tmp.path().join(n.to_string())).as_fd())
+                .unwrap();
         }
         assert!(matches!(
             watch.add(dir(&tmp.path().join("3")).as_fd()),
