@@ -108,6 +108,11 @@ struct Args {
     /// authenticated request on each); past it a new connection's request is refused.
     #[arg(long, value_name = "N", default_value_t = 256)]
     max_connections_per_tenant: usize,
+    /// The most connections one client address holds before a request authenticates
+    /// on them; past it a new connection from that address is closed unserved. Behind
+    /// a proxy, raise it (every client has the proxy's address).
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    max_unauthenticated_per_address: usize,
     /// CPU cores (thousandths: 1000 is one core) a sandbox gets when its create asks
     /// for none, on every face; applied where the backend enforces CPU limits.
     #[arg(long, value_name = "MILLIS", default_value_t = 1000)]
@@ -324,6 +329,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     config.held_response_timeout = std::time::Duration::from_secs(args.held_response_timeout);
     config.max_connections = args.max_connections;
     config.max_connections_per_tenant = args.max_connections_per_tenant;
+    config.max_unauthenticated_per_address = args.max_unauthenticated_per_address;
     config.default_limits = sandcell::Limits::new()
         .cpu_millis(args.default_cpu_millis)
         .memory_bytes(args.default_memory_mb.saturating_mul(1 << 20))

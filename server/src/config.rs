@@ -50,6 +50,14 @@ pub struct ServerConfig {
     /// closes (it leaves `max_connections`'s): a client holding a wire connection per
     /// machine holds at most this many machines' at once.
     pub max_connections_per_tenant: usize,
+    /// The most connections one client address holds before a request authenticates
+    /// on them (default 64): a connection counts against no tenant until then, so
+    /// one client opening connections and sending nothing (or only requests that fail
+    /// to authenticate) held every one of `max_connections`. Past it a new connection
+    /// from that address is closed unserved. A connection whose request did not
+    /// authenticate is closed after its answer. Behind a proxy every client has the
+    /// proxy's address: raise it there, and bound clients at the proxy.
+    pub max_unauthenticated_per_address: usize,
     /// Largest file a client may write or read (default 64 MiB): a file passes
     /// through the server's memory whole, so a larger one is refused (`413` on the E2B
     /// face, `LimitExceeded` on the wire), a read's before the file is read.
@@ -195,6 +203,10 @@ impl std::fmt::Debug for ServerConfig {
                 "max_connections_per_tenant",
                 &self.max_connections_per_tenant,
             )
+            .field(
+                "max_unauthenticated_per_address",
+                &self.max_unauthenticated_per_address,
+            )
             .field("max_file_bytes", &self.max_file_bytes)
             .field(
                 "max_transfer_bytes_per_tenant",
@@ -241,6 +253,7 @@ impl ServerConfig {
             held_response_timeout: std::time::Duration::from_secs(30),
             max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_tenant: listen::DEFAULT_MAX_CONNECTIONS_PER_TENANT,
+            max_unauthenticated_per_address: listen::DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
             max_file_bytes: 64 << 20,
             max_transfer_bytes_per_tenant: 256 << 20,
             max_archive_bytes: 1 << 30,

@@ -126,7 +126,7 @@ impl Shared {
     pub(crate) fn claim_connection(&self, request: &Request, tenant: &str) -> sandcell::Result<()> {
         match request
             .extensions()
-            .get::<connection_shares::ConnectionOwner>()
+            .get::<connection_shares::ConnectionClaim>()
         {
             Some(owner) => owner.claim(
                 &self.connections,
@@ -317,42 +317,16 @@ pub async fn serve(
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (bounds, slots) = bounds_of(&config)?;
-    listen::run(listener, slots, bounds, router(backend, config), shutdown).await;
+    let (bounds, admission) = listen::bounds_of(&config)?;
+    listen::run(
+        listener,
+        admission,
+        bounds,
+        router(backend, config),
+        shutdown,
+    )
+    .await;
     Ok(())
-}
-
-/// The accept loop's bounds and its connection slots; `InvalidInput` for a zero cap.
-fn bounds_of(
-    config: &ServerConfig,
-) -> std::io::Result<(listen::Bounds, Arc<tokio::sync::Semaphore>)> {
-    let timeouts = [
-        config.header_read_timeout,
-        config.body_read_timeout,
-        config.idle_timeout,
-    ];
-    if config.max_connections == 0
-        || config.max_connections_per_tenant == 0
-        || timeouts.iter().any(|t| t.is_zero())
-    {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "max_connections, max_connections_per_tenant, header_read_timeout, \
-             body_read_timeout and idle_timeout \
-             must be above zero",
-        ));
-    }
-    let bounds = listen::Bounds {
-        header_read_timeout: config.header_read_timeout,
-        body_read_timeout: config.body_read_timeout,
-        idle_timeout: config.idle_timeout,
-    };
-    let slots = Arc::new(tokio::sync::Semaphore::new(
-        config
-            .max_connections
-            .min(tokio::sync::Semaphore::MAX_PERMITS),
-    ));
-    Ok((bounds, slots))
 }
 
 /// As [`serve`], over TLS with `tls`'s certificate: what to expose beyond loopback.
@@ -376,9 +350,16 @@ pub async fn serve_tls(
     config: ServerConfig,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    let (bounds, slots) = bounds_of(&config)?;
-    let listener = tls::TlsListener::new(listener, &tls, Arc::clone(&slots));
-    listen::run(listener, slots, bounds, router(backend, config), shutdown).await;
+    let (bounds, admission) = listen::bounds_of(&config)?;
+    let listener = tls::TlsListener::new(listener, &tls, admission.clone());
+    listen::run(
+        listener,
+        admission,
+        bounds,
+        router(backend, config),
+        shutdown,
+    )
+    .await;
     Ok(())
 }
 

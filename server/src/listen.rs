@@ -22,6 +22,8 @@ use hyper_util::server::conn::auto::Builder;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{watch, OwnedSemaphorePermit, Semaphore};
 
+use super::config::ServerConfig;
+use super::connection_shares::{ConnectionOwner, Unauthenticated, Unclaimed};
 use super::requests::{InFlight, Service};
 
 /// How long a client may take to send a request head, by default: long enough for a
@@ -39,6 +41,10 @@ pub(crate) const DEFAULT_BODY_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long a connection may go without a request in flight, by default: long enough
 /// for a client between the steps of its work to keep its connection.
 pub(crate) const DEFAULT_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many connections one client address holds before a request authenticates on
+/// them, by default: far more than a client opens at once, a sixteenth of
+/// `max_connections`'s default.
+pub(crate) const DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS: usize = DEFAULT_MAX_CONNECTIONS / 16;
 
 /// The bounds the accept loop applies.
 #[derive(Debug, Clone, Copy)]
@@ -56,30 +62,44 @@ impl Bounds {
     }
 }
 
+/// Where a connection's places come from: the server's slots, and its address's
+/// share of the connections nobody has authenticated on yet.
+#[derive(Clone)]
+pub(crate) struct Admission {
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) unauthenticated: Arc<Unauthenticated>,
+}
+
+/// A connection accepted, with its places.
+pub(crate) type Accepted<Io> = (Io, OwnedSemaphorePermit, Unclaimed);
+
 /// Where connections come from: a TCP listener, or TLS streams whose handshake is
-/// done. Each comes with its place among the connections allowed at once.
+/// done. Each comes with its place among the connections allowed at once, and among
+/// its address's unauthenticated ones (an address past its bound is closed unserved).
 pub(crate) trait Accept: Send + 'static {
     type Io: AsyncRead + AsyncWrite + Unpin + Send + 'static;
 
-    /// The next connection, once `slots` has room for it.
-    fn accept(
-        &mut self,
-        slots: &Arc<Semaphore>,
-    ) -> impl Future<Output = (Self::Io, OwnedSemaphorePermit)> + Send;
+    /// The next connection, once `admission` has room for it.
+    fn accept(&mut self, admission: &Admission) -> impl Future<Output = Accepted<Self::Io>> + Send;
 }
 
 impl Accept for tokio::net::TcpListener {
     type Io = tokio::net::TcpStream;
 
-    async fn accept(&mut self, slots: &Arc<Semaphore>) -> (Self::Io, OwnedSemaphorePermit) {
-        let permit = slot(slots).await;
+    async fn accept(&mut self, admission: &Admission) -> Accepted<Self::Io> {
+        let permit = slot(&admission.slots).await;
         loop {
             match tokio::net::TcpListener::accept(self).await {
-                Ok((tcp, _)) => {
+                Ok((tcp, peer)) => {
+                    let Some(unclaimed) = admission.unauthenticated.admit(peer.ip()) else {
+                        tracing::debug!(%peer, "closing a connection: its address holds \
+                            its bound of unauthenticated connections");
+                        continue;
+                    };
                     // A command's round trip is a few small messages; Nagle's algorithm
                     // against delayed acknowledgements would add tens of ms to each.
                     let _ = tcp.set_nodelay(true);
-                    return (tcp, permit);
+                    return (tcp, permit, unclaimed);
                 }
                 Err(e) => {
                     // Out of file descriptors and the like: pause rather than spin.
@@ -89,6 +109,44 @@ impl Accept for tokio::net::TcpListener {
             }
         }
     }
+}
+
+/// The accept loop's bounds and its connections' places; `InvalidInput` for a zero
+/// cap.
+pub(crate) fn bounds_of(config: &ServerConfig) -> std::io::Result<(Bounds, Admission)> {
+    let timeouts = [
+        config.header_read_timeout,
+        config.body_read_timeout,
+        config.idle_timeout,
+    ];
+    if config.max_connections == 0
+        || config.max_connections_per_tenant == 0
+        || config.max_unauthenticated_per_address == 0
+        || timeouts.iter().any(|t| t.is_zero())
+    {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "max_connections, max_connections_per_tenant, \
+             max_unauthenticated_per_address, header_read_timeout, body_read_timeout and \
+             idle_timeout must be above zero",
+        ));
+    }
+    let bounds = Bounds {
+        header_read_timeout: config.header_read_timeout,
+        body_read_timeout: config.body_read_timeout,
+        idle_timeout: config.idle_timeout,
+    };
+    let slots = Arc::new(Semaphore::new(
+        config.max_connections.min(Semaphore::MAX_PERMITS),
+    ));
+    let unauthenticated = Unauthenticated::new(config.max_unauthenticated_per_address);
+    Ok((
+        bounds,
+        Admission {
+            slots,
+            unauthenticated,
+        },
+    ))
 }
 
 /// A place among the connections allowed at once (the semaphore is never closed).
@@ -103,7 +161,7 @@ pub(crate) async fn slot(slots: &Arc<Semaphore>) -> OwnedSemaphorePermit {
 /// each connection finish its requests.
 pub(crate) async fn run<A: Accept>(
     mut incoming: A,
-    slots: Arc<Semaphore>,
+    admission: Admission,
     bounds: Bounds,
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -122,12 +180,17 @@ pub(crate) async fn run<A: Accept>(
     let (done, all_done) = watch::channel(());
     let mut shutdown = std::pin::pin!(shutdown);
     loop {
-        let (io, permit) = tokio::select! {
-            accepted = incoming.accept(&slots) => accepted,
+        let (io, permit, unclaimed) = tokio::select! {
+            accepted = incoming.accept(&admission) => accepted,
             () = &mut shutdown => break,
         };
         let in_flight = InFlight::new();
-        let service = Service::new(router.clone(), bounds.body_read_timeout, in_flight.clone());
+        let service = Service::new(
+            router.clone(),
+            bounds.body_read_timeout,
+            in_flight.clone(),
+            ConnectionOwner::new(Some(unclaimed)),
+        );
         let (builder, mut stopping, all_done) =
             (Arc::clone(&builder), stopping.clone(), all_done.clone());
         tokio::spawn(async move {

@@ -47,6 +47,9 @@ pub(crate) struct Load {
     in_flight: usize,
     /// Whether a request has begun on it yet.
     used: bool,
+    /// Whether it closes once nothing is in flight (a request on it failed to
+    /// authenticate).
+    closing: bool,
 }
 
 impl InFlight {
@@ -63,12 +66,21 @@ impl InFlight {
         Busy(Arc::clone(&self.0))
     }
 
+    /// Closes the connection once nothing is in flight on it.
+    fn close_when_done(&self) {
+        self.0.send_modify(|load| load.closing = true);
+    }
+
     /// Resolves once no request has been in flight for `idle` on end, or, before the
-    /// connection's first request, for `unused`.
+    /// connection's first request, for `unused`; at once when nothing is in flight on
+    /// a connection that is to close.
     pub(crate) async fn idle_for(&self, idle: Duration, unused: Duration) {
         let mut load = self.0.subscribe();
         loop {
             let now = *load.borrow_and_update();
+            if now.closing && now.in_flight == 0 {
+                return;
+            }
             if now.in_flight > 0 {
                 // The sender lives as long as `self`: this returns on a change.
                 let _ = load.changed().await;
@@ -96,23 +108,30 @@ impl Drop for Busy {
 }
 
 /// The router as one connection's service: each request's body bounded, each request
-/// counted in flight until its response's body is done.
+/// counted in flight until its response's body is done, and the connection closed
+/// after a request that did not authenticate on it.
 #[derive(Clone)]
 pub(crate) struct Service {
     router: TowerToHyperService<Router>,
     body_read_timeout: Duration,
     in_flight: InFlight,
-    /// Whose share of the connections this one counts against, once known.
-    owner: ConnectionOwner,
+    /// Whose share of the connections this one counts against, once known; held here
+    /// so that it ends with the connection, whatever its requests' handlers hold.
+    owner: Arc<ConnectionOwner>,
 }
 
 impl Service {
-    pub(crate) fn new(router: Router, body_read_timeout: Duration, in_flight: InFlight) -> Self {
+    pub(crate) fn new(
+        router: Router,
+        body_read_timeout: Duration,
+        in_flight: InFlight,
+        owner: ConnectionOwner,
+    ) -> Self {
         Service {
             router: TowerToHyperService::new(router),
             body_read_timeout,
             in_flight,
-            owner: ConnectionOwner::default(),
+            owner: Arc::new(owner),
         }
     }
 }
@@ -147,10 +166,21 @@ impl hyper::service::Service<Request<Incoming>> for Service {
                 stalled: Arc::clone(&stalled),
             })
         });
-        request.extensions_mut().insert(self.owner.clone());
+        let claim = self.owner.claim_handle();
+        request.extensions_mut().insert(claim.clone());
+        let in_flight = self.in_flight.clone();
         let answer = self.router.call(request);
         Box::pin(async move {
             let mut response = answer.await?;
+            if !claim.keep().is_some_and(|owner| owner.is_claimed()) {
+                // Nobody authenticated on this connection: it does not stay open,
+                // holding one of the server's places, for a client that shows no
+                // tenant (HTTP/1 is told so; HTTP/2 gets a GOAWAY once it is idle).
+                in_flight.close_when_done();
+                if http1 {
+                    response = closing(response);
+                }
+            }
             // The handler saw an error where the rest of the body should have been;
             // the client is told why, and (HTTP/1) that the connection closes, since
             // the rest of its body will not be read.

@@ -14,7 +14,9 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use sandcell::{Error, ErrorKind, Result};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::mpsc;
+
+use super::listen::Admission;
 use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
@@ -84,14 +86,14 @@ pub(crate) struct TlsListener {
 }
 
 /// A connection whose handshake is done, with its connection slot.
-type Ready = (TlsStream<TcpStream>, OwnedSemaphorePermit);
+type Ready = super::listen::Accepted<TlsStream<TcpStream>>;
 
 impl TlsListener {
-    /// Accepts on `listener` while `slots` has room.
-    pub(crate) fn new(listener: TcpListener, tls: &Tls, slots: Arc<Semaphore>) -> Self {
+    /// Accepts on `listener` while `admission` has room.
+    pub(crate) fn new(listener: TcpListener, tls: &Tls, admission: Admission) -> Self {
         let (sender, ready) = mpsc::channel(READY_BACKLOG);
         let acceptor = TlsAcceptor::from(Arc::clone(&tls.0));
-        let acceptor = tokio::spawn(accept_loop(listener, acceptor, slots, sender));
+        let acceptor = tokio::spawn(accept_loop(listener, acceptor, admission, sender));
         TlsListener { ready, acceptor }
     }
 }
@@ -106,11 +108,11 @@ impl Drop for TlsListener {
 async fn accept_loop(
     listener: TcpListener,
     acceptor: TlsAcceptor,
-    slots: Arc<Semaphore>,
+    admission: Admission,
     ready: mpsc::Sender<Ready>,
 ) {
     loop {
-        let permit = super::listen::slot(&slots).await;
+        let permit = super::listen::slot(&admission.slots).await;
         let (tcp, peer): (TcpStream, SocketAddr) = match listener.accept().await {
             Ok(accepted) => accepted,
             Err(e) => {
@@ -120,6 +122,12 @@ async fn accept_loop(
                 continue;
             }
         };
+        // Before the handshake: a handshake holds a place as long as a request does.
+        let Some(unclaimed) = admission.unauthenticated.admit(peer.ip()) else {
+            tracing::debug!(%peer, "closing a connection: its address holds its bound \
+                of unauthenticated connections");
+            continue;
+        };
         // See `serve`: a command's round trip is a few small messages.
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
@@ -127,7 +135,7 @@ async fn accept_loop(
         tokio::spawn(async move {
             match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
                 Ok(Ok(stream)) => {
-                    let _ = ready.send((stream, permit)).await;
+                    let _ = ready.send((stream, permit, unclaimed)).await;
                 }
                 Ok(Err(e)) => tracing::debug!(%peer, error = %e, "a TLS handshake failed"),
                 Err(_) => tracing::debug!(%peer, "a TLS handshake timed out"),
@@ -139,7 +147,7 @@ async fn accept_loop(
 impl super::listen::Accept for TlsListener {
     type Io = TlsStream<TcpStream>;
 
-    async fn accept(&mut self, _slots: &Arc<Semaphore>) -> (Self::Io, OwnedSemaphorePermit) {
+    async fn accept(&mut self, _admission: &Admission) -> Ready {
         match self.ready.recv().await {
             Some(connection) => connection,
             // The accept loop ends only when aborted, which happens on drop.

@@ -49,8 +49,8 @@ pub(super) async fn upgrade(
     // server had no descriptors left for anyone.
     let share = request
         .extensions()
-        .get::<crate::connection_shares::ConnectionOwner>()
-        .cloned();
+        .get::<crate::connection_shares::ConnectionClaim>()
+        .and_then(crate::connection_shares::ConnectionClaim::keep);
     let options = ServeOptions::default()
         .max_file_bytes(state.config.max_file_bytes as u64)
         .budget(state.transfers(&caller.0.name))

@@ -1383,3 +1383,66 @@ async fn case40_a_tenant_holds_a_bounded_number_of_watches() {
     assert_eq!(again.status(), 200);
     drop(held);
 }
+
+/// A connection from `from` (any address on the loopback) to `to`.
+async fn connect_from(from: &str, to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{from}:0").parse().unwrap()).unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// ADVERSARIAL 35, FINDINGS7 S3: connections nobody authenticates on hold none of the
+/// server's places for long. One whose request did not authenticate is closed after
+/// its answer, and one address holds at most `max_unauthenticated_per_address`
+/// connections before any authenticates (the next is closed unserved), while another
+/// address, and an authenticated connection, are served. (Forty connections sending a
+/// request without a token every 4 s held every place: a tenant's requests timed out.)
+#[tokio::test]
+async fn case35_unauthenticated_connections_hold_a_bounded_number_of_places() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_connections = 16;
+    config.max_unauthenticated_per_address = 3;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let authorized = format!(
+        "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\n\
+         Authorization: Bearer {}\r\n\r\n",
+        common::TOKEN
+    );
+    let anonymous = "GET /v1/sandcell/capabilities HTTP/1.1\r\nHost: x\r\n\r\n";
+    let wrong = "GET /v1/apps/a/machines HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope\r\n\r\n";
+    for request in [anonymous, wrong, "GET /nowhere HTTP/1.1\r\nHost: x\r\n\r\n"] {
+        let mut stream = connect_from("127.0.0.1", served.addr).await;
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let answer = closed_within(&mut stream, Duration::from_secs(5))
+            .await
+            .unwrap_or_else(|| panic!("{request:?} left its connection open"));
+        let answer = String::from_utf8_lossy(&answer);
+        assert!(answer.starts_with("HTTP/1.1 4"), "{answer}");
+    }
+    // Three silent connections from one address: a fourth is closed unserved.
+    let mut silent = Vec::new();
+    for _ in 0..3 {
+        silent.push(connect_from("127.0.0.1", served.addr).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut fourth = connect_from("127.0.0.1", served.addr).await;
+    let _ = fourth.write_all(authorized.as_bytes()).await;
+    let unserved = closed_within(&mut fourth, Duration::from_secs(5))
+        .await
+        .expect("a fourth unauthenticated connection from one address was kept");
+    assert!(
+        unserved.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&unserved)
+    );
+    // Another address is served meanwhile.
+    let mut other = connect_from("127.0.0.2", served.addr).await;
+    let answer = ask(&mut other, &authorized).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    // Authenticated, a connection leaves its address's count.
+    let answer = ask(&mut silent[0], &authorized).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let mut fifth = connect_from("127.0.0.1", served.addr).await;
+    let answer = ask(&mut fifth, &authorized).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+}

@@ -255,3 +255,85 @@ async fn mcp_sessions_count_against_the_tenants_quota_with_its_other_sandboxes()
     assert!(!wrote.contains("max_sandboxes"), "{wrote}");
     assert_eq!(e2b_create().await.unwrap().status().as_u16(), 429);
 }
+
+/// ADVERSARIAL 35, FINDINGS7 S6: a tool call whose client has gone holds no share of
+/// its tenant's connections. The claim rode in the request, which the tool kept until
+/// it returned: a client that dropped its connections mid-call was refused (`429`) for
+/// as long as its calls ran, up to an hour.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_call_whose_client_left_holds_no_connection_share() {
+    use tokio::io::AsyncWriteExt;
+    let root = tempfile::tempdir().unwrap();
+    let data = tempfile::tempdir().unwrap();
+    let local = sandcell_local::LocalBackend::builder()
+        .root(root.path())
+        .build()
+        .unwrap();
+    let mut config = ServerConfig::with_tenants([Tenant::new("alice", ALICE)])
+        .unwrap()
+        .with_mcp(Arc::new(local.clone()), |b| {
+            b.manager_id("sandcell").data_dir(data.path())
+        })
+        .await
+        .unwrap();
+    config.max_connections_per_tenant = 1;
+    let server = common::serve_built(local, root, config).await;
+    let mut alice = Mcp::open(&server.url, ALICE).await;
+    assert!(!alice
+        .tool("run_command", json!({"session": "s", "command": "true"}))
+        .await
+        .is_empty());
+    // The shares of the client's own connections come back as they close.
+    let addr = server.url.trim_start_matches("http://").to_owned();
+    let body = json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {
+        "name": "run_command",
+        "arguments": {"session": "s", "command": "sleep 30", "timeout_secs": 60},
+    }})
+    .to_string();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ALICE}\r\n\
+         Accept: application/json, text/event-stream\r\nContent-Type: application/json\r\n\
+         Mcp-Session-Id: {}\r\nContent-Length: {}\r\n\r\n{body}",
+        alice.session.as_deref().unwrap(),
+        body.len()
+    );
+    let mut sent = false;
+    for _ in 0..50 {
+        let mut call = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        call.write_all(head.as_bytes()).await.unwrap();
+        // Claimed (and running) unless refused at once for the share.
+        let mut first = [0u8; 12];
+        match tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            tokio::io::AsyncReadExt::read(&mut call, &mut first),
+        )
+        .await
+        {
+            Ok(Ok(n)) if first[..n].starts_with(b"HTTP/1.1 429") => {
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            _ => {
+                // The call is in flight: its client goes away.
+                drop(call);
+                sent = true;
+                break;
+            }
+        }
+    }
+    assert!(sent, "the long call never got a connection");
+    let started = std::time::Instant::now();
+    let mut served = false;
+    while started.elapsed() < std::time::Duration::from_secs(10) {
+        let (status, _, _) = alice.post(json!({"method": "tools/list"})).await;
+        if status == 200 {
+            served = true;
+            break;
+        }
+        assert_eq!(status, 429);
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        served,
+        "the tenant was refused for as long as its abandoned call ran"
+    );
+}
