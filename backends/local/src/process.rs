@@ -5,26 +5,22 @@
 //! command is a child subreaper that orphans stay beneath — and output that drains.
 
 use std::collections::BTreeMap;
-use std::os::fd::AsFd;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use async_trait::async_trait;
 use bytes::Bytes;
-use futures::StreamExt;
 use rustix::process::{Pid, Signal};
 use sandcell::raw::ProcessControl;
-use sandcell::{ByteStream, Error, ErrorKind, ExitStatus, Process, Result};
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
+use sandcell::{Error, ErrorKind, ExitStatus, Process, Result};
+use tokio::io::AsyncWriteExt;
 use tokio::sync::{mpsc, watch};
 
+mod output;
 mod procfs;
+use output::{pump, DRAIN_AFTER_EXIT};
 use procfs::{child_groups, living_descendants, proc_stat};
 pub(crate) use procfs::{group_alive, group_members, signal_group};
-
-/// How long output may keep arriving after the command exited. A background process that
-/// inherited stdout keeps the pipe open forever; it must not hold the caller hostage.
-const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
 /// The minimal PATH every sandbox process gets.
 pub(crate) const DEFAULT_PATH: &str = sandcell::raw::host_tool::PATH;
@@ -154,6 +150,9 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
     };
 
     let (close_tx, close_rx) = watch::channel(false);
+    // A wrapped command's stderr may begin with `nsenter`'s own word (output::pump).
+    let (verdict_tx, verdict_rx) = watch::channel(None);
+    let verdict = launch.wrapped.is_some().then_some(verdict_rx);
     let (stdin_writer, (out_stream, out_done), (err_stream, err_done)) = match &terminal {
         Some(terminal) => {
             let writer: Option<sandcell::ProcessStdin> = match launch.stdin {
@@ -168,9 +167,9 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
             };
             (
                 writer,
-                pump(Some(terminal.clone()), close_rx.clone()),
+                pump(Some(terminal.clone()), close_rx.clone(), None),
                 // Everything is on the terminal; stderr ends at once.
-                pump(None::<crate::terminal::Terminal>, close_rx),
+                pump(None::<crate::terminal::Terminal>, close_rx, None),
             )
         }
         None => {
@@ -191,8 +190,8 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
             };
             (
                 writer,
-                pump(stdout, close_rx.clone()),
-                pump(stderr, close_rx),
+                pump(stdout, close_rx.clone(), None),
+                pump(stderr, close_rx, verdict),
             )
         }
     };
@@ -216,7 +215,7 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
         launch.timeout,
         launch.grace,
         kill_rx,
-        (out_done, err_done, close_tx),
+        (out_done, err_done, close_tx, verdict_tx),
         status_tx,
     ));
 
@@ -235,83 +234,11 @@ pub(crate) fn spawn(mut launch: Launch) -> Result<Process> {
     ))
 }
 
-/// Reads a pipe into a stream until end-of-file or until told to close.
-fn pump<R>(
-    pipe: Option<R>,
-    mut close: watch::Receiver<bool>,
-) -> (ByteStream, tokio::sync::oneshot::Receiver<()>)
-where
-    R: AsyncRead + AsFd + Unpin + Send + 'static,
-{
-    let (tx, rx) = mpsc::channel::<Result<Bytes>>(8);
-    let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-    tokio::spawn(async move {
-        if let Some(mut pipe) = pipe {
-            let mut buf = vec![0u8; 64 * 1024];
-            loop {
-                tokio::select! {
-                    read = pipe.read(&mut buf) => match read {
-                        Ok(0) => break,
-                        Ok(n) => {
-                            if tx.send(Ok(Bytes::copy_from_slice(&buf[..n]))).await.is_err() {
-                                // Nobody listens; keep draining so the writer never blocks.
-                                continue;
-                            }
-                        }
-                        Err(e) => {
-                            let _ = tx.send(Err(Error::io("reading process output", e))).await;
-                            break;
-                        }
-                    },
-                    // The guard wait_for returns is not Send; drop it inside.
-                    _ = async { let _ = close.wait_for(|closed| *closed).await; } => {
-                        drain_written(&mut pipe, &mut buf, &tx).await;
-                        break;
-                    }
-                }
-            }
-        }
-        let _ = done_tx.send(());
-    });
-    let stream = futures::stream::unfold(rx, |mut rx| async move {
-        rx.recv().await.map(|item| (item, rx))
-    })
-    .boxed();
-    (stream, done_rx)
-}
-
-/// At most this much output is read after the command exited and the drain window
-/// closed: a background process that keeps writing cannot keep the reader going.
-const FINAL_DRAIN_BYTES: usize = 1 << 20;
-
-/// Reads what is already written to `pipe` (non-blocking, up to [`FINAL_DRAIN_BYTES`])
-/// once the drain window closed. Under load the reader task may not have run within
-/// the window: output written before the command exited is still the command's, and a
-/// terminal may still hold it (Linux hands it over, then answers `EIO`).
-async fn drain_written(pipe: &mut impl AsFd, buf: &mut [u8], tx: &mpsc::Sender<Result<Bytes>>) {
-    let mut left = FINAL_DRAIN_BYTES;
-    while left > 0 {
-        let want = buf.len().min(left);
-        // Both ends are non-blocking: an empty pipe answers EAGAIN, never waits.
-        match rustix::io::read(pipe.as_fd(), &mut buf[..want]) {
-            Ok(0) | Err(_) => return,
-            Ok(n) => {
-                left -= n;
-                // A reader that stopped reading does not hold this task either.
-                let chunk = Ok(Bytes::copy_from_slice(&buf[..n]));
-                match tokio::time::timeout(DRAIN_AFTER_EXIT, tx.send(chunk)).await {
-                    Ok(Ok(())) => {}
-                    _ => return,
-                }
-            }
-        }
-    }
-}
-
 type Drains = (
     tokio::sync::oneshot::Receiver<()>,
     tokio::sync::oneshot::Receiver<()>,
     watch::Sender<bool>,
+    watch::Sender<Option<bool>>,
 );
 
 /// Everything one command started: its process group, and its cgroup where there is
@@ -341,7 +268,7 @@ async fn supervise(
     timeout: Option<Duration>,
     grace: Duration,
     mut kill_rx: mpsc::Receiver<()>,
-    (out_done, err_done, close): Drains,
+    (out_done, err_done, close, verdict): Drains,
     status_tx: watch::Sender<Option<Result<ExitStatus, (ErrorKind, String)>>>,
 ) {
     let deadline = async {
@@ -381,6 +308,8 @@ async fn supervise(
                     meta.status == sandcell::SandboxStatus::Terminated
                 })
         });
+    // Before the drain: stderr held back waits for it.
+    let _ = verdict.send(Some(sandbox_gone));
     // The command's cgroup goes with `tree` if it is empty; background processes of a
     // command that exited on its own keep it (and run on) until reset or destroy.
     drop(tree);
@@ -589,7 +518,7 @@ mod tests {
             drop(write);
             let read = tokio::net::unix::pipe::Receiver::from_owned_fd(read).unwrap();
             let (close_tx, close_rx) = watch::channel(false);
-            let (stream, done) = pump(Some(read), close_rx);
+            let (stream, done) = pump(Some(read), close_rx, None);
             close_tx.send(true).unwrap();
             let chunks: Vec<_> = stream.collect().await;
             done.await.unwrap();
