@@ -278,12 +278,29 @@ async fn a_tool_call_whose_client_left_holds_no_connection_share() {
         .unwrap();
     config.max_connections_per_tenant = 1;
     let server = common::serve_built(local, root, config).await;
-    let mut alice = Mcp::open(&server.url, ALICE).await;
-    assert!(!alice
-        .tool("run_command", json!({"session": "s", "command": "true"}))
-        .await
-        .is_empty());
-    // The shares of the client's own connections come back as they close.
+    // With a share of one connection, each request waits for the last one's
+    // connection to be seen closed.
+    let mut alice = Mcp {
+        url: format!("{}/mcp", server.url),
+        token: ALICE,
+        session: None,
+        next_id: 1,
+    };
+    let initialize = json!({"method": "initialize", "params": {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {},
+        "clientInfo": {"name": "tenancy-test", "version": "0"},
+    }});
+    let (_, _, session) = served_within_share(&mut alice, initialize).await;
+    alice.session = session;
+    let initialized = json!({"method": "notifications/initialized"});
+    let (status, _, _) = served_within_share(&mut alice, initialized).await;
+    assert!(status < 300, "initialized: {status}");
+    let warm = json!({"method": "tools/call", "params": {
+        "name": "run_command",
+        "arguments": {"session": "s", "command": "true"},
+    }});
+    served_within_share(&mut alice, warm).await;
     let addr = server.url.trim_start_matches("http://").to_owned();
     let body = json!({"jsonrpc": "2.0", "id": 50, "method": "tools/call", "params": {
         "name": "run_command",
@@ -336,4 +353,17 @@ async fn a_tool_call_whose_client_left_holds_no_connection_share() {
         served,
         "the tenant was refused for as long as its abandoned call ran"
     );
+}
+
+/// `body` sent until it is not refused for the tenant's connection share (its last
+/// request's connection not yet seen closed), for up to 5 s.
+async fn served_within_share(mcp: &mut Mcp, body: Value) -> (u16, Value, Option<String>) {
+    for _ in 0..50 {
+        let answer = mcp.post(body.clone()).await;
+        if answer.0 != 429 {
+            return answer;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    panic!("refused for the share for 5 s: {body}");
 }

@@ -21,6 +21,7 @@
 
 mod bounded;
 pub mod budget;
+mod forward;
 #[cfg(unix)]
 pub mod host_tool;
 #[cfg(target_os = "linux")]
@@ -56,6 +57,8 @@ pub use crate::process::ProcessControl;
 use crate::process::{Process, ProcessStdin};
 pub use crate::store::decide_claim;
 pub use bounded::{read_at_most, read_within};
+#[doc(inline)]
+pub use forward::forward_backend;
 
 /// Archive checks and host-directory archives, for backends that read or write tars.
 pub mod archive {

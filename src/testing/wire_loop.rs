@@ -5,12 +5,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::backend::SandboxBackend;
-use crate::capabilities::Capabilities;
 use crate::error::Result;
 use crate::lock_unpoisoned as lock;
 use crate::raw::wire::{serve, WireClient};
-use crate::sandbox::{LabelSelector, SandboxId, SandboxInfo};
-use crate::spec::SandboxSpec;
+use crate::sandbox::SandboxId;
 
 /// Wraps a backend: lifecycle calls go to it directly, every per-sandbox operation goes
 /// through a [`WireClient`] talking to [`serve`] over an in-memory pipe, one connection
@@ -84,62 +82,17 @@ impl WireLoop {
 
 // A forwarder: a trait method left to its default would answer for the inner backend
 // (the macro denies `missing_trait_methods`).
-crate::raw::wire::backend_over_wire! {
+crate::raw::forward_backend! {
     impl SandboxBackend for WireLoop {
-        wire = live;
-        forward = [files, exec, read, read_limited, export_changes, metrics, set_network];
-
-        fn name(&self) -> &str {
-            self.inner.name()
-        }
-
-        fn capabilities(&self) -> Capabilities {
-            self.inner.capabilities()
-        }
-
-        async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-            self.inner.create(spec).await
-        }
-
-        async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
-            self.inner.inspect(id).await
-        }
-
-        async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
-            self.inner.list(selector).await
+        forward {
+            [files, exec, read, read_limited, export_changes, metrics, set_network] => wire live;
+            [info, create, inspect, list, pause, resume, reset, ports, clone_sandbox]
+                => field inner;
         }
 
         async fn destroy(&self, id: &SandboxId) -> Result<()> {
             self.disconnect(id);
             self.inner.destroy(id).await
-        }
-
-        async fn pause(&self, id: &SandboxId) -> Result<()> {
-            self.inner.pause(id).await
-        }
-
-        async fn resume(&self, id: &SandboxId) -> Result<()> {
-            self.inner.resume(id).await
-        }
-
-        async fn reset(&self, id: &SandboxId) -> Result<()> {
-            self.inner.reset(id).await
-        }
-
-        async fn publish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
-            self.inner.publish_port(id, port).await
-        }
-
-        async fn unpublish_port(&self, id: &SandboxId, port: u16) -> Result<()> {
-            self.inner.unpublish_port(id, port).await
-        }
-
-        async fn clone_sandbox(
-            &self,
-            id: &SandboxId,
-            labels: std::collections::BTreeMap<String, String>,
-        ) -> Result<SandboxInfo> {
-            self.inner.clone_sandbox(id, labels).await
         }
     }
 }

@@ -36,7 +36,6 @@
 //! ```
 
 mod client;
-mod forward;
 mod frame;
 mod mux;
 mod proto;
@@ -44,6 +43,4 @@ mod serve_options;
 mod server;
 
 pub use client::WireClient;
-#[doc(inline)]
-pub use forward::backend_over_wire;
 pub use server::{serve, serve_with, PublicErrors, ServeOptions};

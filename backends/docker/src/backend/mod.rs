@@ -95,11 +95,12 @@ impl DockerBackend {
     }
 }
 
-sandcell::raw::wire::backend_over_wire! {
+sandcell::raw::forward_backend! {
     impl SandboxBackend for DockerBackend {
-        // Through the agent (which watches with inotify inside the container).
-        wire = client;
-        forward = [files];
+        forward {
+            // Through the agent (which watches with inotify inside the container).
+            [files] => wire client;
+        }
 
         fn name(&self) -> &str {
             "docker"
