@@ -38,6 +38,12 @@ macro_rules! __forward_backend {
     (@call [wire $wire:ident] $s:tt $m:ident [$id:ident] ($($arg:ident),*)) => {
         $s.$wire($id).await?.$m($($arg),*).await
     };
+    (@call [routed $route:ident] $s:tt $m:ident [$id:ident] ($($arg:ident),*)) => {
+        match $s.$route($id).await? {
+            $crate::raw::Routed::Wire(wire) => wire.$m($($arg),*).await,
+            $crate::raw::Routed::Own(own) => own.$m($id, $($arg),*).await,
+        }
+    };
     (@call [field $field:ident] $s:tt $m:ident [$($id:ident)?] ($($arg:ident),*)) => {
         $crate::SandboxBackend::$m(&$s.$field, $($id,)? $($arg),*).await
     };
@@ -385,6 +391,9 @@ macro_rules! __forward_backend {
 /// - `=> wire client;` to the [`WireClient`](crate::raw::wire::WireClient) that
 ///   `client` (an `async fn(&self, &SandboxId) -> Result<WireClient>` of the type)
 ///   returns for the sandbox: a backend that reaches its sandboxes over the wire;
+/// - `=> routed route;` to where `route` (an `async fn(&self, &SandboxId) ->
+///   Result<Routed<T>>`) sends the sandbox's calls: its wire client, or a layer of the
+///   backend's own (`T`), whose same-named method takes the sandbox's id first;
 /// - `=> field inner;` to the backend in the field `inner`: a wrapper;
 /// - `=> deref;` to the backend the pointer holds (`**self`).
 ///
@@ -440,3 +449,13 @@ macro_rules! __forward_backend {
 /// ```
 #[doc(inline)]
 pub use __forward_backend as forward_backend;
+
+/// Where one sandbox's calls go, for a backend that reaches some sandboxes over the
+/// wire and others through a layer of its own ([`forward_backend!`]'s `=> routed`).
+#[derive(Debug)]
+pub enum Routed<T> {
+    /// The sandbox's wire client.
+    Wire(super::wire::WireClient),
+    /// The backend's own layer, whose methods take the sandbox's id first.
+    Own(T),
+}

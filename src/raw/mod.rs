@@ -59,6 +59,7 @@ pub use crate::store::decide_claim;
 pub use bounded::{read_at_most, read_within};
 #[doc(inline)]
 pub use forward::forward_backend;
+pub use forward::Routed;
 
 /// Archive checks and host-directory archives, for backends that read or write tars.
 pub mod archive {

@@ -432,6 +432,19 @@ impl ExecFiles {
             .await
             .map(drop)
     }
+
+    /// A plain endpoint's exec answers once a command is done: nothing can stream a
+    /// machine's file events.
+    pub(crate) async fn watch(
+        &self,
+        _id: &SandboxId,
+        _path: &SandboxPath,
+        _options: sandcell::WatchOptions,
+    ) -> Result<sandcell::WatchStream> {
+        Err(Error::unsupported(
+            "a plain Fly endpoint cannot watch a machine's files",
+        ))
+    }
 }
 
 #[cfg(test)]

@@ -3,15 +3,12 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use async_trait::async_trait;
 use bytes::Bytes;
 use reqwest::Method;
-use sandcell::archive::ImportOptions;
-use sandcell::raw::wire::WireClient;
+use sandcell::raw::Routed;
 use sandcell::{
-    ByteStream, Capabilities, Changes, DirEntry, Error, ErrorKind, ExecRequest, ExitStatus,
-    FileInfo, LabelSelector, Network, Process, Result, SandboxBackend, SandboxId, SandboxInfo,
-    SandboxPath, SandboxSpec,
+    Capabilities, Changes, Error, ErrorKind, ExecRequest, ExitStatus, LabelSelector, Network,
+    Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxPath, SandboxSpec,
 };
 
 use super::config::FlyConfig;
@@ -161,8 +158,8 @@ impl FlyBackend {
     /// Where machine `id`'s commands and files go.
     async fn route(&self, id: &SandboxId) -> Result<Route<'_>> {
         match &self.inner.server {
-            Some(_) => Ok(Route::Wire(self.inner.wires.get(id).await?)),
-            None => Ok(Route::Exec(&self.inner.files)),
+            Some(_) => Ok(Routed::Wire(self.inner.wires.get(id).await?)),
+            None => Ok(Routed::Own(&self.inner.files)),
         }
     }
 
@@ -201,360 +198,284 @@ impl FlyBackend {
     }
 }
 
-/// Where a machine's commands and files go.
-enum Route<'a> {
-    /// sandcell-server: the machine's wire connection.
-    Wire(WireClient),
-    /// A plain Fly endpoint: shell scripts over the buffered `exec`.
-    Exec(&'a ExecFiles),
-}
+/// Where a machine's commands and files go: sandcell-server's wire connection to the
+/// machine, or (a plain Fly endpoint) shell scripts over the buffered `exec`.
+type Route<'a> = Routed<&'a ExecFiles>;
 
-// Every method written out: a method added to the trait cannot answer with its
-// default (`Unsupported`) here unnoticed.
-#[deny(clippy::missing_trait_methods)]
-#[async_trait]
-impl SandboxBackend for FlyBackend {
-    fn name(&self) -> &str {
-        "remote"
-    }
+// A method added to the trait joins a group of `forward` or is written out here: it
+// cannot answer with its default (`Unsupported`) unnoticed.
+sandcell::raw::forward_backend! {
+    impl SandboxBackend for FlyBackend {
+        forward {
+            [files] => routed route;
+        }
 
-    fn capabilities(&self) -> Capabilities {
-        match &self.inner.server {
-            // The served backend's: the spec travels whole, and every per-sandbox
-            // operation (a new allowlist included) crosses the wire.
-            Some(server) => server.capabilities,
-            None => {
-                // A plain Fly Machines endpoint: machines have the network, a guest
-                // size, and nothing else a spec can ask for. Its restart wipes the root
-                // file system, so reset keeps the workspace only on a volume.
-                let mut caps = Capabilities::none();
-                caps.pause = true;
-                caps.reset = self.inner.config.workspace_survives_restart;
-                caps.cpu_limit = true;
-                caps.memory_limit = true;
-                caps.network_full = true;
-                caps.shell = true;
-                caps.symlinks = true;
-                caps
+        fn name(&self) -> &str {
+            "remote"
+        }
+
+        fn capabilities(&self) -> Capabilities {
+            match &self.inner.server {
+                // The served backend's: the spec travels whole, and every per-sandbox
+                // operation (a new allowlist included) crosses the wire.
+                Some(server) => server.capabilities,
+                None => {
+                    // A plain Fly Machines endpoint: machines have the network, a guest
+                    // size, and nothing else a spec can ask for. Its restart wipes the root
+                    // file system, so reset keeps the workspace only on a volume.
+                    let mut caps = Capabilities::none();
+                    caps.pause = true;
+                    caps.reset = self.inner.config.workspace_survives_restart;
+                    caps.cpu_limit = true;
+                    caps.memory_limit = true;
+                    caps.network_full = true;
+                    caps.shell = true;
+                    caps.symlinks = true;
+                    caps
+                }
             }
         }
-    }
 
-    async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
-        let spec = &spec.prepare(&self.capabilities())?;
-        let spec_json = serde_json::to_string(spec)
-            .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding the spec", e))?;
-        let mut metadata = spec.labels.clone();
-        metadata.insert(SPEC_METADATA.to_owned(), spec_json);
-        let limits = &spec.limits;
-        let guest = (limits.cpu_millis.is_some() || limits.memory_bytes.is_some()).then(|| Guest {
-            cpu_kind: None,
-            cpus: limits.cpu_millis.map(|m| m.div_ceil(1000).max(1)),
-            memory_mb: limits.memory_bytes.map(|b| b.div_ceil(1 << 20)),
-        });
-        let request = CreateMachineRequest {
-            name: Some(format!("sandcell-{}", uuid::Uuid::new_v4().simple())),
-            region: self.inner.config.region.clone(),
-            config: MachineConfig {
-                image: spec.template.clone(),
-                env: spec.env.clone(),
-                guest,
-                init: Some(Init {
-                    cmd: self.inner.config.keep_alive.clone(),
-                }),
-                metadata,
-                auto_destroy: Some(self.inner.config.auto_destroy),
-            },
-        };
-        let machine = self.inner.control.create(&request).await?;
-        let info = super::state::info_of(&machine)?;
-        if machine.state != MachineState::Started.as_str() {
-            let version = Some(machine.instance_id.as_str());
-            if let Err(e) = self
-                .wait_for(&info.id, MachineState::Started, version)
-                .await
-            {
-                // Nothing left behind: a machine that never started is destroyed.
-                let _ = self.inner.control.destroy(machine.id.as_str()).await;
-                return Err(e.context(format_args!("starting machine {}", machine.id)));
-            }
-        }
-        // Known now; exec on a plain endpoint need not ask the machine for it later.
-        crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec.clone()));
-        self.inspect(&info.id).await
-    }
-
-    async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
-        super::state::info_of(&self.inner.control.get(id.as_str()).await?)
-    }
-
-    async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
-        let mut out = Vec::new();
-        for machine in self.inner.control.list().await? {
-            if machine.state == MachineState::Destroyed.as_str() {
-                continue;
-            }
+        async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {
+            let spec = &spec.prepare(&self.capabilities())?;
+            let spec_json = serde_json::to_string(spec)
+                .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding the spec", e))?;
+            let mut metadata = spec.labels.clone();
+            metadata.insert(SPEC_METADATA.to_owned(), spec_json);
+            let limits = &spec.limits;
+            let guest = (limits.cpu_millis.is_some() || limits.memory_bytes.is_some()).then(|| Guest {
+                cpu_kind: None,
+                cpus: limits.cpu_millis.map(|m| m.div_ceil(1000).max(1)),
+                memory_mb: limits.memory_bytes.map(|b| b.div_ceil(1 << 20)),
+            });
+            let request = CreateMachineRequest {
+                name: Some(format!("sandcell-{}", uuid::Uuid::new_v4().simple())),
+                region: self.inner.config.region.clone(),
+                config: MachineConfig {
+                    image: spec.template.clone(),
+                    env: spec.env.clone(),
+                    guest,
+                    init: Some(Init {
+                        cmd: self.inner.config.keep_alive.clone(),
+                    }),
+                    metadata,
+                    auto_destroy: Some(self.inner.config.auto_destroy),
+                },
+            };
+            let machine = self.inner.control.create(&request).await?;
             let info = super::state::info_of(&machine)?;
-            if selector.matches(&info.labels) {
-                out.push(info);
+            if machine.state != MachineState::Started.as_str() {
+                let version = Some(machine.instance_id.as_str());
+                if let Err(e) = self
+                    .wait_for(&info.id, MachineState::Started, version)
+                    .await
+                {
+                    // Nothing left behind: a machine that never started is destroyed.
+                    let _ = self.inner.control.destroy(machine.id.as_str()).await;
+                    return Err(e.context(format_args!("starting machine {}", machine.id)));
+                }
             }
+            // Known now; exec on a plain endpoint need not ask the machine for it later.
+            crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec.clone()));
+            self.inspect(&info.id).await
         }
-        Ok(out)
-    }
 
-    async fn destroy(&self, id: &SandboxId) -> Result<()> {
-        self.inner.control.destroy(id.as_str()).await?;
-        self.inner.wires.forget(id);
-        crate::lock(&self.inner.specs).remove(id);
-        Ok(())
-    }
-
-    async fn pause(&self, id: &SandboxId) -> Result<()> {
-        self.inner.control.suspend(id.as_str()).await?;
-        self.wait_for(id, MachineState::Suspended, None).await
-    }
-
-    async fn resume(&self, id: &SandboxId) -> Result<()> {
-        self.inner.control.start(id.as_str()).await?;
-        self.wait_for(id, MachineState::Started, None).await
-    }
-
-    async fn reset(&self, id: &SandboxId) -> Result<()> {
-        if !self.capabilities().reset {
-            return Err(Error::unsupported(
-                "reset on a plain Fly endpoint: a restart recreates the machine's root \
-                 file system, so the workspace would be lost (set \
-                 `workspace_survives_restart` when it lives on a volume)",
-            ));
+        async fn inspect(&self, id: &SandboxId) -> Result<SandboxInfo> {
+            super::state::info_of(&self.inner.control.get(id.as_str()).await?)
         }
-        self.inner.control.restart(id.as_str()).await?;
-        self.wait_for(id, MachineState::Started, None).await
-    }
 
-    async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
-        request.check_supported(&self.capabilities())?;
-        if let Route::Wire(wire) = self.route(id).await? {
-            return wire.exec(request).await;
+        async fn list(&self, selector: &LabelSelector) -> Result<Vec<SandboxInfo>> {
+            let mut out = Vec::new();
+            for machine in self.inner.control.list().await? {
+                if machine.state == MachineState::Destroyed.as_str() {
+                    continue;
+                }
+                let info = super::state::info_of(&machine)?;
+                if selector.matches(&info.labels) {
+                    out.push(info);
+                }
+            }
+            Ok(out)
         }
-        // A plain endpoint runs the command to its end and answers text. Its exec has
-        // no cwd or env and cannot tell a missing program: a wrapper does those, and
-        // this client applies the spec's workdir, default timeout and output cap.
-        let spec = self.spec_of(id).await?;
-        let mut request = request;
-        if request.cwd.is_none() && !spec.workdir.is_root() {
-            request.cwd = Some(spec.workdir.clone());
-        }
-        request.timeout = request.timeout.or(spec.command_timeout);
-        let workspace = self.inner.config.workspace.as_deref().unwrap_or("");
-        let wrapped = crate::plain_exec::wrap_command(&request, workspace);
-        let body = ExecBody {
-            command: wrapped.argv,
-            stdin: wrapped.stdin,
-            // The API counts whole seconds.
-            timeout: request
-                .timeout
-                .map(|t| t.as_secs() + u64::from(t.subsec_nanos() > 0)),
-        };
-        let output_limit = spec.limits.output_bytes;
-        let started = Instant::now();
-        let answer = self.inner.control.exec(id.as_str(), &body).await?;
-        let what = format!("running {:?}", request.argv[0]);
-        if let Some(e) = crate::plain_exec::typed_failure(
-            answer.exit_code,
-            &answer.stderr,
-            &wrapped.marker,
-            &what,
-        ) {
-            return Err(e);
-        }
-        crate::plain_exec::check_text_output(&answer.stdout, &answer.stderr, &what)?;
-        let status = match (answer.exit_signal.filter(|s| *s > 0), answer.exit_code) {
-            (Some(signal), _) => ExitStatus::signaled(signal),
-            (None, Some(code)) => ExitStatus::exited(code),
-            (None, None) => ExitStatus::signaled(9),
-        };
-        // The answer does not say why a command was killed: one killed once its
-        // timeout had passed is taken to have timed out.
-        let timed_out =
-            status.code.is_none() && request.timeout.is_some_and(|t| started.elapsed() >= t);
-        let process = sandcell::raw::finished_process(
-            Bytes::from(answer.stdout),
-            Bytes::from(answer.stderr),
-            status.timed_out(timed_out),
-        );
-        Ok(sandcell::raw::limit_output(process, output_limit))
-    }
 
-    async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
-        self.read_limited(id, path, u64::MAX).await
-    }
-
-    async fn read_limited(
-        &self,
-        id: &SandboxId,
-        path: &SandboxPath,
-        max_bytes: u64,
-    ) -> Result<Bytes> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.read_limited(path, max_bytes).await,
-            Route::Exec(files) => files.read(id, path, max_bytes).await,
+        async fn destroy(&self, id: &SandboxId) -> Result<()> {
+            self.inner.control.destroy(id.as_str()).await?;
+            self.inner.wires.forget(id);
+            crate::lock(&self.inner.specs).remove(id);
+            Ok(())
         }
-    }
 
-    async fn write(&self, id: &SandboxId, path: &SandboxPath, data: Bytes) -> Result<()> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.write(path, data).await,
-            Route::Exec(files) => files.write(id, path, data).await,
+        async fn pause(&self, id: &SandboxId) -> Result<()> {
+            self.inner.control.suspend(id.as_str()).await?;
+            self.wait_for(id, MachineState::Suspended, None).await
         }
-    }
 
-    async fn stat(&self, id: &SandboxId, path: &SandboxPath) -> Result<FileInfo> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.stat(path).await,
-            Route::Exec(files) => files.stat(id, path).await,
+        async fn resume(&self, id: &SandboxId) -> Result<()> {
+            self.inner.control.start(id.as_str()).await?;
+            self.wait_for(id, MachineState::Started, None).await
         }
-    }
 
-    async fn list_dir(&self, id: &SandboxId, path: &SandboxPath) -> Result<Vec<DirEntry>> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.list_dir(path).await,
-            Route::Exec(files) => files.list_dir(id, path).await,
-        }
-    }
-
-    async fn remove(&self, id: &SandboxId, path: &SandboxPath, recursive: bool) -> Result<()> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.remove(path, recursive).await,
-            Route::Exec(files) => files.remove(id, path, recursive).await,
-        }
-    }
-
-    async fn mkdir(&self, id: &SandboxId, path: &SandboxPath) -> Result<()> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.mkdir(path).await,
-            Route::Exec(files) => files.mkdir(id, path).await,
-        }
-    }
-
-    async fn rename(&self, id: &SandboxId, from: &SandboxPath, to: &SandboxPath) -> Result<()> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.rename(from, to).await,
-            Route::Exec(files) => files.rename(id, from, to).await,
-        }
-    }
-
-    async fn export_tar(&self, id: &SandboxId, path: &SandboxPath) -> Result<ByteStream> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.export_tar(path).await,
-            Route::Exec(files) => files.export_tar(id, path).await,
-        }
-    }
-
-    async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
-        match self.route(id).await? {
-            // Whether the served backend can is in its capabilities; the wire answers
-            // `Unsupported` where it cannot.
-            Route::Wire(wire) => wire.export_changes().await,
-            Route::Exec(_) => Err(Error::unsupported(
-                "a plain Fly endpoint cannot list a machine's changes",
-            )),
-        }
-    }
-
-    async fn watch(
-        &self,
-        id: &SandboxId,
-        path: &SandboxPath,
-        options: sandcell::WatchOptions,
-    ) -> Result<sandcell::WatchStream> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.watch(path, options).await,
-            Route::Exec(_) => Err(Error::unsupported(
-                "a plain Fly endpoint cannot watch a machine's files",
-            )),
-        }
-    }
-
-    async fn clone_sandbox(
-        &self,
-        id: &SandboxId,
-        labels: std::collections::BTreeMap<String, String>,
-    ) -> Result<SandboxInfo> {
-        if !self.capabilities().clone {
-            return Err(Error::unsupported(
-                "cloning a machine needs a sandcell-server whose backend can clone",
-            ));
-        }
-        // The clone is made by the server; its spec is the source's, with new labels,
-        // recorded in its metadata as a create records it.
-        let mut spec = (*self.spec_of(id).await?).clone();
-        spec.labels = labels;
-        let spec_json = serde_json::to_string(&spec)
-            .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding the spec", e))?;
-        let mut metadata = spec.labels.clone();
-        metadata.insert(SPEC_METADATA.to_owned(), spec_json);
-        let request = CloneMachineRequest {
-            name: Some(format!("sandcell-{}", uuid::Uuid::new_v4().simple())),
-            metadata,
-        };
-        let machine = self
-            .inner
-            .control
-            .clone_machine(id.as_str(), &request)
-            .await?;
-        let info = super::state::info_of(&machine)?;
-        crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec));
-        Ok(info)
-    }
-
-    async fn set_network(&self, id: &SandboxId, network: &Network) -> Result<()> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.set_network(network).await?,
-            Route::Exec(_) => {
+        async fn reset(&self, id: &SandboxId) -> Result<()> {
+            if !self.capabilities().reset {
                 return Err(Error::unsupported(
-                    "a plain Fly endpoint cannot change a machine's network",
-                ))
+                    "reset on a plain Fly endpoint: a restart recreates the machine's root \
+                     file system, so the workspace would be lost (set \
+                     `workspace_survives_restart` when it lives on a volume)",
+                ));
+            }
+            self.inner.control.restart(id.as_str()).await?;
+            self.wait_for(id, MachineState::Started, None).await
+        }
+
+        async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
+            request.check_supported(&self.capabilities())?;
+            if let Routed::Wire(wire) = self.route(id).await? {
+                return wire.exec(request).await;
+            }
+            // A plain endpoint runs the command to its end and answers text. Its exec has
+            // no cwd or env and cannot tell a missing program: a wrapper does those, and
+            // this client applies the spec's workdir, default timeout and output cap.
+            let spec = self.spec_of(id).await?;
+            let mut request = request;
+            if request.cwd.is_none() && !spec.workdir.is_root() {
+                request.cwd = Some(spec.workdir.clone());
+            }
+            request.timeout = request.timeout.or(spec.command_timeout);
+            let workspace = self.inner.config.workspace.as_deref().unwrap_or("");
+            let wrapped = crate::plain_exec::wrap_command(&request, workspace);
+            let body = ExecBody {
+                command: wrapped.argv,
+                stdin: wrapped.stdin,
+                // The API counts whole seconds.
+                timeout: request
+                    .timeout
+                    .map(|t| t.as_secs() + u64::from(t.subsec_nanos() > 0)),
+            };
+            let output_limit = spec.limits.output_bytes;
+            let started = Instant::now();
+            let answer = self.inner.control.exec(id.as_str(), &body).await?;
+            let what = format!("running {:?}", request.argv[0]);
+            if let Some(e) = crate::plain_exec::typed_failure(
+                answer.exit_code,
+                &answer.stderr,
+                &wrapped.marker,
+                &what,
+            ) {
+                return Err(e);
+            }
+            crate::plain_exec::check_text_output(&answer.stdout, &answer.stderr, &what)?;
+            let status = match (answer.exit_signal.filter(|s| *s > 0), answer.exit_code) {
+                (Some(signal), _) => ExitStatus::signaled(signal),
+                (None, Some(code)) => ExitStatus::exited(code),
+                (None, None) => ExitStatus::signaled(9),
+            };
+            // The answer does not say why a command was killed: one killed once its
+            // timeout had passed is taken to have timed out.
+            let timed_out =
+                status.code.is_none() && request.timeout.is_some_and(|t| started.elapsed() >= t);
+            let process = sandcell::raw::finished_process(
+                Bytes::from(answer.stdout),
+                Bytes::from(answer.stderr),
+                status.timed_out(timed_out),
+            );
+            Ok(sandcell::raw::limit_output(process, output_limit))
+        }
+
+        async fn read(&self, id: &SandboxId, path: &SandboxPath) -> Result<Bytes> {
+            self.read_limited(id, path, u64::MAX).await
+        }
+
+        async fn read_limited(
+            &self,
+            id: &SandboxId,
+            path: &SandboxPath,
+            max_bytes: u64,
+        ) -> Result<Bytes> {
+            match self.route(id).await? {
+                Routed::Wire(wire) => wire.read_limited(path, max_bytes).await,
+                Routed::Own(files) => files.read(id, path, max_bytes).await,
             }
         }
-        // The spec this client knows follows.
-        if let Some(spec) = crate::lock(&self.inner.specs).get_mut(id) {
-            Arc::make_mut(spec).network = network.clone();
+
+        async fn export_changes(&self, id: &SandboxId) -> Result<Changes> {
+            match self.route(id).await? {
+                // Whether the served backend can is in its capabilities; the wire answers
+                // `Unsupported` where it cannot.
+                Routed::Wire(wire) => wire.export_changes().await,
+                Routed::Own(_) => Err(Error::unsupported(
+                    "a plain Fly endpoint cannot list a machine's changes",
+                )),
+            }
         }
-        Ok(())
-    }
 
-    /// A machine's ports are reached through its provider, never on this host.
-    async fn publish_port(&self, _id: &SandboxId, port: u16) -> Result<()> {
-        Err(Error::unsupported(format!(
-            "backend {} cannot expose port {port} on this host: reach the sandbox's \
-             ports through its provider",
-            self.name()
-        )))
-    }
-
-    async fn unpublish_port(&self, _id: &SandboxId, _port: u16) -> Result<()> {
-        Ok(())
-    }
-
-    async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.metrics().await,
-            Route::Exec(_) => Err(Error::unsupported(
-                "a plain Fly endpoint does not report a machine's metrics",
-            )),
+        async fn clone_sandbox(
+            &self,
+            id: &SandboxId,
+            labels: std::collections::BTreeMap<String, String>,
+        ) -> Result<SandboxInfo> {
+            if !self.capabilities().clone {
+                return Err(Error::unsupported(
+                    "cloning a machine needs a sandcell-server whose backend can clone",
+                ));
+            }
+            // The clone is made by the server; its spec is the source's, with new labels,
+            // recorded in its metadata as a create records it.
+            let mut spec = (*self.spec_of(id).await?).clone();
+            spec.labels = labels;
+            let spec_json = serde_json::to_string(&spec)
+                .map_err(|e| Error::with_source(ErrorKind::Backend, "encoding the spec", e))?;
+            let mut metadata = spec.labels.clone();
+            metadata.insert(SPEC_METADATA.to_owned(), spec_json);
+            let request = CloneMachineRequest {
+                name: Some(format!("sandcell-{}", uuid::Uuid::new_v4().simple())),
+                metadata,
+            };
+            let machine = self
+                .inner
+                .control
+                .clone_machine(id.as_str(), &request)
+                .await?;
+            let info = super::state::info_of(&machine)?;
+            crate::lock(&self.inner.specs).insert(info.id.clone(), Arc::new(spec));
+            Ok(info)
         }
-    }
 
-    async fn import_tar(
-        &self,
-        id: &SandboxId,
-        path: &SandboxPath,
-        tar: ByteStream,
-        options: ImportOptions,
-    ) -> Result<()> {
-        match self.route(id).await? {
-            Route::Wire(wire) => wire.import_tar(path, tar, options).await,
-            Route::Exec(files) => files.import_tar(id, path, tar, options).await,
+        async fn set_network(&self, id: &SandboxId, network: &Network) -> Result<()> {
+            match self.route(id).await? {
+                Routed::Wire(wire) => wire.set_network(network).await?,
+                Routed::Own(_) => {
+                    return Err(Error::unsupported(
+                        "a plain Fly endpoint cannot change a machine's network",
+                    ))
+                }
+            }
+            // The spec this client knows follows.
+            if let Some(spec) = crate::lock(&self.inner.specs).get_mut(id) {
+                Arc::make_mut(spec).network = network.clone();
+            }
+            Ok(())
+        }
+
+        /// A machine's ports are reached through its provider, never on this host.
+        async fn publish_port(&self, _id: &SandboxId, port: u16) -> Result<()> {
+            Err(Error::unsupported(format!(
+                "backend {} cannot expose port {port} on this host: reach the sandbox's \
+                 ports through its provider",
+                self.name()
+            )))
+        }
+
+        async fn unpublish_port(&self, _id: &SandboxId, _port: u16) -> Result<()> {
+            Ok(())
+        }
+
+        async fn metrics(&self, id: &SandboxId) -> Result<sandcell::SandboxMetrics> {
+            match self.route(id).await? {
+                Routed::Wire(wire) => wire.metrics().await,
+                Routed::Own(_) => Err(Error::unsupported(
+                    "a plain Fly endpoint does not report a machine's metrics",
+                )),
+            }
         }
     }
 }
