@@ -13,6 +13,8 @@ use bytes::{Bytes, BytesMut};
 use futures::stream::{Stream, StreamExt};
 use tokio::io::AsyncWrite;
 
+mod guarded;
+
 use crate::backend::ByteStream;
 use crate::error::Result;
 use crate::exec::{ExecOutput, ExitStatus, TerminalSize};
@@ -110,6 +112,15 @@ impl Process {
     pub(crate) fn with_output_limit(mut self, limit: Option<usize>) -> Self {
         self.output_limit = limit;
         self
+    }
+
+    /// Holds `guard` until the process ends (not until this handle is dropped: the
+    /// command runs on); [`raw::hold_until_exit`](crate::raw::hold_until_exit).
+    pub(crate) fn holding(self, guard: Box<dyn Send + Sync>) -> Self {
+        Process {
+            control: Box::new(guarded::Guarded::new(self.control, guard)),
+            ..self
+        }
     }
 
     /// The sandbox's default output cap, if its spec sets one.

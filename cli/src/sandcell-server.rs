@@ -113,6 +113,10 @@ struct Args {
     /// a proxy, raise it (every client has the proxy's address).
     #[arg(long, value_name = "N", default_value_t = 64)]
     max_unauthenticated_per_address: usize,
+    /// The most commands one tenant runs at once, on every face together, each counted
+    /// until it ends (an E2B process or an MCP call runs on after its client left).
+    #[arg(long, value_name = "N", default_value_t = 256)]
+    max_commands_per_tenant: usize,
     /// CPU cores (thousandths: 1000 is one core) a sandbox gets when its create asks
     /// for none, on every face; applied where the backend enforces CPU limits.
     #[arg(long, value_name = "MILLIS", default_value_t = 1000)]
@@ -261,6 +265,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .init();
     let args = Args::parse();
+    raise_open_file_limit();
     match run(args).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -330,6 +335,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
     config.max_connections = args.max_connections;
     config.max_connections_per_tenant = args.max_connections_per_tenant;
     config.max_unauthenticated_per_address = args.max_unauthenticated_per_address;
+    config.max_commands_per_tenant = args.max_commands_per_tenant;
     config.default_limits = sandcell::Limits::new()
         .cpu_millis(args.default_cpu_millis)
         .memory_bytes(args.default_memory_mb.saturating_mul(1 << 20))
@@ -389,4 +395,21 @@ async fn run(args: Args) -> sandcell::Result<()> {
         manager.shutdown().await;
     }
     served.map_err(|e| sandcell::Error::with_source(sandcell::ErrorKind::Backend, "serving", e))
+}
+
+/// Raises the soft open-file limit to the hard one: every connection, running command
+/// and watch holds descriptors, and the soft limit is often 1024 (systemd's default),
+/// which a few tenants' commands would reach.
+fn raise_open_file_limit() {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    if limit.current < limit.maximum {
+        let raised = rustix::process::Rlimit {
+            current: limit.maximum,
+            maximum: limit.maximum,
+        };
+        if let Err(e) = setrlimit(Resource::Nofile, raised) {
+            tracing::warn!(error = %e, "raising the open-file limit");
+        }
+    }
 }

@@ -58,6 +58,13 @@ pub struct ServerConfig {
     /// authenticate is closed after its answer. Behind a proxy every client has the
     /// proxy's address: raise it there, and bound clients at the proxy.
     pub max_unauthenticated_per_address: usize,
+    /// The most commands one tenant runs at once, on every face together (default
+    /// 256), each counted from its start to its end, not to its request's: an E2B
+    /// process runs on after its stream closes, an MCP tool call after its client left.
+    /// Past it a new command is refused (`LimitExceeded`). Each running command
+    /// holds a few of the server's file descriptors: keep tenants × this × 4 within the
+    /// server's open-file limit.
+    pub max_commands_per_tenant: usize,
     /// Largest file a client may write or read (default 64 MiB): a file passes
     /// through the server's memory whole, so a larger one is refused (`413` on the E2B
     /// face, `LimitExceeded` on the wire), a read's before the file is read.
@@ -112,6 +119,8 @@ pub struct ServerConfig {
     /// Each tenant's create lock, shared by every face and by what MCP's manager
     /// creates through.
     pub(super) create_locks: std::sync::Arc<tenants::CreateLocks>,
+    /// The tenants' running commands, shared by every face (MCP's included).
+    pub(super) commands: std::sync::Arc<crate::command_slots::CommandSlots>,
 }
 
 /// One of the APIs a server answers, each a router of its own, composed as
@@ -207,6 +216,7 @@ impl std::fmt::Debug for ServerConfig {
                 "max_unauthenticated_per_address",
                 &self.max_unauthenticated_per_address,
             )
+            .field("max_commands_per_tenant", &self.max_commands_per_tenant)
             .field("max_file_bytes", &self.max_file_bytes)
             .field(
                 "max_transfer_bytes_per_tenant",
@@ -245,6 +255,9 @@ impl ServerConfig {
     fn of(tenants: Vec<Tenant>) -> Self {
         ServerConfig {
             create_locks: std::sync::Arc::new(tenants::CreateLocks::of(&tenants)),
+            commands: std::sync::Arc::new(crate::command_slots::CommandSlots::new(
+                DEFAULT_MAX_COMMANDS_PER_TENANT,
+            )),
             tenants,
             max_json_bytes: 1 << 20,
             header_read_timeout: listen::DEFAULT_HEADER_READ_TIMEOUT,
@@ -254,6 +267,7 @@ impl ServerConfig {
             max_connections: listen::DEFAULT_MAX_CONNECTIONS,
             max_connections_per_tenant: listen::DEFAULT_MAX_CONNECTIONS_PER_TENANT,
             max_unauthenticated_per_address: listen::DEFAULT_MAX_UNAUTHENTICATED_PER_ADDRESS,
+            max_commands_per_tenant: DEFAULT_MAX_COMMANDS_PER_TENANT,
             max_file_bytes: 64 << 20,
             max_transfer_bytes_per_tenant: 256 << 20,
             max_archive_bytes: 1 << 30,
@@ -314,3 +328,6 @@ impl ServerConfig {
         self
     }
 }
+
+/// How many commands one tenant runs at once, by default.
+const DEFAULT_MAX_COMMANDS_PER_TENANT: usize = 256;

@@ -24,8 +24,9 @@ pub(super) async fn buffered(
         request.timeout = Some(Duration::from_secs(seconds));
     }
     let output = state
-        .backend
-        .exec(&info.id, request)
+        .config
+        .commands
+        .run(&caller.0.name, state.backend.exec(&info.id, request))
         .await?
         .collect(sandcell::DEFAULT_OUTPUT_LIMIT)
         .await?;

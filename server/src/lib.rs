@@ -18,6 +18,7 @@
 //! (another tenant's answer `404` on every route). Errors are
 //! `{"error": ..., "kind": ...}` with a status from [`sandcell_remote::protocol::status_for`].
 
+mod command_slots;
 mod config;
 mod connection_shares;
 mod e2b;
@@ -180,6 +181,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let json_limit = config.max_json_bytes;
     let faces = config.faces.clone();
     private_paths::register(&config.private_paths);
+    config.commands.set_cap(config.max_commands_per_tenant);
     // An empty token never authenticates anyone.
     let tenants: Vec<Arc<Tenant>> = config
         .tenants

@@ -2,14 +2,16 @@
 //! and clones through [`TenantQuotas`], which marks each sandbox as its tenant's (the
 //! tenant the manager names in its own label), gives it the server's default limits,
 //! and refuses one past the tenant's quota, counting the tenant's sandboxes on every
-//! face, under the same per-tenant create lock as the Fly and E2B faces. Everything
-//! else passes through.
+//! face, under the same per-tenant create lock as the Fly and E2B faces; and counts
+//! each command among its tenant's running ones. Everything else passes through.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sandcell::manager::LABEL_TENANT;
-use sandcell::{Error, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxSpec};
+use sandcell::{
+    Error, ExecRequest, Process, Result, SandboxBackend, SandboxId, SandboxInfo, SandboxSpec,
+};
 
 use crate::tenants::{self, CreateLocks, Tenant, TENANT_LABEL};
 use crate::ServerConfig;
@@ -21,6 +23,7 @@ pub(crate) struct TenantQuotas {
     tenants: Vec<Tenant>,
     default_limits: sandcell::Limits,
     locks: Arc<CreateLocks>,
+    commands: Arc<crate::command_slots::CommandSlots>,
 }
 
 impl std::fmt::Debug for TenantQuotas {
@@ -38,6 +41,7 @@ impl TenantQuotas {
             tenants: config.tenants.clone(),
             default_limits: config.default_limits.clone(),
             locks: Arc::clone(&config.create_locks),
+            commands: Arc::clone(&config.commands),
         }
     }
 
@@ -61,8 +65,18 @@ impl TenantQuotas {
 sandcell::raw::forward_backend! {
     impl SandboxBackend for TenantQuotas {
         forward {
-            [info, lifecycle, ports, exec, read, read_limited, files, export_changes, metrics,
+            [info, lifecycle, ports, read, read_limited, files, export_changes, metrics,
              set_network] => field inner;
+        }
+
+        /// Counted among the sandbox's tenant's running commands until it ends: a tool
+        /// call runs on after its client has gone.
+        async fn exec(&self, id: &SandboxId, request: ExecRequest) -> Result<Process> {
+            let info = self.inner.inspect(id).await?;
+            let tenant = info.labels.get(TENANT_LABEL).map_or("", String::as_str);
+            self.commands
+                .run(tenant, self.inner.exec(id, request))
+                .await
         }
 
         async fn create(&self, spec: &SandboxSpec) -> Result<SandboxInfo> {

@@ -56,6 +56,7 @@ pub(super) async fn upgrade(
         .budget(state.transfers(&caller.0.name))
         .archive_streams(state.archive_streams(&caller.0.name))
         .watches(state.watches(&caller.0.name))
+        .commands(state.config.commands.semaphore(&caller.0.name))
         // As on every other face (ADVERSARIAL 41): a backend's own failure reaches
         // the client as a reference, its host paths only the server's log.
         .public_errors(|e| {

@@ -386,3 +386,84 @@ async fn adversarial_41_zero_limits_are_refused_at_once_naming_no_host_path() {
     }
     clean(&server).await;
 }
+
+/// `cmd` started through envd's `Start` in sandbox `id`, its stream left at once: the
+/// pid, or what the server answered instead.
+async fn start_detached(url: &str, id: &str, token: &str, cmd: &str) -> Result<u64, String> {
+    let body = json!({"process": {"cmd": "/bin/sh", "args": ["-c", cmd]}});
+    let response = reqwest::Client::new()
+        .post(format!("{url}/process.Process/Start"))
+        .header("E2b-Sandbox-Id", id)
+        .header("X-Access-Token", token)
+        .header("Content-Type", envd::STREAM_CONTENT_TYPE)
+        .body(envd::frame(0, &serde_json::to_vec(&body).unwrap()).to_vec())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status();
+    let mut response = response;
+    let mut decoder = envd::FrameDecoder::default();
+    while let Ok(Some(chunk)) = response.chunk().await {
+        decoder.push(&chunk);
+        if let Ok(Some((_, first))) = decoder.next_frame() {
+            let first: Value = serde_json::from_slice(&first).unwrap_or_default();
+            // The stream is dropped here: the process runs on.
+            return first["event"]["start"]["pid"]
+                .as_u64()
+                .ok_or_else(|| format!("{status} {first}"));
+        }
+    }
+    Err(format!("{status} and no frame"))
+}
+
+/// ADVERSARIAL 35, FINDINGS8 T6 and T7: a tenant runs at most `max_commands_per_tenant`
+/// commands at once, each counted until it ends, not until its request does. E2B
+/// processes outlive their streams by design, and MCP tool calls their clients: one
+/// tenant's detached commands held every descriptor of the server, and every other
+/// tenant's creates failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn adversarial_35_a_tenant_runs_a_bounded_number_of_commands() {
+    let mut config = two_tenants();
+    config.max_commands_per_tenant = 2;
+    let server = common::serve_local_with(config).await;
+    let url = &server.url;
+    let (alice_id, alice_token) = e2b_sandbox(url, ALICE, json!({"templateID": "base"})).await;
+    let (bob_id, bob_token) = e2b_sandbox(url, BOB, json!({"templateID": "base"})).await;
+    for _ in 0..2 {
+        start_detached(url, &alice_id, &alice_token, "sleep 3")
+            .await
+            .unwrap();
+    }
+    let refused = start_detached(url, &alice_id, &alice_token, "true")
+        .await
+        .expect_err("a third command while two run");
+    assert!(refused.contains("commands at once"), "{refused}");
+    // The Fly face counts the same commands.
+    let create = json!({"config": {"image": "default"}});
+    let (status, machine) = call(url, ALICE, reqwest::Method::POST, MACHINES, Some(create)).await;
+    assert_eq!(status, 200, "{machine}");
+    let (status, body) = call(
+        url,
+        ALICE,
+        reqwest::Method::POST,
+        &format!("{MACHINES}/{}/exec", machine["id"].as_str().unwrap()),
+        Some(json!({"command": ["true"]})),
+    )
+    .await;
+    assert_eq!(body["kind"], "limit_exceeded", "{status} {body}");
+    // Another tenant runs its own.
+    start_detached(url, &bob_id, &bob_token, "true")
+        .await
+        .unwrap();
+    // Ended, the commands give their places back.
+    let mut again = Err(String::new());
+    for _ in 0..100 {
+        again = start_detached(url, &alice_id, &alice_token, "true").await;
+        if again.is_ok() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    again.expect("the places came back once the commands ended");
+    clean(&server).await;
+}

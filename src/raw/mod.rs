@@ -87,6 +87,29 @@ pub fn finished_process(stdout: Bytes, stderr: Bytes, status: ExitStatus) -> Pro
     Process::finished(stdout, stderr, status)
 }
 
+/// `process` holding `guard` until the command ends, whether or not its handle is
+/// dropped first (dropping a handle does not end a command): for a caller counting
+/// running commands, such as a server's cap per tenant.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use std::sync::Arc;
+/// use sandcell::{raw, ExitStatus};
+///
+/// let running = Arc::new(tokio::sync::Semaphore::new(1));
+/// let slot = running.clone().try_acquire_owned().unwrap();
+/// let done = raw::finished_process("".into(), "".into(), ExitStatus::exited(0));
+/// let mut process = raw::hold_until_exit(done, slot);
+/// assert_eq!(running.available_permits(), 0);
+/// process.wait().await.unwrap();
+/// assert_eq!(running.available_permits(), 1);
+/// # }
+/// ```
+pub fn hold_until_exit(process: Process, guard: impl Send + Sync + 'static) -> Process {
+    process.holding(Box::new(guard))
+}
+
 /// `process` with the output cap the sandbox's spec asks for (`Limits::output_bytes`),
 /// which collectors use when the request sets none.
 pub fn limit_output(process: Process, limit: Option<usize>) -> Process {

@@ -153,6 +153,14 @@ async fn start(
         ))
         .into());
     }
+    // Held until the process ends (`forget_when_done`), not until its stream closes.
+    let tenant = envd
+        .info
+        .labels
+        .get(crate::tenants::TENANT_LABEL)
+        .map(String::as_str)
+        .unwrap_or_default();
+    let slot = state.config.commands.slot(tenant)?;
     let id = processes
         .background
         .start(state.backend.as_ref(), envd.id(), exec)
@@ -173,7 +181,7 @@ async fn start(
         .insert(pid, running.clone());
     // Attach before anything can forget the process, so no event is missed.
     let events = processes.background.attach(&id)?;
-    forget_when_done(state, envd.id().clone(), pid, id.clone());
+    forget_when_done(state, envd.id().clone(), pid, id.clone(), slot);
     let start = futures::stream::once(async move { Ok(ProcessStreamMessage::start(pid)) });
     let messages = start.chain(messages_of(events, running.pty)).boxed();
     Ok(rpc::stream(
@@ -184,12 +192,19 @@ async fn start(
 }
 
 /// Drops a process from the tables once it ends (a caller attached meanwhile still
-/// gets every event: the stream holds the record).
-fn forget_when_done(state: &AppState, sandbox: SandboxId, pid: u32, id: BackgroundId) {
+/// gets every event: the stream holds the record), and gives its tenant's place back.
+fn forget_when_done(
+    state: &AppState,
+    sandbox: SandboxId,
+    pid: u32,
+    id: BackgroundId,
+    slot: tokio::sync::OwnedSemaphorePermit,
+) {
     let state = std::sync::Arc::clone(state);
     let ended = state.e2b.processes.background.wait(&id);
     tokio::spawn(async move {
         let _ = ended.await;
+        drop(slot);
         let processes = &state.e2b.processes;
         if let Some(by_pid) = lock(&processes.running).get_mut(&sandbox) {
             by_pid.remove(&pid);

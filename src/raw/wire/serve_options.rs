@@ -32,6 +32,10 @@ pub struct ServeOptions {
     /// The watches this connection may hold at once, shared with others given the same
     /// semaphore; `None` (the default) leaves them unbounded.
     pub watches: Option<Arc<tokio::sync::Semaphore>>,
+    /// The commands this connection may have running at once, shared with others given
+    /// the same semaphore, each counted until it ends (not until its call does);
+    /// `None` (the default) leaves them unbounded.
+    pub commands: Option<Arc<tokio::sync::Semaphore>>,
     /// What the client is told of an error (default: all of it): a server facing
     /// tenants tells them no host path ([`ServeOptions::public_errors`]).
     pub public_errors: PublicErrors,
@@ -93,6 +97,7 @@ impl Default for ServeOptions {
             budget: None,
             archive_streams: None,
             watches: None,
+            commands: None,
             public_errors: PublicErrors::default(),
         }
     }
@@ -129,6 +134,27 @@ impl ServeOptions {
     pub fn watches(mut self, watches: Arc<tokio::sync::Semaphore>) -> Self {
         self.watches = Some(watches);
         self
+    }
+
+    /// Shares `commands` among the running commands of this and every other connection
+    /// given it: past them an `exec` is `LimitExceeded` until one ends.
+    pub fn commands(mut self, commands: Arc<tokio::sync::Semaphore>) -> Self {
+        self.commands = Some(commands);
+        self
+    }
+
+    /// A place among the running commands, if they are bounded.
+    pub(super) fn command_slot(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>> {
+        let Some(commands) = &self.commands else {
+            return Ok(None);
+        };
+        match Arc::clone(commands).try_acquire_owned() {
+            Ok(permit) => Ok(Some(permit)),
+            Err(_) => Err(Error::limit_exceeded(
+                "as many commands as this connection's owner may run are running: wait for \
+                 one to end, or kill one",
+            )),
+        }
     }
 
     /// A place among the watches, if they are bounded.

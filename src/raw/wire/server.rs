@@ -5,7 +5,7 @@ use std::sync::Arc;
 use bytes::{Bytes, BytesMut};
 use futures::StreamExt;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::frame::{Frame, Kind, ERR, MAIN};
 use super::mux::{Inbound, Mux};
@@ -98,7 +98,10 @@ async fn handle(
         })
     }
     match call {
-        Call::Exec { request } => exec(backend, sandbox, mux, id, request, rx, public).await,
+        Call::Exec { request } => {
+            let slot = options.command_slot();
+            exec(backend, sandbox, mux, id, (request, slot), rx, public).await;
+        }
         Call::Read { path } => {
             // Held until the last byte is queued: `send_data` queues copies, so
             // nothing of the file outlives it.
@@ -394,11 +397,22 @@ async fn exec(
     sandbox: &SandboxId,
     mux: &Arc<Mux>,
     id: u64,
-    request: crate::ExecRequest,
+    (request, slot): (crate::ExecRequest, Result<Option<OwnedSemaphorePermit>>),
     mut rx: Inbound,
     public: &PublicErrors,
 ) {
-    let mut process = match backend.exec(sandbox, request).await {
+    let started = match slot {
+        Ok(slot) => backend
+            .exec(sandbox, request)
+            .await
+            .map(|process| match slot {
+                // Held until the command ends, whether or not this call is left.
+                Some(slot) => crate::raw::hold_until_exit(process, slot),
+                None => process,
+            }),
+        Err(e) => Err(e),
+    };
+    let mut process = match started {
         Ok(process) => process,
         Err(e) => {
             let reply = public.reply::<()>(Err(e));
