@@ -60,7 +60,17 @@ impl Bounds {
     fn first_request_timeout(&self) -> Duration {
         self.header_read_timeout.min(self.idle_timeout)
     }
+
+    /// How long a connection may live before a request authenticates on it: its first
+    /// request's head and body, each in its time.
+    fn unclaimed_lifetime(&self) -> Duration {
+        self.first_request_timeout() + self.body_read_timeout
+    }
 }
+
+/// How long a connection told to close (a request on it did not authenticate) has to
+/// finish its answers before it is closed outright.
+const CLOSING_GRACE: Duration = Duration::from_secs(5);
 
 /// Where a connection's places come from: the server's slots, and its address's
 /// share of the connections nobody has authenticated on yet.
@@ -185,11 +195,12 @@ pub(crate) async fn run<A: Accept>(
             () = &mut shutdown => break,
         };
         let in_flight = InFlight::new();
+        let owner = Arc::new(ConnectionOwner::new(Some(unclaimed)));
         let service = Service::new(
             router.clone(),
             bounds.body_read_timeout,
             in_flight.clone(),
-            ConnectionOwner::new(Some(unclaimed)),
+            Arc::clone(&owner),
         );
         let (builder, mut stopping, all_done) =
             (Arc::clone(&builder), stopping.clone(), all_done.clone());
@@ -199,6 +210,17 @@ pub(crate) async fn run<A: Accept>(
             let connection = builder.serve_connection_with_upgrades(TokioIo::new(io), service);
             let mut connection = std::pin::pin!(connection);
             let mut stopped = false;
+            // A connection nobody authenticates on has a hard end, whatever it has in
+            // flight: an HTTP/2 client that never opened its window for the answer
+            // kept its request in flight, and its place, for as long as it liked.
+            let unclaimed_until = tokio::time::sleep(bounds.unclaimed_lifetime());
+            let mut unclaimed_until = std::pin::pin!(unclaimed_until);
+            let mut claimed = false;
+            let closing_grace = async {
+                in_flight.closing().await;
+                tokio::time::sleep(CLOSING_GRACE).await;
+            };
+            let mut closing_grace = std::pin::pin!(closing_grace);
             loop {
                 tokio::select! {
                     result = connection.as_mut() => {
@@ -223,6 +245,16 @@ pub(crate) async fn run<A: Accept>(
                         stopped = true;
                         connection.as_mut().graceful_shutdown();
                     }
+                    () = &mut unclaimed_until, if !claimed => {
+                        if !owner.is_claimed() {
+                            tracing::debug!("closing a connection nobody authenticated on");
+                            break;
+                        }
+                        claimed = true;
+                    }
+                    // Told to close (a request on it did not authenticate), a
+                    // connection that does not finish soon is closed outright.
+                    () = &mut closing_grace, if !owner.is_claimed() => break,
                 }
             }
         });

@@ -71,6 +71,12 @@ impl InFlight {
         self.0.send_modify(|load| load.closing = true);
     }
 
+    /// Resolves once the connection is to close ([`close_when_done`](Self::close_when_done)).
+    pub(crate) async fn closing(&self) {
+        let mut load = self.0.subscribe();
+        let _ = load.wait_for(|load| load.closing).await;
+    }
+
     /// Resolves once no request has been in flight for `idle` on end, or, before the
     /// connection's first request, for `unused`; at once when nothing is in flight on
     /// a connection that is to close.
@@ -116,7 +122,8 @@ pub(crate) struct Service {
     body_read_timeout: Duration,
     in_flight: InFlight,
     /// Whose share of the connections this one counts against, once known; held here
-    /// so that it ends with the connection, whatever its requests' handlers hold.
+    /// (and by the accept loop) so that it ends with the connection, whatever its
+    /// requests' handlers hold.
     owner: Arc<ConnectionOwner>,
 }
 
@@ -125,13 +132,13 @@ impl Service {
         router: Router,
         body_read_timeout: Duration,
         in_flight: InFlight,
-        owner: ConnectionOwner,
+        owner: Arc<ConnectionOwner>,
     ) -> Self {
         Service {
             router: TowerToHyperService::new(router),
             body_read_timeout,
             in_flight,
-            owner: Arc::new(owner),
+            owner,
         }
     }
 }

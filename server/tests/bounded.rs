@@ -1446,3 +1446,38 @@ async fn case35_unauthenticated_connections_hold_a_bounded_number_of_places() {
     let answer = ask(&mut fifth, &authorized).await;
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 }
+
+/// ADVERSARIAL 35, FINDINGS8 T2: an HTTP/2 connection nobody authenticates on is closed
+/// outright soon after its answer, even when its client never opens its window for
+/// the answer's body (the request stayed in flight, and the connection with its
+/// place, for as long as the client liked).
+#[tokio::test]
+async fn case35_an_unauthenticated_http2_connection_that_never_reads_is_closed() {
+    let mut config = ServerConfig::new(common::TOKEN);
+    config.max_connections = 4;
+    let served = serve_backend(Arc::new(MockBackend::new()), config).await;
+    let tcp = tokio::net::TcpStream::connect(served.addr).await.unwrap();
+    let (mut client, connection) = h2::client::Builder::new()
+        .initial_window_size(0)
+        .handshake::<_, bytes::Bytes>(tcp)
+        .await
+        .unwrap();
+    let closed = tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        let _ = connection.await;
+        started.elapsed()
+    });
+    let request = http::Request::get(format!("http://{}/v1/apps/a/machines", served.addr))
+        .body(())
+        .unwrap();
+    let (answer, _) = client.send_request(request, true).unwrap();
+    let answer = answer.await.unwrap();
+    assert_eq!(answer.status(), 401);
+    // The body is never read: the window stays shut.
+    let held_for = tokio::time::timeout(Duration::from_secs(20), closed)
+        .await
+        .expect("the connection was still open after 20 s")
+        .unwrap();
+    assert!(held_for < Duration::from_secs(15), "{held_for:?}");
+    drop(answer);
+}

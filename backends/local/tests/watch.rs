@@ -393,3 +393,90 @@ async fn a_directory_too_large_to_list_is_reported_as_an_overflow() {
     drop(events);
     backend.destroy(id).await.unwrap();
 }
+
+/// FINDINGS8 T3: recursive watches of wide trees, made and dropped over and over, lose
+/// no event of another sandbox's watch. Every watch shares one kernel queue, and
+/// dropping a watch of 16,000 directories queues as many events: read only between
+/// hand-outs, the queue overflowed and the other watch lost events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_neighbour_s_watch_churn_loses_no_event_of_another_watch() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let root = common::fast_tempdir();
+    let backend = LocalBackend::builder().root(root.path()).build().unwrap();
+    let mut churning = Vec::new();
+    for _ in 0..2 {
+        churning.push(backend.create(&SandboxSpec::default()).await.unwrap().id);
+    }
+    let watched = backend.create(&SandboxSpec::default()).await.unwrap().id;
+    let verdict = async {
+        for id in &churning {
+            let made = backend
+                .run_shell(id, "mkdir wide && cd wide && seq 0 15999 | xargs mkdir")
+                .await
+                .map_err(|e| e.to_string())?;
+            if !made.success() {
+                return Err(format!("{made:?}"));
+            }
+        }
+        let mut events = backend
+            .watch(&watched, &"".parse().unwrap(), WatchOptions::new())
+            .await
+            .map_err(|e| e.to_string())?;
+        let (done, mut churned) = tokio::sync::watch::channel(false);
+        let top: sandcell::SandboxPath = "".parse().unwrap();
+        let churn = async {
+            for _ in 0..3 {
+                let both = futures::future::join_all(
+                    churning
+                        .iter()
+                        .map(|id| backend.watch(id, &top, WatchOptions::new().recursive(true))),
+                )
+                .await;
+                // Both let go at once: 32,000 kernel watches removed.
+                drop(both);
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            let _ = done.send(true);
+        };
+        let files = 3000;
+        // Made throughout the churn, a hundred at a time.
+        let make = async {
+            let mut made = 0;
+            while made < files {
+                let batch = format!(
+                    "i={made}; while [ $i -lt {} ]; do : > f$i; i=$((i+1)); done",
+                    made + 100
+                );
+                backend
+                    .run_shell(&watched, &batch)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                made += 100;
+                if !*churned.borrow_and_update() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+            Ok::<(), String>(())
+        };
+        let (_, made) = tokio::join!(churn, make);
+        made?;
+        let mut seen = std::collections::BTreeSet::new();
+        while seen.len() < files {
+            match tokio::time::timeout(Duration::from_secs(5), events.next()).await {
+                Ok(Some(Ok(event))) if event.kind == WatchEventKind::Overflow => {
+                    return Err(format!("overflowed after {} of {files}", seen.len()));
+                }
+                Ok(Some(Ok(event))) => {
+                    seen.insert(event.path.as_str().to_owned());
+                }
+                other => return Err(format!("{} of {files}, then {other:?}", seen.len())),
+            }
+        }
+        Ok(())
+    }
+    .await;
+    for id in churning.iter().chain([&watched]) {
+        backend.destroy(id).await.unwrap();
+    }
+    verdict.unwrap();
+}

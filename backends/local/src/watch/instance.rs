@@ -1,6 +1,7 @@
 //! The process's one inotify instance: every watch's kernel watches live on it, a
-//! reader thread hands each event to the watches holding its descriptor, and the
-//! kernel watches are counted against a budget per sandbox and one for the process.
+//! reader thread drains its queue and another hands each event to the watches holding
+//! its descriptor, and the kernel watches are counted against a budget per sandbox and
+//! one for the process.
 //!
 //! `fs.inotify.max_user_instances` (128 by default) is shared by every process of the
 //! backend's user (for a root backend, every root process on the host): an instance
@@ -32,6 +33,10 @@ const MASK: WatchFlags = WatchFlags::CREATE
     .union(WatchFlags::DELETE_SELF)
     .union(WatchFlags::ONLYDIR)
     .union(WatchFlags::EXCL_UNLINK);
+
+/// Batches read from the kernel and not yet handed out: past them the reader waits,
+/// and the kernel's queue fills (each batch is one read, up to 64 KiB of events).
+const BACKLOG: usize = 256;
 
 /// Events waiting for one watch before it is told it lost some: the reader never
 /// waits for a slow watch, or one tenant's unread watch would stall every other's.
@@ -165,10 +170,24 @@ impl Instance {
             limits,
             table: Mutex::default(),
         });
+        // Reading and handing out are threads of their own: the reader drains the
+        // kernel's queue, shared by every watch, whoever holds the table meanwhile (a
+        // watch of 16,384 directories letting go removes as many kernel watches under
+        // it, and each queues an event: read only between hand-outs, the queue
+        // overflowed and every tenant's watches lost events).
+        let (batches, to_deliver) = std::sync::mpsc::sync_channel(BACKLOG);
         let reader = instance.clone();
         std::thread::Builder::new()
             .name("sandcell-inotify".into())
-            .spawn(move || reader.read_forever())?;
+            .spawn(move || reader.read_forever(&batches))?;
+        let handing = instance.clone();
+        std::thread::Builder::new()
+            .name("sandcell-inotify-out".into())
+            .spawn(move || {
+                while let Ok(batch) = to_deliver.recv() {
+                    handing.deliver(batch);
+                }
+            })?;
         Ok(instance)
     }
 
@@ -203,7 +222,7 @@ impl Instance {
         }
     }
 
-    fn read_forever(&self) {
+    fn read_forever(&self, batches: &std::sync::mpsc::SyncSender<Vec<Raw>>) {
         let mut buf = vec![MaybeUninit::<u8>::uninit(); 64 * 1024];
         loop {
             let mut reader = inotify::Reader::new(&self.fd, &mut buf);
@@ -227,7 +246,9 @@ impl Instance {
                     break;
                 }
             }
-            self.deliver(batch);
+            if batches.send(batch).is_err() {
+                return;
+            }
         }
     }
 
@@ -342,12 +363,17 @@ impl Subscription {
 
 impl Drop for Subscription {
     fn drop(&mut self) {
-        let mut table = self.instance.table();
-        let Some(subscriber) = table.subscribers.remove(&self.id) else {
+        let Some(subscriber) = self.instance.table().subscribers.remove(&self.id) else {
             return;
         };
-        for wd in subscriber.descriptors {
-            table.release(&self.instance.fd, wd, self.id);
+        let descriptors: Vec<i32> = subscriber.descriptors.into_iter().collect();
+        // A few at a time: other watches' adds and the hand-out wait for the table
+        // meanwhile, and a recursive watch holds thousands.
+        for some in descriptors.chunks(64) {
+            let mut table = self.instance.table();
+            for wd in some {
+                table.release(&self.instance.fd, *wd, self.id);
+            }
         }
     }
 }
