@@ -207,6 +207,11 @@ fn local_backend(
         options
             .entry("share_host_network")
             .or_insert(serde_json::json!(false));
+        // A tenant's sandboxes share one budget of kernel watches, so no tenant spends
+        // the whole server's (FINDINGS8 T1).
+        options
+            .entry("watch_budget_label")
+            .or_insert(serde_json::json!(sandcell_server::TENANT_LABEL));
     }
     match asked.as_deref() {
         Some("none") if !unsafe_no_isolation => Err(sandcell::Error::invalid_input(

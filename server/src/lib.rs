@@ -39,7 +39,7 @@ mod tls;
 mod wire;
 
 pub use config::{Face, HostPath, ServerConfig};
-pub use tenants::{Tenant, TenantsFile};
+pub use tenants::{Tenant, TenantsFile, TENANT_LABEL};
 pub use tls::Tls;
 
 use std::collections::HashSet;

@@ -16,8 +16,10 @@ use serde::Deserialize;
 
 use sandcell_remote::protocol::ErrorBody;
 
-/// Label naming the tenant a sandbox belongs to.
-pub(crate) const TENANT_LABEL: &str = "sandcell.server.tenant";
+/// The label naming the tenant a sandbox belongs to, which the server sets on every
+/// sandbox it makes (and refuses from clients): for a backend that groups sandboxes by
+/// a label, such as the local backend's `watch_budget_label`.
+pub const TENANT_LABEL: &str = "sandcell.server.tenant";
 /// Label holding the CPU (thousandths of a core) a sandbox counts against its quota.
 pub(crate) const CPU_LABEL: &str = "sandcell.server.cpu_millis";
 /// Label holding the memory (bytes) a sandbox counts against its quota.

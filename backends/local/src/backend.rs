@@ -362,7 +362,8 @@ impl SandboxBackend for LocalBackend {
         path: &SandboxPath,
         options: WatchOptions,
     ) -> Result<WatchStream> {
-        let (dir, _) = self.meta(id)?;
+        let (dir, meta) = self.meta(id)?;
+        let group = crate::watch::budget_group(&self.inner.config, id, &meta.spec.labels);
         let (sender, stream) = sandcell::raw::watch_channel(path.clone());
         let path = path.clone();
         // The initial walk of a recursive watch reads directories: off the runtime.
@@ -370,7 +371,13 @@ impl SandboxBackend for LocalBackend {
         let watcher = blocking(move || {
             let holding = crate::layers::hold_for_watch(&dir)?;
             let workspace = inner.open_workspace(&dir)?;
-            crate::watch::Watcher::start(&workspace, path, options.recursive, sender, holding)
+            crate::watch::Watcher::start(
+                &workspace,
+                path,
+                (options.recursive, group),
+                sender,
+                holding,
+            )
         });
         // AsyncFd registers with the runtime of the task that made it, so it is made
         // on a blocking thread inside this runtime's context.

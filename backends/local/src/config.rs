@@ -128,6 +128,13 @@ pub struct LocalConfig {
     /// must not be 0. Unused otherwise: an unprivileged backend's sandboxes are its
     /// own user, and at `Isolation::None` a root backend's commands are root.
     pub sandbox_uid: u32,
+    /// A label whose value groups sandboxes for file watching: sandboxes with one value
+    /// share one budget of kernel watches (16,384 distinct directories), as a server's
+    /// tenants should, where by default each sandbox has its own. Without it a tenant
+    /// with several sandboxes of large trees could spend the whole process's budget,
+    /// and other tenants' new watches failed (FINDINGS8 T1). Sandboxes without the
+    /// label keep one each. `sandcell-server` sets its tenant label.
+    pub watch_budget_label: Option<String>,
 }
 
 impl Default for LocalConfig {
@@ -145,6 +152,7 @@ impl Default for LocalConfig {
             egress_private_ranges: false,
             share_host_network: true,
             sandbox_uid: crate::owner::DEFAULT_ID,
+            watch_budget_label: None,
         }
     }
 }
@@ -228,6 +236,13 @@ impl LocalBackendBuilder {
     /// Lets allowlists name private ranges ([`LocalConfig::egress_private_ranges`]).
     pub fn egress_private_ranges(mut self, allowed: bool) -> Self {
         self.config.egress_private_ranges = allowed;
+        self
+    }
+
+    /// Groups sandboxes by `label` for the kernel-watch budget
+    /// ([`LocalConfig::watch_budget_label`]).
+    pub fn watch_budget_label(mut self, label: impl Into<String>) -> Self {
+        self.config.watch_budget_label = Some(label.into());
         self
     }
 

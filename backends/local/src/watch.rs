@@ -9,9 +9,10 @@
 //! so an event can only name something beneath it.
 //!
 //! A recursive watch follows at most [`budget::MAX_PER_WATCH`] directories, a
-//! sandbox's watches together at most [`instance::MAX_PER_SANDBOX`] distinct ones, and
-//! all the process's watches at most half the user's inotify limit; past any of them,
-//! the consumer gets one `Overflow` (rescan) and what lies beyond is not watched.
+//! sandbox's watches (or a group's, [`budget_group`]) together at most
+//! [`instance::MAX_PER_GROUP`] distinct ones, and all the process's watches at most half
+//! the user's inotify limit; past any of them, the consumer gets one `Overflow`
+//! (rescan) and what lies beyond is not watched.
 
 mod budget;
 mod instance;
@@ -69,7 +70,7 @@ impl Watcher {
     pub(crate) fn start(
         workspace: &Workspace,
         root: SandboxPath,
-        recursive: bool,
+        (recursive, group): (bool, std::sync::Arc<str>),
         sender: WatchSender,
         holding: std::fs::File,
     ) -> Result<Self> {
@@ -84,7 +85,7 @@ impl Watcher {
             })?;
         let events = Instance::shared()
             .map_err(|e| Error::io("starting a file watch", e))?
-            .subscribe(workspace.root_path());
+            .subscribe(group);
         let mut watcher = Watcher {
             events,
             dirs: WatchedDirs::default(),
@@ -109,7 +110,9 @@ impl Watcher {
     /// Adds a kernel watch on the directory open as `dir`.
     fn add(&mut self, dir: BorrowedFd<'_>, path: SandboxPath) -> rustix::io::Result<i32> {
         let added = if self.dirs.has_room() {
-            self.events.add(dir)
+            // The watched directory itself may use the reserve: a watch within its
+            // group's budget is never refused outright for others' spending.
+            self.events.add(dir, self.root_wd < 0)
         } else {
             Err(AddError::Budget)
         };
@@ -451,6 +454,24 @@ impl Watcher {
             ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS,
         )
         .ok()
+    }
+}
+
+/// Whose budget of kernel watches a watch of sandbox `id` spends: its group's by
+/// [`LocalConfig::watch_budget_label`](crate::LocalConfig::watch_budget_label), else its
+/// own.
+pub(crate) fn budget_group(
+    config: &crate::LocalConfig,
+    id: &sandcell::SandboxId,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> std::sync::Arc<str> {
+    match config
+        .watch_budget_label
+        .as_ref()
+        .and_then(|label| labels.get(label))
+    {
+        Some(value) => format!("label:{value}").into(),
+        None => format!("sandbox:{id}").into(),
     }
 }
 

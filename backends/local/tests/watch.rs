@@ -480,3 +480,63 @@ async fn a_neighbour_s_watch_churn_loses_no_event_of_another_watch() {
     }
     verdict.unwrap();
 }
+
+/// FINDINGS8 T1: sandboxes grouped by `watch_budget_label` (a server's tenants) share
+/// one budget of kernel watches: one tenant's recursive watches of several large
+/// trees spent the whole process's, and every other tenant's new watches failed. A
+/// sandbox of another group keeps a budget of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sandboxes_of_one_label_share_one_watch_budget() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let root = common::fast_tempdir();
+    let backend = LocalBackend::builder()
+        .root(root.path())
+        .watch_budget_label("tenant")
+        .build()
+        .unwrap();
+    let labelled = |tenant: &str| {
+        let mut spec = SandboxSpec::default();
+        spec.labels.insert("tenant".into(), tenant.into());
+        spec
+    };
+    let mut ids = Vec::new();
+    for tenant in ["alice", "alice", "bob"] {
+        ids.push(backend.create(&labelled(tenant)).await.unwrap().id);
+    }
+    let verdict = async {
+        let mut first = Vec::new();
+        let mut kept = Vec::new();
+        for id in &ids {
+            let made = backend
+                .run_shell(id, "mkdir wide && cd wide && seq 0 8999 | xargs mkdir")
+                .await
+                .map_err(|e| e.to_string())?;
+            if !made.success() {
+                return Err(format!("{made:?}"));
+            }
+            let mut events = backend
+                .watch(
+                    id,
+                    &"".parse().unwrap(),
+                    WatchOptions::new().recursive(true),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+            let said = tokio::time::timeout(Duration::from_millis(500), events.next()).await;
+            first.push(matches!(said, Ok(Some(Ok(ref e))) if e.kind == WatchEventKind::Overflow));
+            // Kept: the budget is spent while the watch lives.
+            kept.push(events);
+        }
+        // alice's first tree fits, her second does not (18,000 past 16,384); bob's does.
+        if first != [false, true, false] {
+            return Err(format!("overflowed: {first:?}"));
+        }
+        drop(kept);
+        Ok(())
+    }
+    .await;
+    for id in &ids {
+        backend.destroy(id).await.unwrap();
+    }
+    verdict.unwrap();
+}

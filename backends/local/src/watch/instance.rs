@@ -15,7 +15,6 @@ use std::collections::{HashMap, HashSet};
 use std::ffi::{CStr, CString};
 use std::mem::MaybeUninit;
 use std::os::fd::{AsRawFd, BorrowedFd, OwnedFd};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 
@@ -42,8 +41,14 @@ const BACKLOG: usize = 256;
 /// waits for a slow watch, or one tenant's unread watch would stall every other's.
 const QUEUE: usize = 4096;
 
-/// The most distinct directories one sandbox's watches follow together.
-pub(crate) const MAX_PER_SANDBOX: usize = 16_384;
+/// The most distinct directories one group's watches follow together (a sandbox's, or
+/// a group of sandboxes': `super::budget_group`).
+pub(crate) const MAX_PER_GROUP: usize = 16_384;
+
+/// Kernel watches past the process's budget that only a watch's own directory may take:
+/// a watch within its group's budget is not refused outright because other groups
+/// spent the process's (it reports `Overflow` for what lies beneath instead).
+const ROOT_RESERVE: usize = 4096;
 
 /// One inotify event, owned.
 #[derive(Clone)]
@@ -64,7 +69,7 @@ pub(crate) enum Delivery {
 /// Why a kernel watch was not added.
 #[derive(Debug)]
 pub(crate) enum AddError {
-    /// The sandbox's or the process's budget is spent (or the kernel's, `ENOSPC`).
+    /// The group's or the process's budget is spent (or the kernel's, `ENOSPC`).
     Budget,
     /// The kernel refused it otherwise.
     Kernel(Errno),
@@ -74,7 +79,7 @@ pub(crate) enum AddError {
 #[derive(Clone, Copy)]
 struct Limits {
     process: usize,
-    per_sandbox: usize,
+    per_group: usize,
 }
 
 /// One inotify instance and who holds each of its watch descriptors.
@@ -88,14 +93,14 @@ pub(crate) struct Instance {
 struct Table {
     descriptors: HashMap<i32, Descriptor>,
     subscribers: HashMap<u64, Subscriber>,
-    /// Descriptors each sandbox's watches hold, by workspace.
-    per_sandbox: HashMap<Arc<Path>, usize>,
+    /// Descriptors each group's watches hold.
+    per_group: HashMap<Arc<str>, usize>,
     next_id: u64,
 }
 
 struct Descriptor {
     holders: Vec<u64>,
-    sandbox: Arc<Path>,
+    group: Arc<str>,
 }
 
 struct Subscriber {
@@ -135,10 +140,10 @@ impl Table {
                 subscriber.descriptors.remove(&wd);
             }
         }
-        if let Some(held) = self.per_sandbox.get_mut(&descriptor.sandbox) {
+        if let Some(held) = self.per_group.get_mut(&descriptor.group) {
             *held -= 1;
             if *held == 0 {
-                self.per_sandbox.remove(&descriptor.sandbox);
+                self.per_group.remove(&descriptor.group);
             }
         }
     }
@@ -156,7 +161,7 @@ impl Instance {
         }
         let instance = Self::start(Limits {
             process: process_budget(),
-            per_sandbox: MAX_PER_SANDBOX,
+            per_group: MAX_PER_GROUP,
         })?;
         *shared = Some(instance.clone());
         Ok(instance)
@@ -197,9 +202,9 @@ impl Instance {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// Starts a watch's subscription: the kernel watches it adds are its sandbox's
-    /// (`workspace`), and their events come to it.
-    pub(crate) fn subscribe(self: &Arc<Self>, workspace: &Path) -> Subscription {
+    /// Starts a watch's subscription: the kernel watches it adds count against
+    /// `group`'s budget, and their events come to it.
+    pub(crate) fn subscribe(self: &Arc<Self>, group: Arc<str>) -> Subscription {
         let (tx, rx) = mpsc::channel(QUEUE);
         let lost = Arc::new(AtomicBool::new(false));
         let mut table = self.table();
@@ -216,7 +221,7 @@ impl Instance {
         Subscription {
             instance: self.clone(),
             id,
-            sandbox: Arc::from(workspace),
+            group,
             rx,
             lost,
         }
@@ -285,14 +290,15 @@ impl Instance {
 pub(crate) struct Subscription {
     instance: Arc<Instance>,
     id: u64,
-    sandbox: Arc<Path>,
+    group: Arc<str>,
     rx: mpsc::Receiver<Delivery>,
     lost: Arc<AtomicBool>,
 }
 
 impl Subscription {
-    /// Adds a kernel watch on the directory open as `dir`, within the budgets.
-    pub(crate) fn add(&self, dir: BorrowedFd<'_>) -> Result<i32, AddError> {
+    /// Adds a kernel watch on the directory open as `dir`, within the budgets (the
+    /// process's reserve too, for a watch's own directory: `root`).
+    pub(crate) fn add(&self, dir: BorrowedFd<'_>, root: bool) -> Result<i32, AddError> {
         let instance = &self.instance;
         let mut table = instance.table();
         let proc_path = format!("/proc/self/fd/{}", dir.as_raw_fd());
@@ -307,10 +313,9 @@ impl Subscription {
                 descriptor.holders.push(self.id);
             }
         } else {
-            let held = table.per_sandbox.get(&self.sandbox).copied().unwrap_or(0);
-            if table.descriptors.len() >= instance.limits.process
-                || held >= instance.limits.per_sandbox
-            {
+            let held = table.per_group.get(&self.group).copied().unwrap_or(0);
+            let process = instance.limits.process + if root { ROOT_RESERVE } else { 0 };
+            if table.descriptors.len() >= process || held >= instance.limits.per_group {
                 let _ = inotify::remove_watch(&instance.fd, wd);
                 return Err(AddError::Budget);
             }
@@ -318,10 +323,10 @@ impl Subscription {
                 wd,
                 Descriptor {
                     holders: vec![self.id],
-                    sandbox: self.sandbox.clone(),
+                    group: self.group.clone(),
                 },
             );
-            *table.per_sandbox.entry(self.sandbox.clone()).or_default() += 1;
+            *table.per_group.entry(self.group.clone()).or_default() += 1;
         }
         if let Some(subscriber) = table.subscribers.get_mut(&self.id) {
             subscriber.descriptors.insert(wd);
@@ -386,7 +391,7 @@ fn process_budget() -> usize {
         std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
             .ok()
             .and_then(|max| max.trim().parse::<usize>().ok())
-            .map_or(MAX_PER_SANDBOX, |max| max / 2)
+            .map_or(MAX_PER_GROUP, |max| max / 2)
     })
 }
 
@@ -396,6 +401,7 @@ mod tests {
 
     use super::*;
     use std::os::fd::AsFd;
+    use std::path::Path;
 
     fn dir(path: &Path) -> OwnedFd {
         rustix::fs::open(
@@ -410,30 +416,31 @@ mod tests {
     fn a_directory_two_watches_hold_is_one_kernel_watch_until_both_let_go() {
         let instance = Instance::start(Limits {
             process: 10,
-            per_sandbox: 10,
+            per_group: 10,
         })
         .unwrap();
         let tmp = tempfile::tempdir().unwrap();
-        let one = instance.subscribe(tmp.path());
-        let two = instance.subscribe(tmp.path());
-        let a = one.add(dir(tmp.path()).as_fd()).unwrap();
-        let b = two.add(dir(tmp.path()).as_fd()).unwrap();
+        let one = instance.subscribe("a".into());
+        let two = instance.subscribe("a".into());
+        let a = one.add(dir(tmp.path()).as_fd(), true).unwrap();
+        let b = two.add(dir(tmp.path()).as_fd(), true).unwrap();
         assert_eq!(a, b, "one inode, one descriptor");
         assert_eq!(instance.table().descriptors.len(), 1);
-        assert_eq!(instance.table().per_sandbox[tmp.path()], 1);
+        assert_eq!(instance.table().per_group["a"], 1);
         drop(one);
         assert!(two.holds(b), "the other watch keeps it");
         assert_eq!(instance.table().descriptors.len(), 1);
         drop(two);
         assert!(instance.table().descriptors.is_empty());
-        assert!(instance.table().per_sandbox.is_empty());
+        assert!(instance.table().per_group.is_empty());
     }
 
+    /// FINDINGS8 T1: a group (a tenant's sandboxes) shares one budget.
     #[test]
-    fn a_sandbox_holds_no_more_distinct_directories_than_its_budget() {
+    fn a_group_holds_no_more_distinct_directories_than_its_budget() {
         let instance = Instance::start(Limits {
             process: 100,
-            per_sandbox: 3,
+            per_group: 3,
         })
         .unwrap();
         let tmp = tempfile::tempdir().unwrap();
@@ -441,39 +448,39 @@ mod tests {
         for n in 0..4 {
             std::fs::create_dir(tmp.path().join(n.to_string())).unwrap();
         }
-        let watch = instance.subscribe(tmp.path());
-        for n in 0..3 {
-            watch
-                .add(dir(&tmp.path().join(n.to_string())).as_fd())
-                .unwrap();
+        let at = |n: &str| dir(&tmp.path().join(n));
+        let watch = instance.subscribe("tenant".into());
+        for n in ["0", "1", "2"] {
+            watch.add(at(n).as_fd(), false).unwrap();
         }
-        assert!(matches!(
-            watch.add(dir(&tmp.path().join("3")).as_fd()),
-            Err(AddError::Budget)
-        ));
-        // A second watch of the same sandbox: what is already watched costs nothing.
-        let again = instance.subscribe(tmp.path());
-        again.add(dir(&tmp.path().join("0")).as_fd()).unwrap();
-        // Another sandbox has a budget of its own.
-        let elsewhere = instance.subscribe(other.path());
-        elsewhere.add(dir(other.path()).as_fd()).unwrap();
+        // Another sandbox of the same group shares the budget, its root included.
+        let sibling = instance.subscribe("tenant".into());
+        let refused = sibling.add(at("3").as_fd(), true);
+        assert!(matches!(refused, Err(AddError::Budget)), "{refused:?}");
+        // What is already watched costs nothing.
+        sibling.add(at("0").as_fd(), true).unwrap();
+        // Another group has a budget of its own.
+        let elsewhere = instance.subscribe("other".into());
+        elsewhere.add(dir(other.path()).as_fd(), true).unwrap();
         assert_eq!(instance.table().descriptors.len(), 4);
     }
 
     #[test]
-    fn the_process_budget_binds_every_sandbox() {
+    fn the_process_budget_binds_every_group_but_a_watch_s_own_directory() {
         let instance = Instance::start(Limits {
             process: 2,
-            per_sandbox: 10,
+            per_group: 10,
         })
         .unwrap();
-        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
-        let watches: Vec<_> = dirs.iter().map(|d| instance.subscribe(d.path())).collect();
-        watches[0].add(dir(dirs[0].path()).as_fd()).unwrap();
-        watches[1].add(dir(dirs[1].path()).as_fd()).unwrap();
-        assert!(matches!(
-            watches[2].add(dir(dirs[2].path()).as_fd()),
-            Err(AddError::Budget)
-        ));
+        let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
+        let watches: Vec<_> = (0..3)
+            .map(|n| instance.subscribe(format!("g{n}").into()))
+            .collect();
+        watches[0].add(dir(dirs[0].path()).as_fd(), false).unwrap();
+        watches[1].add(dir(dirs[1].path()).as_fd(), false).unwrap();
+        let refused = watches[2].add(dir(dirs[2].path()).as_fd(), false);
+        assert!(matches!(refused, Err(AddError::Budget)), "{refused:?}");
+        // Its own directory takes the reserve: the watch starts, and overflows beneath.
+        watches[2].add(dir(dirs[3].path()).as_fd(), true).unwrap();
     }
 }
