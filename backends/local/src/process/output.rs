@@ -15,8 +15,12 @@ use tokio::sync::{mpsc, oneshot, watch};
 /// inherited stdout keeps the pipe open forever; it must not hold the caller hostage.
 pub(super) const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(100);
 
-/// How `nsenter`'s own messages begin.
-const DIAGNOSTIC: &[u8] = b"nsenter: ";
+/// How `nsenter`'s own messages begin when the namespaces it enters are gone (a
+/// command's own line beginning otherwise is never held: FINDINGS8 T4).
+const DIAGNOSTICS: [&[u8]; 2] = [
+    b"nsenter: cannot open ",
+    b"nsenter: reassociate to namespace",
+];
 
 /// The most stderr held back while it may be `nsenter`'s message.
 const MAX_HELD: usize = 4096;
@@ -92,7 +96,10 @@ where
 
 /// Whether output beginning `held` may be `nsenter`'s own message (held back).
 fn may_be_diagnostic(held: &[u8]) -> bool {
-    held.len() <= MAX_HELD && (DIAGNOSTIC.starts_with(held) || held.starts_with(DIAGNOSTIC))
+    held.len() <= MAX_HELD
+        && DIAGNOSTICS
+            .iter()
+            .any(|diagnostic| diagnostic.starts_with(held) || held.starts_with(diagnostic))
 }
 
 /// Sends what was held back once the verdict says the command ran; drops it if its
@@ -177,8 +184,10 @@ mod tests {
         assert!(carried(diagnostic, true).await.is_empty());
         // A command of the same words that ran keeps them.
         assert_eq!(carried(diagnostic, false).await, diagnostic);
-        // Anything else is the command's, whatever the exit.
+        // Anything else is the command's, whatever the exit: its own `nsenter:` line too.
         assert_eq!(carried(b"compiling...\n", true).await, b"compiling...\n");
+        let own = b"nsenter: my own progress line\n";
+        assert_eq!(carried(own, true).await, own);
     }
 
     #[tokio::test]
