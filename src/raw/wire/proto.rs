@@ -68,6 +68,37 @@ pub(crate) enum Call {
     },
 }
 
+impl Call {
+    /// Serves the calls answered with a value alone, written here beside their
+    /// messages so that a new one is added in this file and [`WireClient`]'s only;
+    /// `Err` gives back the others, which stream (`super::server`).
+    ///
+    /// [`WireClient`]: super::WireClient
+    pub(crate) async fn serve_simple(
+        self,
+        backend: &dyn crate::SandboxBackend,
+        sandbox: &crate::SandboxId,
+    ) -> std::result::Result<Result<serde_json::Value>, Call> {
+        fn value<T: Serialize>(r: Result<T>) -> Result<serde_json::Value> {
+            r.and_then(|v| {
+                serde_json::to_value(v)
+                    .map_err(|e| Error::new(ErrorKind::Backend, format!("encoding a reply: {e}")))
+            })
+        }
+        Ok(match self {
+            Call::Stat { path } => value(backend.stat(sandbox, &path).await),
+            Call::Remove { path, recursive } => {
+                value(backend.remove(sandbox, &path, recursive).await)
+            }
+            Call::Mkdir { path } => value(backend.mkdir(sandbox, &path).await),
+            Call::Rename { from, to } => value(backend.rename(sandbox, &from, &to).await),
+            Call::Metrics => value(backend.metrics(sandbox).await),
+            Call::SetNetwork { network } => value(backend.set_network(sandbox, &network).await),
+            streamed => return Err(streamed),
+        })
+    }
+}
+
 /// A call's result: `{"ok": value}` or `{"err": {...}}`.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
