@@ -18,6 +18,9 @@ use crate::fs::{DirEntry, FileKind};
 use crate::path::SandboxPath;
 use crate::sandbox::SandboxId;
 
+mod walk;
+pub use walk::{GLOB_MAX_MATCHES, GLOB_MAX_VISITED, WALK_MAX_BYTES, WALK_MAX_ENTRIES};
+
 /// A language [`SandboxBackendExt::execute_code`] can run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -232,37 +235,56 @@ pub trait SandboxBackendExt: SandboxBackend {
 
     /// Every entry beneath `root`, depth first in name order. Symlinks are listed, not
     /// followed.
+    ///
+    /// At most [`WALK_MAX_ENTRIES`] entries and [`WALK_MAX_BYTES`] of paths: past
+    /// either, `LimitExceeded` (walk a directory beneath).
     async fn walk(&self, id: &SandboxId, root: &SandboxPath) -> Result<Vec<DirEntry>> {
         let mut out = Vec::new();
-        let mut stack = vec![root.clone()];
-        while let Some(dir) = stack.pop() {
-            let entries = self.list_dir(id, &dir).await?;
-            let subdirs: Vec<_> = entries
-                .iter()
-                .filter(|e| e.kind == FileKind::Dir)
-                .map(|e| e.path.clone())
-                .collect();
-            out.extend(entries);
-            stack.extend(subdirs.into_iter().rev());
-        }
+        let mut held = 0usize;
+        walk::each_entry(self, id, root, WALK_MAX_ENTRIES, |entry| {
+            held += walk::entry_bytes(&entry);
+            if held > WALK_MAX_BYTES {
+                return Err(Error::limit_exceeded(format!(
+                    "walking {root}: more than {WALK_MAX_BYTES} bytes of paths; walk a \
+                     directory beneath it"
+                )));
+            }
+            out.push(entry);
+            Ok(())
+        })
+        .await?;
         Ok(out)
     }
 
     /// Paths matching a glob pattern relative to the workspace root (`*.py`,
     /// `src/**/*.rs`); `*` does not cross `/`, `**` does. Sorted.
+    ///
+    /// Matched as the tree is walked, keeping only the matches: at most
+    /// [`GLOB_MAX_MATCHES`] of them ([`WALK_MAX_BYTES`] of paths), among at most
+    /// [`GLOB_MAX_VISITED`] entries; past any, `LimitExceeded` (narrow the pattern).
     async fn glob(&self, id: &SandboxId, pattern: &str) -> Result<Vec<SandboxPath>> {
         let matcher = globset::GlobBuilder::new(pattern.trim_start_matches("./"))
             .literal_separator(true)
             .build()
             .map_err(|e| Error::invalid_input(format!("invalid glob pattern {pattern:?}: {e}")))?
             .compile_matcher();
-        let mut found: Vec<SandboxPath> = self
-            .walk(id, &SandboxPath::root())
-            .await?
-            .into_iter()
-            .filter(|e| matcher.is_match(e.path.as_str()))
-            .map(|e| e.path)
-            .collect();
+        let mut found: Vec<SandboxPath> = Vec::new();
+        let mut held = 0usize;
+        let root = SandboxPath::root();
+        walk::each_entry(self, id, &root, GLOB_MAX_VISITED, |entry| {
+            if !matcher.is_match(entry.path.as_str()) {
+                return Ok(());
+            }
+            held += entry.path.as_str().len();
+            if found.len() >= GLOB_MAX_MATCHES || held > WALK_MAX_BYTES {
+                return Err(Error::limit_exceeded(format!(
+                    "more than {GLOB_MAX_MATCHES} paths match {pattern:?}: narrow the pattern"
+                )));
+            }
+            found.push(entry.path);
+            Ok(())
+        })
+        .await?;
         found.sort();
         Ok(found)
     }

@@ -103,8 +103,9 @@ pub use config::{BackendRegistry, SandboxConfig};
 pub use error::{Error, ErrorKind, Result};
 pub use exec::{ExecOutput, ExecRequest, ExitStatus, TerminalSize, DEFAULT_OUTPUT_LIMIT};
 pub use ext::{
-    EditOutcome, GrepMatch, GrepOutput, Language, SandboxBackendExt, GREP_MAX_BYTES,
-    GREP_MAX_FILE_BYTES, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES,
+    EditOutcome, GrepMatch, GrepOutput, Language, SandboxBackendExt, GLOB_MAX_MATCHES,
+    GLOB_MAX_VISITED, GREP_MAX_BYTES, GREP_MAX_FILE_BYTES, GREP_MAX_LINE_BYTES, GREP_MAX_MATCHES,
+    WALK_MAX_BYTES, WALK_MAX_ENTRIES,
 };
 pub use fs::{DirEntry, FileInfo, FileKind, MAX_DIR_ENTRIES, MAX_LISTING_BYTES};
 pub use limits::Limits;

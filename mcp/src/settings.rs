@@ -33,6 +33,10 @@ pub struct ToolSettings {
     /// rewrites its backend's failures so that no host path reaches them, as on its
     /// other faces.
     pub public_errors: sandcell::raw::wire::PublicErrors,
+    /// The most tool calls one tenant has in flight at once (default 16); past it a call
+    /// is a tool error until one ends. A call runs to its end after its client has
+    /// gone, and may hold a file read whole or a glob's matches.
+    pub max_calls_per_tenant: usize,
 }
 
 impl Default for ToolSettings {
@@ -44,6 +48,7 @@ impl Default for ToolSettings {
             max_read_bytes: 64 << 20,
             default_limits: sandcell::Limits::recommended(),
             public_errors: Default::default(),
+            max_calls_per_tenant: 16,
         }
     }
 }

@@ -49,6 +49,8 @@ pub struct SandboxTools {
     /// HTTP server in front.
     tenant: Option<String>,
     settings: Arc<ToolSettings>,
+    /// Each tenant's calls in flight ([`ToolSettings::max_calls_per_tenant`]).
+    calls: Arc<CallSlots>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -61,40 +63,8 @@ impl std::fmt::Debug for SandboxTools {
     }
 }
 
-/// A tool's answer: text, or the error a model reads.
-type Answer = Result<CallToolResult, rmcp::ErrorData>;
-
-fn text(body: impl Into<String>) -> Answer {
-    Ok(CallToolResult::success(vec![ContentBlock::text(body)]))
-}
-
-impl SandboxTools {
-    /// A sandbox error as a tool error: its kind and message (as the settings let a
-    /// client see it), for the model to act on.
-    fn failed(&self, e: Error) -> Answer {
-        let e = self.settings.public_errors.rewrite(e);
-        let hint = match e.kind() {
-            ErrorKind::LimitExceeded => " (a limit of this server: ask for less)",
-            ErrorKind::Timeout => " (give a longer timeout_secs, or run it in the background)",
-            _ => "",
-        };
-        Ok(CallToolResult::error(vec![ContentBlock::text(format!(
-            "{}: {e}{hint}",
-            e.kind()
-        ))]))
-    }
-
-    /// Runs `body`, turning a sandbox error into a tool error.
-    async fn answer<F>(&self, body: F) -> Answer
-    where
-        F: std::future::Future<Output = sandcell::Result<String>>,
-    {
-        match body.await {
-            Ok(out) => text(out),
-            Err(e) => self.failed(e),
-        }
-    }
-}
+mod calls;
+use calls::{text, Answer, CallSlots};
 
 fn path(raw: &str) -> sandcell::Result<SandboxPath> {
     SandboxPath::new(raw.trim_start_matches("./"))
@@ -107,6 +77,7 @@ impl SandboxTools {
         SandboxTools {
             manager,
             tenant: Some(tenant.into()),
+            calls: Arc::new(CallSlots::new(settings.max_calls_per_tenant)),
             settings,
             tool_router: Self::tool_router(),
         }
@@ -120,6 +91,7 @@ impl SandboxTools {
         SandboxTools {
             manager,
             tenant: None,
+            calls: Arc::new(CallSlots::new(settings.max_calls_per_tenant)),
             settings,
             tool_router: Self::tool_router(),
         }
@@ -345,7 +317,7 @@ impl SandboxTools {
         Parameters(args): Parameters<ReadFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(self.read(&ctx, args)).await
+        self.answer(&ctx, self.read(&ctx, args)).await
     }
 
     /// Writes a file.
@@ -358,7 +330,7 @@ impl SandboxTools {
         Parameters(args): Parameters<WriteFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(self.write(&ctx, args)).await
+        self.answer(&ctx, self.write(&ctx, args)).await
     }
 
     /// Edits a file.
@@ -372,7 +344,7 @@ impl SandboxTools {
         Parameters(args): Parameters<EditFile>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let file = path(&args.path)?;
             let sandbox = self.open(&ctx, &args.session).await?;
             let outcome = sandbox
@@ -398,7 +370,7 @@ impl SandboxTools {
         Parameters(args): Parameters<ListDirectory>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let dir = match args.path.as_deref() {
                 None | Some("") | Some(".") => SandboxPath::root(),
                 Some(raw) => path(raw)?,
@@ -441,7 +413,7 @@ impl SandboxTools {
         Parameters(args): Parameters<Glob>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let sandbox = self.open(&ctx, &args.session).await?;
             let found = sandbox
                 .call("glob", |b, id| b.glob(id, &args.pattern))
@@ -473,7 +445,7 @@ impl SandboxTools {
         Parameters(args): Parameters<Grep>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let root = match args.path.as_deref() {
                 None | Some("") | Some(".") => SandboxPath::root(),
                 Some(raw) => path(raw)?,
@@ -497,7 +469,7 @@ impl SandboxTools {
         Parameters(args): Parameters<SessionOnly>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let key = self.key(&ctx, &args.session)?;
             let manifest = self.manager.snapshot(&key).await?;
             Ok(format!(
@@ -518,7 +490,7 @@ impl SandboxTools {
         Parameters(args): Parameters<Restore>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let key = self.key(&ctx, &args.session)?;
             self.manager.restore(&key, &args.snapshot_id).await?;
             Ok(format!(
@@ -536,7 +508,7 @@ impl SandboxTools {
         Parameters(_): Parameters<Nothing>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let tenant = self.tenant(&ctx)?;
             let sessions = self.manager.list(Some(&tenant)).await?;
             let mut out = String::new();
@@ -570,7 +542,7 @@ impl SandboxTools {
         Parameters(args): Parameters<ReleaseSession>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
-        self.answer(async {
+        self.answer(&ctx, async {
             let key = self.key(&ctx, &args.session)?;
             let mode = match args.mode {
                 Release::Keep => ReleaseMode::Keep,

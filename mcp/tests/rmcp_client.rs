@@ -293,3 +293,38 @@ async fn tool_errors_are_told_as_the_settings_rewrite_them() {
     client.cancel().await.unwrap();
     server.await.unwrap();
 }
+
+/// FINDINGS9 G1: a tenant has at most `ToolSettings::max_calls_per_tenant` calls in
+/// flight (a call runs to its end after its client has gone, and may hold tens of MiB);
+/// past it a call is a tool error naming the limit. With none allowed, every call is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_past_the_tenant_s_cap_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let backend: Box<dyn SandboxBackend> = Box::new(sandcell::testing::MockBackend::new());
+    let manager = sandcell::SandboxManager::builder(backend)
+        .data_dir(dir.path().join("data"))
+        .build()
+        .await
+        .unwrap();
+    let mut settings = ToolSettings::default();
+    settings.max_calls_per_tenant = 0;
+    let tools = SandboxTools::new(Arc::new(manager), "agent", settings);
+    let (server_end, client_end) = tokio::io::duplex(64 * 1024);
+    let server = tokio::spawn(async move {
+        let running = tools.serve(server_end).await.unwrap();
+        let _ = running.waiting().await;
+    });
+    let client = ().serve(client_end).await.unwrap();
+    let out = client
+        .call_tool(call(
+            "glob",
+            serde_json::json!({"session": "s", "pattern": "**/*"}),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(out.is_error, Some(true));
+    let told = text(&out);
+    assert!(told.contains("tool calls of this tenant"), "{told}");
+    client.cancel().await.unwrap();
+    server.await.unwrap();
+}

@@ -100,7 +100,14 @@ impl Watcher {
         };
         watcher.root_wd = watcher
             .add(dir.as_fd(), root.clone())
-            .map_err(|e| Error::io(format_args!("watching {root}"), e.into()))?;
+            .map_err(|e| match e {
+                // The budgets are spent (its group's: its own watches hold them).
+                Errno::NOSPC => Error::limit_exceeded(format!(
+                    "watching {root}: the directories this sandbox's watches may follow \
+                     are all watched; end a watch first"
+                )),
+                e => Error::io(format_args!("watching {root}"), e.into()),
+            })?;
         if recursive {
             watcher.add_beneath(dir.as_fd(), &root, &mut None);
         }

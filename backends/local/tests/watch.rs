@@ -531,6 +531,26 @@ async fn sandboxes_of_one_label_share_one_watch_budget() {
         if first != [false, true, false] {
             return Err(format!("overflowed: {first:?}"));
         }
+        // alice's budget is spent: a watch of a directory not yet watched is refused as
+        // a limit (not a backend failure), while bob's are not.
+        for id in [&ids[1], &ids[2]] {
+            backend
+                .mkdir(id, &"fresh".parse().unwrap())
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+        let refused = backend
+            .watch(&ids[1], &"fresh".parse().unwrap(), WatchOptions::new())
+            .await
+            .err()
+            .map(|e| e.kind());
+        if refused != Some(sandcell::ErrorKind::LimitExceeded) {
+            return Err(format!("alice's watch past her budget: {refused:?}"));
+        }
+        backend
+            .watch(&ids[2], &"fresh".parse().unwrap(), WatchOptions::new())
+            .await
+            .map_err(|e| format!("bob's watch: {e}"))?;
         drop(kept);
         Ok(())
     }
