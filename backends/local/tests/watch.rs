@@ -547,10 +547,11 @@ async fn sandboxes_of_one_label_share_one_watch_budget() {
         if refused != Some(sandcell::ErrorKind::LimitExceeded) {
             return Err(format!("alice's watch past her budget: {refused:?}"));
         }
-        backend
+        let bob = backend
             .watch(&ids[2], &"fresh".parse().unwrap(), WatchOptions::new())
             .await
             .map_err(|e| format!("bob's watch: {e}"))?;
+        drop(bob);
         drop(kept);
         Ok(())
     }
