@@ -6,6 +6,7 @@ use std::sync::Arc;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
+use crate::tools::CallSlots;
 use crate::{Manager, SandboxTools, ToolSettings};
 
 /// The largest request body the service reads: a `write_file` of the default 10 MiB,
@@ -23,17 +24,51 @@ pub fn http_service(
     manager: Arc<Manager>,
     settings: ToolSettings,
 ) -> StreamableHttpService<SandboxTools, LocalSessionManager> {
-    let settings = Arc::new(settings);
     StreamableHttpService::new(
-        move || {
-            Ok(SandboxTools::per_request_tenant(
-                Arc::clone(&manager),
-                (*settings).clone(),
-            ))
-        },
+        sessions(manager, settings),
         Arc::default(),
         StreamableHttpServerConfig::default()
             .disable_allowed_hosts()
             .with_max_request_body_bytes(MAX_REQUEST_BYTES),
     )
+}
+
+/// Makes each MCP session's tools: every session counts its tenant's calls in flight in
+/// the same places ([`ToolSettings::max_calls_per_tenant`]).
+fn sessions(
+    manager: Arc<Manager>,
+    settings: ToolSettings,
+) -> impl Fn() -> Result<SandboxTools, std::io::Error> + Send + Sync + 'static {
+    let calls = Arc::new(CallSlots::new(settings.max_calls_per_tenant));
+    let settings = Arc::new(settings);
+    move || {
+        Ok(SandboxTools::per_request_tenant_sharing(
+            Arc::clone(&manager),
+            (*settings).clone(),
+            Arc::clone(&calls),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// FINDINGS10 G2: the cap was per session, and a tenant opens as many as it likes.
+    #[tokio::test]
+    async fn every_session_counts_calls_in_the_same_places() {
+        let dir = tempfile::tempdir().unwrap();
+        let backend: Box<dyn sandcell::SandboxBackend> =
+            Box::new(sandcell::testing::MockBackend::new());
+        let manager = sandcell::SandboxManager::builder(backend)
+            .data_dir(dir.path())
+            .build()
+            .await
+            .unwrap();
+        let make = sessions(Arc::new(manager), ToolSettings::default());
+        let (one, two) = (make().unwrap(), make().unwrap());
+        assert!(one.shares_calls_with(&two));
+    }
 }

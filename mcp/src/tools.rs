@@ -64,7 +64,8 @@ impl std::fmt::Debug for SandboxTools {
 }
 
 mod calls;
-use calls::{text, Answer, CallSlots};
+pub(crate) use calls::CallSlots;
+use calls::{text, Answer};
 
 fn path(raw: &str) -> sandcell::Result<SandboxPath> {
     SandboxPath::new(raw.trim_start_matches("./"))
@@ -87,14 +88,32 @@ impl SandboxTools {
     /// front sets once it has authenticated the caller; a request without one is
     /// refused.
     pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
+        let calls = Arc::new(CallSlots::new(settings.max_calls_per_tenant));
+        Self::per_request_tenant_sharing(manager, settings, calls)
+    }
+
+    /// As [`per_request_tenant`](Self::per_request_tenant), counting calls in `calls`,
+    /// which every session of a server shares: a tenant opens as many sessions as it
+    /// likes, and a cap per session bounded nothing (FINDINGS10 G2).
+    pub(crate) fn per_request_tenant_sharing(
+        manager: Arc<Manager>,
+        settings: ToolSettings,
+        calls: Arc<CallSlots>,
+    ) -> Self {
         let settings = Self::limited(&manager, settings);
         SandboxTools {
             manager,
             tenant: None,
-            calls: Arc::new(CallSlots::new(settings.max_calls_per_tenant)),
+            calls,
             settings,
             tool_router: Self::tool_router(),
         }
+    }
+
+    /// Whether `self` and `other` count calls in the same places.
+    #[cfg(test)]
+    pub(crate) fn shares_calls_with(&self, other: &SandboxTools) -> bool {
+        Arc::ptr_eq(&self.calls, &other.calls)
     }
 
     /// `settings` with the default limits the backend enforces put in its spec, once,

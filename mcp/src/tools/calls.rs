@@ -60,13 +60,13 @@ impl SandboxTools {
 
 /// The places for each tenant's calls in flight, made on first use.
 #[derive(Debug)]
-pub(super) struct CallSlots {
+pub(crate) struct CallSlots {
     cap: usize,
     per_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl CallSlots {
-    pub(super) fn new(cap: usize) -> Self {
+    pub(crate) fn new(cap: usize) -> Self {
         CallSlots {
             cap,
             per_tenant: Mutex::default(),
