@@ -33,9 +33,10 @@ pub struct ToolSettings {
     /// rewrites its backend's failures so that no host path reaches them, as on its
     /// other faces.
     pub public_errors: sandcell::raw::wire::PublicErrors,
-    /// The most tool calls one tenant has in flight at once (default 16); past it a call
-    /// is a tool error until one ends. A call runs to its end after its client has
-    /// gone, and may hold a file read whole or a glob's matches.
+    /// The most tool calls one tenant has in flight at once, `run_command` included
+    /// (default 16); past it a call is a tool error until one ends. A call runs to its
+    /// end after its client has gone, and may hold a file read whole or a glob's
+    /// matches.
     pub max_calls_per_tenant: usize,
 }
 

@@ -313,6 +313,11 @@ impl SandboxTools {
         Parameters(args): Parameters<RunCommand>,
         ctx: RequestContext<RoleServer>,
     ) -> Answer {
+        // Among the tenant's calls in flight, as every other tool is (`answer`).
+        let _slot = match self.tenant(&ctx).and_then(|t| self.calls.slot(&t)) {
+            Ok(slot) => slot,
+            Err(e) => return self.failed(e),
+        };
         let progress = ctx
             .meta
             .get_progress_token()
