@@ -372,12 +372,50 @@ impl Drop for Subscription {
             return;
         };
         let descriptors: Vec<i32> = subscriber.descriptors.into_iter().collect();
-        // A few at a time: other watches' adds and the hand-out wait for the table
-        // meanwhile, and a recursive watch holds thousands.
-        for some in descriptors.chunks(64) {
+        if descriptors.len() <= RELEASE_CHUNK {
             let mut table = self.instance.table();
+            for wd in descriptors {
+                table.release(&self.instance.fd, wd, self.id);
+            }
+            return;
+        }
+        // A wide watch lets go on a thread of its own, paced by the kernel's queue.
+        let (instance, id) = (Arc::clone(&self.instance), self.id);
+        let paced = std::thread::Builder::new()
+            .name("sandcell-unwatch".into())
+            .spawn(move || instance.release_paced(id, &descriptors));
+        if let Err(e) = paced {
+            tracing::warn!(error = %e, "letting go of a watch's kernel watches");
+        }
+    }
+}
+
+/// Kernel watches let go of at a time (the table is held for as many).
+const RELEASE_CHUNK: usize = 64;
+
+impl Instance {
+    /// Lets `holder` go of `descriptors`, a chunk at a time, waiting while the kernel's
+    /// queue is half full: each kernel watch removed queues an event, every watch's
+    /// events share the queue, and thousands removed at once overflowed it under load,
+    /// so other tenants' watches lost events (FINDINGS8 T3).
+    fn release_paced(&self, holder: u64, descriptors: &[i32]) {
+        let room = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
+            .ok()
+            .and_then(|max| max.trim().parse::<u64>().ok())
+            .unwrap_or(16_384)
+            / 2;
+        for some in descriptors.chunks(RELEASE_CHUNK) {
+            for _ in 0..1000 {
+                // An event without a name is 16 bytes: a lower bound of what is queued.
+                let queued = rustix::io::ioctl_fionread(&self.fd).unwrap_or(0) / 16;
+                if queued < room {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            let mut table = self.table();
             for wd in some {
-                table.release(&self.instance.fd, *wd, self.id);
+                table.release(&self.fd, *wd, holder);
             }
         }
     }
