@@ -56,7 +56,7 @@ mod tests {
 
     use super::*;
 
-    /// FINDINGS10 G2: the cap was per session, and a tenant opens as many as it likes.
+    /// ADVERSARIAL 40, FINDINGS10 G2: the cap was per session, and a tenant opens as many as it likes.
     #[tokio::test]
     async fn every_session_counts_calls_in_the_same_places() {
         let dir = tempfile::tempdir().unwrap();

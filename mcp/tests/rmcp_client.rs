@@ -294,7 +294,7 @@ async fn tool_errors_are_told_as_the_settings_rewrite_them() {
     server.await.unwrap();
 }
 
-/// FINDINGS9 G1: a tenant has at most `ToolSettings::max_calls_per_tenant` calls in
+/// ADVERSARIAL 40, FINDINGS9 G1: a tenant has at most `ToolSettings::max_calls_per_tenant` calls in
 /// flight (a call runs to its end after its client has gone, and may hold tens of MiB);
 /// past it a call is a tool error naming the limit. With none allowed, every call is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

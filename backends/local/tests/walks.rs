@@ -1,4 +1,4 @@
-//! `walk` and `glob` stay within their caps however large the tree: a walk answers at
+//! ADVERSARIAL 40: `walk` and `glob` stay within their caps however large the tree: a walk answers at
 //! most `WALK_MAX_ENTRIES` entries, and a glob keeps only its matches, at most
 //! `GLOB_MAX_MATCHES`, saying `LimitExceeded` past either rather than holding the whole
 //! tree's paths (FINDINGS9 G1: 425 MiB per call for 3.6 MB of hard links under a deep

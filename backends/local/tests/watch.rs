@@ -394,7 +394,7 @@ async fn a_directory_too_large_to_list_is_reported_as_an_overflow() {
     backend.destroy(id).await.unwrap();
 }
 
-/// FINDINGS8 T3: recursive watches of wide trees, made and dropped over and over, lose
+/// ADVERSARIAL 40, FINDINGS8 T3: recursive watches of wide trees, made and dropped over and over, lose
 /// no event of another sandbox's watch. Every watch shares one kernel queue, and
 /// dropping a watch of 16,000 directories queues as many events: read only between
 /// hand-outs, the queue overflowed and the other watch lost events.
@@ -481,7 +481,7 @@ async fn a_neighbour_s_watch_churn_loses_no_event_of_another_watch() {
     verdict.unwrap();
 }
 
-/// FINDINGS8 T1: sandboxes grouped by `watch_budget_label` (a server's tenants) share
+/// ADVERSARIAL 40, FINDINGS8 T1: sandboxes grouped by `watch_budget_label` (a server's tenants) share
 /// one budget of kernel watches: one tenant's recursive watches of several large
 /// trees spent the whole process's, and every other tenant's new watches failed. A
 /// sandbox of another group keeps a budget of its own.

@@ -80,6 +80,8 @@ pub(crate) enum AddError {
 struct Limits {
     process: usize,
     per_group: usize,
+    /// Events the kernel's queue holds before a paced release waits (half of it).
+    queue_room: u64,
 }
 
 /// One inotify instance and who holds each of its watch descriptors.
@@ -162,6 +164,7 @@ impl Instance {
         let instance = Self::start(Limits {
             process: process_budget(),
             per_group: MAX_PER_GROUP,
+            queue_room: sysctl("max_queued_events").unwrap_or(16_384) / 2,
         })?;
         *shared = Some(instance.clone());
         Ok(instance)
@@ -399,11 +402,7 @@ impl Instance {
     /// events share the queue, and thousands removed at once overflowed it under load,
     /// so other tenants' watches lost events (FINDINGS8 T3).
     fn release_paced(&self, holder: u64, descriptors: &[i32]) {
-        let room = std::fs::read_to_string("/proc/sys/fs/inotify/max_queued_events")
-            .ok()
-            .and_then(|max| max.trim().parse::<u64>().ok())
-            .unwrap_or(16_384)
-            / 2;
+        let room = self.limits.queue_room;
         for some in descriptors.chunks(RELEASE_CHUNK) {
             for _ in 0..1000 {
                 // An event without a name is 16 bytes: a lower bound of what is queued.
@@ -425,12 +424,15 @@ impl Instance {
 /// rest to the user's other programs.
 fn process_budget() -> usize {
     static BUDGET: OnceLock<usize> = OnceLock::new();
-    *BUDGET.get_or_init(|| {
-        std::fs::read_to_string("/proc/sys/fs/inotify/max_user_watches")
-            .ok()
-            .and_then(|max| max.trim().parse::<usize>().ok())
-            .map_or(MAX_PER_GROUP, |max| max / 2)
-    })
+    *BUDGET
+        .get_or_init(|| sysctl("max_user_watches").map_or(MAX_PER_GROUP, |max| (max / 2) as usize))
+}
+
+/// One of the kernel's inotify settings (`/proc/sys/fs/inotify/<name>`).
+fn sysctl(name: &str) -> Option<u64> {
+    std::fs::read_to_string(format!("/proc/sys/fs/inotify/{name}"))
+        .ok()
+        .and_then(|value| value.trim().parse().ok())
 }
 
 #[cfg(test)]
@@ -455,6 +457,7 @@ mod tests {
         let instance = Instance::start(Limits {
             process: 10,
             per_group: 10,
+            queue_room: 8192,
         })
         .unwrap();
         let tmp = tempfile::tempdir().unwrap();
@@ -479,6 +482,7 @@ mod tests {
         let instance = Instance::start(Limits {
             process: 100,
             per_group: 3,
+            queue_room: 8192,
         })
         .unwrap();
         let tmp = tempfile::tempdir().unwrap();
@@ -508,6 +512,7 @@ mod tests {
         let instance = Instance::start(Limits {
             process: 2,
             per_group: 10,
+            queue_room: 8192,
         })
         .unwrap();
         let dirs: Vec<_> = (0..4).map(|_| tempfile::tempdir().unwrap()).collect();
