@@ -34,6 +34,8 @@ const WORKERS: usize = 3;
 const TENANTS: usize = 3;
 const LIMIT: u32 = 4;
 const LEASE: Duration = Duration::from_secs(3);
+/// The workers' provision timeout, which the sampler needs to tell an abandoned claim.
+const PROVISION_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn now_us() -> u128 {
     SystemTime::now()
@@ -78,6 +80,7 @@ impl Run {
         SandboxManager::builder(backend)
             .manager_id(manager_id)
             .lease_ttl(LEASE)
+            .provision_timeout(PROVISION_TIMEOUT)
             .idle_timeout(Duration::from_secs(1))
             .reaper_interval(Duration::from_millis(500))
             .max_sandboxes_per_tenant(LIMIT)
@@ -287,13 +290,20 @@ async fn three_processes_share_one_database_through_kills_and_restarts() {
     let mut incarnation = 0;
     loop {
         // Sample the tenant limits.
+        // Read after `now`: a claim the sample counts as abandoned was abandoned when
+        // read (a dead worker's lease only lapses further), so the sample never
+        // overlooks a claim the store still counted.
+        let now = chrono::Utc::now();
+        let stale_before = now - chrono::Duration::from_std(PROVISION_TIMEOUT).unwrap();
         let records = store.list(None).await.unwrap();
         let mut held: HashMap<&str, usize> = HashMap::new();
         for r in records
             .iter()
             .filter(|r| r.key.tenant().starts_with(&run.prefix))
         {
-            if r.holds_sandbox() {
+            // Counted as claims are decided: a killed worker's claim in flight stops
+            // counting once its lease lapses, though its record stays until reaped.
+            if r.counts_against_limit(now, stale_before) {
                 *held.entry(r.key.tenant()).or_default() += 1;
             }
         }

@@ -203,11 +203,7 @@ pub fn decide_claim<'a>(
     let now = claim.record.updated_at;
     // A claim in flight is abandoned once provision_timeout has passed, or as soon as
     // its claimer's lease lapsed (it died; a live claimer renews it while it works).
-    let fresh = |r: &SessionRecord| {
-        r.status != SandboxStatus::Provisioning
-            || (r.updated_at >= claim.stale_before
-                && r.lease.as_ref().is_none_or(|l| l.expires_at > now))
-    };
+    let counts = |r: &SessionRecord| r.counts_against_limit(now, claim.stale_before);
     let mut lease = Lease::next(
         existing.and_then(|r| r.lease.as_ref()),
         &claim.owner,
@@ -216,11 +212,12 @@ pub fn decide_claim<'a>(
     // An abandoned claim is replaced under a new token whoever claims, its own owner
     // id included (a restart, or one of the processes sharing the default id): the
     // claimer that stalled past its lease must find its writes refused.
-    if let Some(stale) = existing.filter(|r| r.status == SandboxStatus::Provisioning && !fresh(r)) {
+    if let Some(stale) = existing.filter(|r| r.status == SandboxStatus::Provisioning && !counts(r))
+    {
         lease.token = lease.token.max(stale.token() + 1);
     }
     if let Some(existing) = existing {
-        if existing.holds_sandbox() && fresh(existing) {
+        if counts(existing) {
             if existing.status == SandboxStatus::Provisioning {
                 return Ok(ClaimOutcome::Busy(existing.clone()));
             }
@@ -241,7 +238,7 @@ pub fn decide_claim<'a>(
     if let Some(limit) = claim.tenant_limit {
         let held = tenant_records
             .into_iter()
-            .filter(|r| r.key != claim.record.key && r.holds_sandbox() && fresh(r))
+            .filter(|r| r.key != claim.record.key && counts(r))
             .count();
         if held >= limit as usize {
             return Err(Error::limit_exceeded(format!(

@@ -120,7 +120,8 @@ impl SessionRecord {
             .filter(|l| self.holds_sandbox() && l.owner != owner && l.expires_at > now)
     }
 
-    /// Whether this status holds a sandbox (and so counts against the tenant's limit).
+    /// Whether this status holds a sandbox. A claim still in flight counts against its
+    /// tenant's limit only while it is not abandoned: [`counts_against_limit`](Self::counts_against_limit).
     pub fn holds_sandbox(&self) -> bool {
         matches!(
             self.status,
@@ -129,6 +130,18 @@ impl SessionRecord {
                 | SandboxStatus::Paused
                 | SandboxStatus::Idle
         )
+    }
+
+    /// Whether the record counts against its tenant's sandbox limit at `now`: it holds a
+    /// sandbox, and if it is a claim in flight (`Provisioning`), that claim is not
+    /// abandoned: it was written at or after `stale_before` (now less the manager's
+    /// provision timeout) and its claimer's lease has not lapsed (a claimer that died
+    /// stops renewing it). The one rule claims are decided by ([`decide_claim`]).
+    pub fn counts_against_limit(&self, now: DateTime<Utc>, stale_before: DateTime<Utc>) -> bool {
+        self.holds_sandbox()
+            && (self.status != SandboxStatus::Provisioning
+                || (self.updated_at >= stale_before
+                    && self.lease.as_ref().is_none_or(|l| l.expires_at > now)))
     }
 
     /// Whether the session has a sandbox ready for use: it holds one and is not still
