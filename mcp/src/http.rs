@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use crate::tools::CallSlots;
+use crate::tools::call_slots;
 use crate::{Manager, SandboxTools, ToolSettings};
 
 /// The largest request body the service reads: a `write_file` of the default 10 MiB,
@@ -39,7 +39,7 @@ fn sessions(
     manager: Arc<Manager>,
     settings: ToolSettings,
 ) -> impl Fn() -> Result<SandboxTools, std::io::Error> + Send + Sync + 'static {
-    let calls = Arc::new(CallSlots::new(settings.max_calls_per_tenant));
+    let calls = Arc::new(call_slots(settings.max_calls_per_tenant));
     let settings = Arc::new(settings);
     move || {
         Ok(SandboxTools::per_request_tenant_sharing(

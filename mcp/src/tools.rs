@@ -50,7 +50,7 @@ pub struct SandboxTools {
     tenant: Option<String>,
     settings: Arc<ToolSettings>,
     /// Each tenant's calls in flight ([`ToolSettings::max_calls_per_tenant`]).
-    calls: Arc<CallSlots>,
+    calls: Arc<sandcell::raw::TenantSlots>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -64,7 +64,7 @@ impl std::fmt::Debug for SandboxTools {
 }
 
 mod calls;
-pub(crate) use calls::CallSlots;
+pub(crate) use calls::call_slots;
 use calls::{text, Answer};
 
 fn path(raw: &str) -> sandcell::Result<SandboxPath> {
@@ -78,7 +78,7 @@ impl SandboxTools {
         SandboxTools {
             manager,
             tenant: Some(tenant.into()),
-            calls: Arc::new(CallSlots::new(settings.max_calls_per_tenant)),
+            calls: Arc::new(call_slots(settings.max_calls_per_tenant)),
             settings,
             tool_router: Self::tool_router(),
         }
@@ -88,7 +88,7 @@ impl SandboxTools {
     /// front sets once it has authenticated the caller; a request without one is
     /// refused.
     pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
-        let calls = Arc::new(CallSlots::new(settings.max_calls_per_tenant));
+        let calls = Arc::new(call_slots(settings.max_calls_per_tenant));
         Self::per_request_tenant_sharing(manager, settings, calls)
     }
 
@@ -98,7 +98,7 @@ impl SandboxTools {
     pub(crate) fn per_request_tenant_sharing(
         manager: Arc<Manager>,
         settings: ToolSettings,
-        calls: Arc<CallSlots>,
+        calls: Arc<sandcell::raw::TenantSlots>,
     ) -> Self {
         let settings = Self::limited(&manager, settings);
         SandboxTools {

@@ -7,54 +7,28 @@
 //! while it runs; counted by connection, one tenant's detached commands ran the server
 //! out of them and every tenant's creates failed (FINDINGS8 T6, T7).
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use sandcell::raw::TenantSlots;
+use sandcell::Process;
 
-use sandcell::{Error, Process};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-
-/// The places for running commands, by tenant, made on first use.
+/// The places for running commands, by tenant.
 #[derive(Debug)]
-pub(crate) struct CommandSlots {
-    cap: AtomicUsize,
-    per_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
+pub(crate) struct CommandSlots(TenantSlots);
+
+impl std::ops::Deref for CommandSlots {
+    type Target = TenantSlots;
+
+    fn deref(&self) -> &TenantSlots {
+        &self.0
+    }
 }
 
 impl CommandSlots {
     pub(crate) fn new(cap: usize) -> Self {
-        CommandSlots {
-            cap: AtomicUsize::new(cap),
-            per_tenant: Mutex::default(),
-        }
-    }
-
-    /// The cap the server serves with (set when its router is made, before any place
-    /// is taken).
-    pub(crate) fn set_cap(&self, cap: usize) {
-        self.cap.store(cap, Ordering::Relaxed);
-    }
-
-    /// A place for one more of `tenant`'s commands; `LimitExceeded` when it runs as
-    /// many as it may.
-    pub(crate) fn slot(&self, tenant: &str) -> sandcell::Result<OwnedSemaphorePermit> {
-        let cap = self.cap.load(Ordering::Relaxed);
-        self.semaphore(tenant).try_acquire_owned().map_err(|_| {
-            Error::limit_exceeded(format!(
-                "tenant {tenant} runs {cap} commands at once, as many as it may: wait for \
-                 one to end, or kill one"
-            ))
-        })
-    }
-
-    /// `tenant`'s places, for the wire connections of its, which take them themselves.
-    pub(crate) fn semaphore(&self, tenant: &str) -> Arc<Semaphore> {
-        let cap = self.cap.load(Ordering::Relaxed);
-        Arc::clone(
-            crate::lock(&self.per_tenant)
-                .entry(tenant.to_owned())
-                .or_insert_with(|| Arc::new(Semaphore::new(cap))),
-        )
+        CommandSlots(TenantSlots::new(
+            cap,
+            "commands running",
+            "wait for one to end, or kill one",
+        ))
     }
 
     /// Starts a command of `tenant`'s with `start`, holding its place until the command

@@ -87,9 +87,9 @@ pub(crate) struct Shared {
     transfers: std::collections::HashMap<String, sandcell::raw::budget::ByteBudget>,
     /// Each tenant's archive streams on the wire
     /// ([`ServerConfig::max_archive_streams_per_tenant`]).
-    archive_streams: std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>,
+    archive_streams: sandcell::raw::TenantSlots,
     /// Each tenant's file watches ([`ServerConfig::max_watches_per_tenant`]).
-    watches: std::collections::HashMap<String, Arc<tokio::sync::Semaphore>>,
+    watches: sandcell::raw::TenantSlots,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
     /// The labels no client may set or filter on.
@@ -140,13 +140,9 @@ impl Shared {
 }
 
 impl Shared {
-    /// The file watches `tenant` may hold (a tenant the server does not have gets
-    /// none).
+    /// The file watches `tenant` may hold.
     pub(crate) fn watches(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
-        self.watches
-            .get(tenant)
-            .cloned()
-            .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(0)))
+        self.watches.semaphore(tenant)
     }
 
     /// A place among `tenant`'s file watches, held for as long as the watch lives.
@@ -154,23 +150,12 @@ impl Shared {
         &self,
         tenant: &str,
     ) -> sandcell::Result<tokio::sync::OwnedSemaphorePermit> {
-        self.watches(tenant).try_acquire_owned().map_err(|_| {
-            Error::limit_exceeded(format!(
-                "tenant {tenant} holds {} file watches, as many as it may: end one first",
-                self.config.max_watches_per_tenant
-            ))
-        })
+        self.watches.slot(tenant)
     }
-}
 
-impl Shared {
-    /// The archive streams `tenant`'s wire connections share (a tenant the server does
-    /// not have gets none).
+    /// The archive streams `tenant`'s wire connections share.
     pub(crate) fn archive_streams(&self, tenant: &str) -> Arc<tokio::sync::Semaphore> {
-        self.archive_streams
-            .get(tenant)
-            .cloned()
-            .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(0)))
+        self.archive_streams.semaphore(tenant)
     }
 }
 
@@ -221,24 +206,12 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
                 )
             })
             .collect(),
-        archive_streams: tenants
-            .iter()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    Arc::new(tokio::sync::Semaphore::new(streams)),
-                )
-            })
-            .collect(),
-        watches: tenants
-            .iter()
-            .map(|t| {
-                (
-                    t.name.clone(),
-                    Arc::new(tokio::sync::Semaphore::new(watches)),
-                )
-            })
-            .collect(),
+        archive_streams: sandcell::raw::TenantSlots::new(
+            streams,
+            "archive streams open",
+            "end one first",
+        ),
+        watches: sandcell::raw::TenantSlots::new(watches, "file watches", "end one first"),
         tenants,
         reserved,
         lifecycle: Default::default(),

@@ -14,6 +14,7 @@
 //! | [`tree`] | directory trees walked through descriptors without following links: list, remove, copy, move (Linux) |
 //! | [`decide_claim`] | the claim rule every [`StateStore`](crate::store::StateStore) applies atomically |
 //! | [`ListingLimit`] | a directory listing counted as it is read, against [`MAX_DIR_ENTRIES`](crate::MAX_DIR_ENTRIES) and [`MAX_LISTING_BYTES`](crate::MAX_LISTING_BYTES) |
+//! | [`TenantSlots`] | places counted per tenant, for a server bounding what each tenant holds at once |
 //! | [`read_at_most`], [`read_within`] | a read with a byte cap, the file sized before it is read (servers facing untrusted callers), within a [`budget::ByteBudget`] |
 //!
 //! These are as stable as the rest of the crate; they live apart so the user API stays
@@ -29,6 +30,7 @@ pub mod overlay;
 pub mod private_dir;
 pub mod secret_file;
 pub mod stream;
+mod tenant_slots;
 #[cfg(target_os = "linux")]
 pub mod tree;
 pub mod wire;
@@ -60,6 +62,7 @@ pub use bounded::{read_at_most, read_within};
 #[doc(inline)]
 pub use forward::forward_backend;
 pub use forward::Routed;
+pub use tenant_slots::TenantSlots;
 
 /// Archive checks and host-directory archives, for backends that read or write tars.
 pub mod archive {

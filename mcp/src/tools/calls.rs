@@ -7,14 +7,10 @@
 //!
 //! [`ToolSettings::max_calls_per_tenant`]: crate::ToolSettings::max_calls_per_tenant
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::service::RequestContext;
 use rmcp::RoleServer;
 use sandcell::{Error, ErrorKind};
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use super::SandboxTools;
 
@@ -58,43 +54,9 @@ impl SandboxTools {
     }
 }
 
-/// The places for each tenant's calls in flight, made on first use.
-#[derive(Debug)]
-pub(crate) struct CallSlots {
-    cap: usize,
-    per_tenant: Mutex<HashMap<String, Arc<Semaphore>>>,
-}
-
-impl CallSlots {
-    pub(crate) fn new(cap: usize) -> Self {
-        CallSlots {
-            cap,
-            per_tenant: Mutex::default(),
-        }
-    }
-
-    /// A place for one more of `tenant`'s calls; `LimitExceeded` when it has as many in
-    /// flight as it may.
-    pub(super) fn slot(&self, tenant: &str) -> sandcell::Result<OwnedSemaphorePermit> {
-        let semaphore = {
-            let mut per_tenant = self
-                .per_tenant
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            Arc::clone(
-                per_tenant
-                    .entry(tenant.to_owned())
-                    .or_insert_with(|| Arc::new(Semaphore::new(self.cap))),
-            )
-        };
-        semaphore.try_acquire_owned().map_err(|_| {
-            Error::limit_exceeded(format!(
-                "{} tool calls of this tenant are running, as many as it may: wait for one \
-                 to end",
-                self.cap
-            ))
-        })
-    }
+/// The places for each tenant's calls in flight.
+pub(crate) fn call_slots(cap: usize) -> sandcell::raw::TenantSlots {
+    sandcell::raw::TenantSlots::new(cap, "tool calls running", "wait for one to end")
 }
 
 #[cfg(test)]
@@ -103,7 +65,7 @@ mod tests {
 
     #[test]
     fn a_tenant_has_at_most_its_cap_of_calls_in_flight() {
-        let slots = CallSlots::new(1);
+        let slots = call_slots(1);
         let held = slots.slot("alice").unwrap();
         assert_eq!(
             slots.slot("alice").unwrap_err().kind(),
