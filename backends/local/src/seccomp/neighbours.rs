@@ -16,11 +16,19 @@ use super::{jump, stmt, x32, AUDIT_ARCH_NATIVE, SECCOMP_RET_ALLOW, SECCOMP_RET_E
 enum Names {
     /// Its first argument is a pid; 0 is the caller.
     Pid,
+    /// `sched_setscheduler`: a pid as its first argument, as `Pid`, unless its second
+    /// sets the normal policy (`SCHED_OTHER`, priority 0), which any process may set:
+    /// threads set it on themselves by their thread id (glibc's
+    /// `pthread_setschedparam`, which ZeroMQ calls on each thread it starts, and
+    /// aborts when refused), and on another process it can only undo a special policy.
+    PidOrNormalPolicy,
     /// Its first argument says what the second names (`which`, `who`); `who` 0 is the
     /// caller, and this `which` is every process of a user.
     Which(u32),
 }
 
+/// The normal scheduling policy (sched(7)).
+const SCHED_OTHER: u32 = 0;
 /// `PRIO_USER` (setpriority(2)).
 const PRIO_USER: u32 = 2;
 /// `IOPRIO_WHO_USER` (ioprio_set(2)).
@@ -32,7 +40,11 @@ const IOPRIO_WHO_USER: u32 = 3;
 const CALLS: [(u32, u32, Names); 7] = [
     (libc::SYS_prlimit64 as u32, 340, Names::Pid),
     (libc::SYS_sched_setaffinity as u32, 241, Names::Pid),
-    (libc::SYS_sched_setscheduler as u32, 156, Names::Pid),
+    (
+        libc::SYS_sched_setscheduler as u32,
+        156,
+        Names::PidOrNormalPolicy,
+    ),
     (libc::SYS_sched_setparam as u32, 154, Names::Pid),
     (libc::SYS_sched_setattr as u32, 351, Names::Pid),
     (libc::SYS_setpriority as u32, 97, Names::Which(PRIO_USER)),
@@ -46,7 +58,11 @@ const CALLS: [(u32, u32, Names); 7] = [
 const CALLS: [(u32, u32, Names); 7] = [
     (libc::SYS_prlimit64 as u32, 369, Names::Pid),
     (libc::SYS_sched_setaffinity as u32, 241, Names::Pid),
-    (libc::SYS_sched_setscheduler as u32, 156, Names::Pid),
+    (
+        libc::SYS_sched_setscheduler as u32,
+        156,
+        Names::PidOrNormalPolicy,
+    ),
     (libc::SYS_sched_setparam as u32, 154, Names::Pid),
     (libc::SYS_sched_setattr as u32, 380, Names::Pid),
     (libc::SYS_setpriority as u32, 97, Names::Which(PRIO_USER)),
@@ -61,7 +77,9 @@ const N: usize = CALLS.len();
 /// Where the parts of the program start.
 const NATIVE: usize = 2;
 const COMPAT: usize = NATIVE + 1 + 2 * N + 1;
-const CHECK_PID: usize = COMPAT + 1 + N + 1;
+/// Jumps only go forward: the policy check falls through to the pid check.
+const CHECK_POLICY: usize = COMPAT + 1 + N + 1;
+const CHECK_PID: usize = CHECK_POLICY + 2;
 /// Two checks of `which`/`who` calls, one per user `which`.
 const CHECK_PRIO: usize = CHECK_PID + 2;
 const CHECK_IOPRIO: usize = CHECK_PRIO + 4;
@@ -70,9 +88,10 @@ const REFUSE: usize = ALLOW + 1;
 const LEN: usize = REFUSE + 1;
 
 /// Refuses (`EPERM`) `prlimit64`, `sched_setaffinity`, `sched_setscheduler`,
-/// `sched_setparam` and `sched_setattr` for any pid but 0, and `setpriority` and
-/// `ioprio_set` for any `who` but 0 or for a whole user, in every ABI. The kernel reads
-/// these arguments as 32-bit `int`s, as this compares them.
+/// `sched_setparam` and `sched_setattr` for any pid but 0 (`sched_setscheduler` to the
+/// normal policy excepted), and `setpriority` and `ioprio_set` for any `who` but 0 or
+/// for a whole user, in every ABI. The kernel reads these arguments as 32-bit `int`s,
+/// as this compares them.
 pub(crate) static NO_NEIGHBOUR_TUNING: [libc::sock_filter; LEN] = build();
 
 const fn build() -> [libc::sock_filter; LEN] {
@@ -89,6 +108,7 @@ const fn build() -> [libc::sock_filter; LEN] {
     const fn check(names: Names) -> usize {
         match names {
             Names::Pid => CHECK_PID,
+            Names::PidOrNormalPolicy => CHECK_POLICY,
             Names::Which(PRIO_USER) => CHECK_PRIO,
             Names::Which(_) => CHECK_IOPRIO,
         }
@@ -109,6 +129,8 @@ const fn build() -> [libc::sock_filter; LEN] {
         i += 1;
     }
     // (`NATIVE + 1 + 2N` and `COMPAT + 1 + N` stay `ALLOW` returns: no call of these.)
+    p[CHECK_POLICY] = stmt(LD_ABS, ARG1);
+    p[CHECK_POLICY + 1] = jump(JEQ, SCHED_OTHER, to(CHECK_POLICY + 1, ALLOW), 0);
     p[CHECK_PID] = stmt(LD_ABS, ARG0);
     p[CHECK_PID + 1] = jump(JEQ, 0, to(CHECK_PID + 1, ALLOW), to(CHECK_PID + 1, REFUSE));
     let mut k = 0;
@@ -149,10 +171,19 @@ mod tests {
             libc::SYS_sched_setattr,
         ] {
             let nr = nr as u32;
-            assert_eq!(verdict(nr, [0, 0]), allow, "{nr} on itself");
-            assert_eq!(verdict(nr, [pid, 0]), refuse, "{nr} on another");
+            // The second argument: a policy other than the normal one, where it is one.
+            let idle = 5;
+            assert_eq!(verdict(nr, [0, idle]), allow, "{nr} on itself");
+            assert_eq!(verdict(nr, [pid, idle]), refuse, "{nr} on another");
             // The kernel reads an int: high bits do not make another pid 0.
-            assert_eq!(verdict(nr, [pid | 1 << 32, 0]), refuse, "{nr}");
+            assert_eq!(verdict(nr, [pid | 1 << 32, idle]), refuse, "{nr}");
+        }
+        // The normal policy, on a thread of its own or any process: allowed.
+        let setscheduler = libc::SYS_sched_setscheduler as u32;
+        assert_eq!(verdict(setscheduler, [pid, 0]), allow);
+        // SCHED_IDLE or SCHED_BATCH on a neighbour would starve it: refused.
+        for policy in [3, 5, 1 << 32 | 5] {
+            assert_eq!(verdict(setscheduler, [pid, policy]), refuse, "{policy}");
         }
         for (nr, process, user) in [
             (libc::SYS_setpriority as u32, 0, super::PRIO_USER),
