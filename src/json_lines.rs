@@ -109,15 +109,24 @@ struct Running {
 }
 
 /// Splits an output stream into lines, with a length cap.
-struct Lines {
+pub(crate) struct Lines {
     stream: ByteStream,
     buf: BytesMut,
     max: usize,
 }
 
 impl Lines {
+    /// Lines of `stream`, each at most `max` bytes.
+    pub(crate) fn new(stream: ByteStream, max: usize) -> Self {
+        Lines {
+            stream,
+            buf: BytesMut::new(),
+            max,
+        }
+    }
+
     /// The next line without its newline; `None` at the end of the stream.
-    async fn next(&mut self) -> Result<Option<Bytes>> {
+    pub(crate) async fn next(&mut self) -> Result<Option<Bytes>> {
         loop {
             if let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
                 let line = self.buf.split_to(nl + 1);
@@ -208,11 +217,7 @@ impl JsonLinesSession {
         state.running = Some(Running {
             process,
             stdin,
-            lines: Lines {
-                stream: stdout,
-                buf: BytesMut::new(),
-                max: self.options.max_line,
-            },
+            lines: Lines::new(stdout, self.options.max_line),
         });
         Ok(())
     }

@@ -68,6 +68,7 @@ pub mod archive;
 mod backend;
 pub mod background;
 mod capabilities;
+pub mod code;
 pub mod config;
 pub mod egress;
 mod error;

@@ -1,0 +1,267 @@
+//! Stateful code execution (`sandcell::code`) against real Jupyter kernels: the helper
+//! runs in a local-backend sandbox (namespaces: root and bubblewrap) on the Python named
+//! by `SANDCELL_KERNEL_PYTHON`, a virtual environment under `/opt` (which sandboxes
+//! see) with `jupyter-client`, `ipykernel` and `bash_kernel`, which `.ci/run` builds.
+//! Without it these tests return early, unless `SANDCELL_REQUIRE_KERNELS=1` (set in CI)
+//! makes that a failure.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use sandcell::code::{CodeEvent, CodeInterpreter, CodeInterpreterOptions, CodeLanguage, RunCode};
+use sandcell::{ErrorKind, SandboxBackend, SandboxId, SandboxSpec};
+use sandcell_local::{Isolation, LocalBackend};
+
+/// The Python with the kernels, if this machine has one.
+fn kernel_python() -> Option<PathBuf> {
+    match std::env::var_os("SANDCELL_KERNEL_PYTHON") {
+        Some(python) => Some(PathBuf::from(python)),
+        None if std::env::var("SANDCELL_REQUIRE_KERNELS").as_deref() == Ok("1") => {
+            panic!("SANDCELL_REQUIRE_KERNELS=1 but SANDCELL_KERNEL_PYTHON is not set")
+        }
+        None => None,
+    }
+}
+
+struct Fixture {
+    _root: tempfile::TempDir,
+    backend: Arc<dyn SandboxBackend>,
+    id: SandboxId,
+    interpreter: CodeInterpreter,
+}
+
+/// A sandbox that can read the kernels' virtual environment, and an interpreter in it.
+async fn fixture() -> Option<Fixture> {
+    let python = kernel_python()?;
+    let root = tempfile::tempdir().unwrap();
+    // Namespaces, the server's default: a sandbox of its own terminals (the Bash
+    // kernel and IPython's `!` run their commands on one).
+    let backend: Arc<dyn SandboxBackend> = Arc::new(
+        LocalBackend::builder()
+            .root(root.path())
+            .isolation(Isolation::Namespaces)
+            .build()
+            .unwrap(),
+    );
+    let id = backend.create(&SandboxSpec::default()).await.unwrap().id;
+    let options = CodeInterpreterOptions::new().python(python.to_str().unwrap());
+    let interpreter = CodeInterpreter::start(Arc::clone(&backend), &id, options)
+        .await
+        .unwrap();
+    Some(Fixture {
+        _root: root,
+        backend,
+        id,
+        interpreter,
+    })
+}
+
+/// Every step must end on its own.
+async fn bounded<T>(what: &str, f: impl std::future::Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(60), f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} hung"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_keeps_its_state_and_reports_output_results_and_errors() {
+    let Some(f) = fixture().await else { return };
+    let run = |code: &'static str| f.interpreter.run_to_end(code, RunCode::new());
+    let first = bounded("the first cell", run("x = 41\nprint('out')"))
+        .await
+        .unwrap();
+    assert_eq!(first.stdout, ["out\n"]);
+    assert!(first.main_result().is_none(), "{first:?}");
+    let second = bounded(
+        "the second cell",
+        run("import sys\nsys.stderr.write('err')\nx + 1"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(second.main_result().and_then(|r| r.text()), Some("42"));
+    assert_eq!(second.stderr, ["err"]);
+    assert_eq!(second.execution_count, first.execution_count.map(|n| n + 1));
+    // IPython syntax, and a displayed value that is not the cell's own.
+    let shown = bounded(
+        "a display",
+        run("from IPython.display import HTML, display\ndisplay(HTML('<b>x</b>'))\n!echo shell"),
+    )
+    .await
+    .unwrap();
+    let html = shown.results.iter().find_map(|r| r.get("text/html"));
+    assert_eq!(html, Some("<b>x</b>"), "{shown:?}");
+    assert!(shown.results.iter().all(|r| !r.is_main_result));
+    // On a terminal: its line ends are `\r\n`, as in Jupyter.
+    assert_eq!(shown.stdout.concat().trim_end(), "shell", "{shown:?}");
+    let failed = bounded("an error", run("1 / 0")).await.unwrap();
+    let error = failed.error.expect("the cell raised");
+    assert_eq!(error.name, "ZeroDivisionError");
+    assert!(!error.traceback.is_empty());
+    // The context outlives its error.
+    let after = bounded("after the error", run("x")).await.unwrap();
+    assert_eq!(after.main_result().and_then(|r| r.text()), Some("41"));
+    drop(f.interpreter);
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_are_independent_restartable_and_removable() {
+    let Some(f) = fixture().await else { return };
+    let i = &f.interpreter;
+    let one = bounded("a context", i.create_context(CodeLanguage::Python, None))
+        .await
+        .unwrap();
+    let two = bounded("another", i.create_context(CodeLanguage::Python, None))
+        .await
+        .unwrap();
+    assert_ne!(one.id, two.id);
+    let listed: Vec<String> = i
+        .contexts()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    assert!(
+        listed.contains(&one.id) && listed.contains(&two.id),
+        "{listed:?}"
+    );
+    i.run_to_end("y = 1", RunCode::new().context(&one.id))
+        .await
+        .unwrap();
+    let elsewhere = i
+        .run_to_end("y", RunCode::new().context(&two.id))
+        .await
+        .unwrap();
+    assert_eq!(
+        elsewhere.error.map(|e| e.name).as_deref(),
+        Some("NameError")
+    );
+    bounded("a restart", i.restart_context(&one.id))
+        .await
+        .unwrap();
+    let restarted = i
+        .run_to_end("y", RunCode::new().context(&one.id))
+        .await
+        .unwrap();
+    assert_eq!(
+        restarted.error.map(|e| e.name).as_deref(),
+        Some("NameError")
+    );
+    i.remove_context(&two.id).await.unwrap();
+    let gone = i
+        .run_to_end("1", RunCode::new().context(&two.id))
+        .await
+        .unwrap_err();
+    assert_eq!(gone.kind(), ErrorKind::NotFound, "{gone}");
+    assert_eq!(
+        i.remove_context("no-such").await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    // Bash has its kernel here; Java has none, and the refusal says what to install.
+    let bash = bounded(
+        "a bash cell",
+        i.run_to_end(
+            "echo from-bash",
+            RunCode::new().language(CodeLanguage::Bash),
+        ),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bash.stdout.concat().trim(), "from-bash");
+    let java = i
+        .create_context(CodeLanguage::Java, None)
+        .await
+        .unwrap_err();
+    assert_eq!(java.kind(), ErrorKind::Unsupported);
+    assert!(java.to_string().contains("kernel"), "{java}");
+    drop(f.interpreter);
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_s_environment_is_its_own_and_a_timeout_interrupts_only_the_run() {
+    let Some(f) = fixture().await else { return };
+    let i = &f.interpreter;
+    for (language, code) in [
+        (
+            CodeLanguage::Python,
+            "import os; print(os.environ.get('SC_RUN'))",
+        ),
+        (CodeLanguage::Bash, "echo ${SC_RUN:-None}"),
+    ] {
+        let with = RunCode::new().language(language).env("SC_RUN", "it's set");
+        let set = bounded("a run with env", i.run_to_end(code, with))
+            .await
+            .unwrap();
+        assert_eq!(set.stdout.concat().trim(), "it's set", "{language}");
+        let after = RunCode::new().language(language);
+        let unset = bounded("the next run", i.run_to_end(code, after))
+            .await
+            .unwrap();
+        assert_eq!(unset.stdout.concat().trim(), "None", "{language}");
+    }
+    i.run_to_end("kept = 'yes'", RunCode::new()).await.unwrap();
+    let started = Instant::now();
+    let slow = RunCode::new().timeout(Duration::from_secs(1));
+    let timed_out = bounded(
+        "a timed-out run",
+        i.run_to_end("import time; time.sleep(30)", slow),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(timed_out.kind(), ErrorKind::Timeout, "{timed_out}");
+    assert!(started.elapsed() < Duration::from_secs(20));
+    let kept = bounded("after the timeout", i.run_to_end("kept", RunCode::new()))
+        .await
+        .unwrap();
+    assert_eq!(kept.main_result().and_then(|r| r.text()), Some("'yes'"));
+    drop(f.interpreter);
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_left_midway_is_interrupted_and_a_dropped_interpreter_leaves_no_process() {
+    let Some(f) = fixture().await else { return };
+    let before = f.backend.metrics(&f.id).await.unwrap().processes;
+    let i = &f.interpreter;
+    let mut run = i
+        .run("n = 0\nwhile True:\n    n += 1", RunCode::new())
+        .await
+        .unwrap();
+    let first = bounded("the run's start", run.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(first, CodeEvent::ExecutionCount { .. }),
+        "{first:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    drop(run);
+    // The kernel is free again: the next cell runs at once, with the loop's state.
+    let next = bounded(
+        "the cell after an abandoned one",
+        i.run_to_end("n > 0", RunCode::new()),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next.main_result().and_then(|r| r.text()), Some("True"));
+    drop(f.interpreter);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let now = f.backend.metrics(&f.id).await.unwrap().processes;
+        if now <= before {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "processes {now:?}, {before:?} before"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    f.backend.destroy(&f.id).await.unwrap();
+}
