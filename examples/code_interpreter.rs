@@ -41,7 +41,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     );
     let sandbox = backend.create(&SandboxSpec::default()).await?;
     let options = CodeInterpreterOptions::new().python(python.to_string_lossy());
-    let interpreter = CodeInterpreter::start(Arc::clone(&backend), &sandbox.id, options).await?;
+    let interpreter = CodeInterpreter::start(&*backend, &sandbox.id, options).await?;
 
     interpreter
         .run_to_end("rows = [(n, n * n) for n in range(1, 6)]", RunCode::new())

@@ -48,7 +48,7 @@ async fn fixture() -> Option<Fixture> {
     );
     let id = backend.create(&SandboxSpec::default()).await.unwrap().id;
     let options = CodeInterpreterOptions::new().python(python.to_str().unwrap());
-    let interpreter = CodeInterpreter::start(Arc::clone(&backend), &id, options)
+    let interpreter = CodeInterpreter::start(&*backend, &id, options)
         .await
         .unwrap();
     Some(Fixture {
@@ -96,6 +96,26 @@ async fn a_context_keeps_its_state_and_reports_output_results_and_errors() {
     assert!(shown.results.iter().all(|r| !r.is_main_result));
     // On a terminal: its line ends are `\r\n`, as in Jupyter.
     assert_eq!(shown.stdout.concat().trim_end(), "shell", "{shown:?}");
+    // The kernel works in its context's directory, the workspace by default.
+    let contexts = f.interpreter.contexts().await.unwrap();
+    let python = contexts
+        .iter()
+        .find(|c| c.language == CodeLanguage::Python)
+        .unwrap();
+    let cwd = bounded("getcwd", run("import os; os.getcwd()"))
+        .await
+        .unwrap();
+    let told = cwd.main_result().and_then(|r| r.text()).unwrap().to_owned();
+    assert_eq!(told, format!("'{}'", python.cwd));
+    let files = f
+        .interpreter
+        .run_to_end("open('made-here', 'w').close()", RunCode::new());
+    bounded("a file", files).await.unwrap();
+    assert!(f
+        .backend
+        .stat(&f.id, &"made-here".parse().unwrap())
+        .await
+        .is_ok());
     let failed = bounded("an error", run("1 / 0")).await.unwrap();
     let error = failed.error.expect("the cell raised");
     assert_eq!(error.name, "ZeroDivisionError");

@@ -10,6 +10,23 @@ use serde::Deserialize;
 /// restored from its snapshot after it was suspended.
 pub(crate) type Session = String;
 
+/// Run code in a stateful interpreter.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RunCode {
+    /// The session to run it in (any name; created on first use).
+    pub(crate) session: Session,
+    /// The code (a cell): its last expression's value is answered.
+    pub(crate) code: String,
+    /// python (the default), javascript, typescript, bash, r or java.
+    #[serde(default)]
+    pub(crate) language: Option<String>,
+    /// Seconds after which the run is interrupted, its state kept (default 120, at
+    /// most 3600).
+    #[serde(default)]
+    pub(crate) timeout_secs: Option<u64>,
+}
+
 /// Run a shell command.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use crate::tools::call_slots;
+use crate::tools::{call_slots, Interpreters};
 use crate::{Manager, SandboxTools, ToolSettings};
 
 /// The largest request body the service reads: a `write_file` of the default 10 MiB,
@@ -40,12 +40,14 @@ fn sessions(
     settings: ToolSettings,
 ) -> impl Fn() -> Result<SandboxTools, std::io::Error> + Send + Sync + 'static {
     let calls = Arc::new(call_slots(settings.max_calls_per_tenant));
+    let interpreters = Arc::new(Interpreters::default());
     let settings = Arc::new(settings);
     move || {
         Ok(SandboxTools::per_request_tenant_sharing(
             Arc::clone(&manager),
             (*settings).clone(),
             Arc::clone(&calls),
+            Arc::clone(&interpreters),
         ))
     }
 }

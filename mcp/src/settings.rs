@@ -38,6 +38,9 @@ pub struct ToolSettings {
     /// end after its client has gone, and may hold a file read whole or a glob's
     /// matches.
     pub max_calls_per_tenant: usize,
+    /// The Python inside a session's sandbox that runs `run_code`'s kernels: it needs
+    /// `jupyter-client` and a kernel per language (default `python3`).
+    pub code_python: String,
 }
 
 impl Default for ToolSettings {
@@ -50,6 +53,7 @@ impl Default for ToolSettings {
             default_limits: sandcell::Limits::recommended(),
             public_errors: Default::default(),
             max_calls_per_tenant: 16,
+            code_python: "python3".into(),
         }
     }
 }

@@ -3,38 +3,26 @@
 //! tool errors, never protocol failures.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use base64::Engine as _;
-use futures::StreamExt;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::{
-    CallToolResult, ContentBlock, Implementation, ProgressNotificationParam, ServerCapabilities,
-    ServerConfig,
-};
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
 use rmcp::service::RequestContext;
-use rmcp::{tool, tool_handler, tool_router, Peer, RoleServer, ServerHandler};
+use rmcp::{tool, tool_handler, tool_router, RoleServer, ServerHandler};
 use sandcell::{
-    Error, ErrorKind, ExecRequest, FileKind, ProcessEvent, ReleaseMode, SandboxBackend,
-    SandboxBackendExt, SandboxHandle, SandboxPath, SessionKey,
+    Error, ErrorKind, FileKind, ReleaseMode, SandboxBackend, SandboxBackendExt, SandboxHandle,
+    SandboxPath, SessionKey,
 };
 
 use crate::args::{
     EditFile, Encoding, Glob, Grep, ListDirectory, Nothing, ReadFile, Release, ReleaseSession,
     Restore, RunCommand, SessionOnly, WriteFile,
 };
-use crate::output::HeadTail;
 use crate::settings::{Manager, ToolSettings};
 
 /// The most a `read_file` answers in one call.
 const READ_LIMIT: u64 = 256 * 1024;
-/// The longest a command may be given.
-const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
-/// A command's timeout when the call sets none.
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(120);
-/// How often a running command reports progress.
-const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 /// The most entries a listing, glob or grep answers.
 const MAX_ITEMS: usize = 1000;
 
@@ -51,6 +39,8 @@ pub struct SandboxTools {
     settings: Arc<ToolSettings>,
     /// Each tenant's calls in flight ([`ToolSettings::max_calls_per_tenant`]).
     calls: Arc<sandcell::raw::TenantSlots>,
+    /// `run_code`'s interpreters, by sandbox.
+    interpreters: Arc<code::Interpreters>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -64,8 +54,11 @@ impl std::fmt::Debug for SandboxTools {
 }
 
 mod calls;
+mod code;
+mod command;
 pub(crate) use calls::call_slots;
 use calls::{text, Answer};
+pub(crate) use code::Interpreters;
 
 fn path(raw: &str) -> sandcell::Result<SandboxPath> {
     SandboxPath::new(raw.trim_start_matches("./"))
@@ -79,8 +72,9 @@ impl SandboxTools {
             manager,
             tenant: Some(tenant.into()),
             calls: Arc::new(call_slots(settings.max_calls_per_tenant)),
+            interpreters: Arc::default(),
             settings,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::code_router(),
         }
     }
 
@@ -89,24 +83,27 @@ impl SandboxTools {
     /// refused.
     pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
         let calls = Arc::new(call_slots(settings.max_calls_per_tenant));
-        Self::per_request_tenant_sharing(manager, settings, calls)
+        Self::per_request_tenant_sharing(manager, settings, calls, Arc::default())
     }
 
     /// As [`per_request_tenant`](Self::per_request_tenant), counting calls in `calls`,
     /// which every session of a server shares: a tenant opens as many sessions as it
-    /// likes, and a cap per session bounded nothing (FINDINGS10 G2).
+    /// likes, and a cap per session bounded nothing (FINDINGS10 G2). `interpreters`
+    /// are shared too, so a session's code state outlives the MCP session that made it.
     pub(crate) fn per_request_tenant_sharing(
         manager: Arc<Manager>,
         settings: ToolSettings,
         calls: Arc<sandcell::raw::TenantSlots>,
+        interpreters: Arc<Interpreters>,
     ) -> Self {
         let settings = Self::limited(&manager, settings);
         SandboxTools {
             manager,
             tenant: None,
             calls,
+            interpreters,
             settings,
-            tool_router: Self::tool_router(),
+            tool_router: Self::tool_router() + Self::code_router(),
         }
     }
 
@@ -159,77 +156,6 @@ impl SandboxTools {
         let key = self.key(ctx, session)?;
         self.manager.acquire(&key, &self.settings.spec).await
     }
-    async fn run(
-        &self,
-        ctx: &RequestContext<RoleServer>,
-        args: RunCommand,
-        progress: Option<(rmcp::model::ProgressToken, Peer<RoleServer>)>,
-    ) -> sandcell::Result<(String, bool)> {
-        let timeout = args
-            .timeout_secs
-            .map_or(DEFAULT_TIMEOUT, Duration::from_secs)
-            .min(MAX_TIMEOUT);
-        let mut request = ExecRequest::new(["sh", "-c", args.command.as_str()]).stdin("");
-        request.env = args.env;
-        request.timeout = Some(timeout);
-        if let Some(cwd) = args.cwd.as_deref().filter(|c| !c.is_empty() && *c != ".") {
-            request.cwd = Some(path(cwd)?);
-        }
-        let sandbox = self.open(ctx, &args.session).await?;
-        let process = sandbox.call("exec", |b, id| b.exec(id, request)).await?;
-        let mut events = process.events().boxed();
-        let mut stdout = HeadTail::new(self.settings.output_limit);
-        let mut stderr = HeadTail::new(self.settings.output_limit);
-        let started = tokio::time::Instant::now();
-        let mut ticker = tokio::time::interval_at(started + PROGRESS_EVERY, PROGRESS_EVERY);
-        let status = loop {
-            tokio::select! {
-                event = events.next() => match event {
-                    Some(Ok(ProcessEvent::Stdout(data))) => stdout.push(&data),
-                    Some(Ok(ProcessEvent::Stderr(data))) => stderr.push(&data),
-                    Some(Ok(ProcessEvent::Exit(status))) => break status,
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(e),
-                    None => return Err(Error::new(ErrorKind::Backend, "the command's events ended without its exit")),
-                },
-                _ = ticker.tick() => {
-                    if let Some((token, peer)) = &progress {
-                        let seconds = started.elapsed().as_secs_f64();
-                        let message = format!(
-                            "running for {seconds:.0} s; {} bytes of output so far",
-                            stdout.total() + stderr.total()
-                        );
-                        let note = ProgressNotificationParam::new(token.clone(), seconds)
-                            .with_message(message);
-                        let _ = peer.notify_progress(note).await;
-                    }
-                }
-            }
-        };
-        sandbox.touch().await;
-        let mut out = String::new();
-        let failed = status.timed_out;
-        if status.timed_out {
-            out.push_str(&format!(
-                "timed out after {} s: the command and everything it started were killed\n",
-                timeout.as_secs()
-            ));
-        } else if let Some(code) = status.code {
-            out.push_str(&format!("exit code: {code}\n"));
-        } else if let Some(signal) = status.signal {
-            out.push_str(&format!("killed by signal {signal}\n"));
-        }
-        for (name, stream) in [("stdout", &stdout), ("stderr", &stderr)] {
-            if stream.total() > 0 {
-                out.push_str(&format!("--- {name} ---\n{}", stream.text()));
-                if !out.ends_with('\n') {
-                    out.push('\n');
-                }
-            }
-        }
-        Ok((out, failed))
-    }
-
     async fn read(
         &self,
         ctx: &RequestContext<RoleServer>,

@@ -45,7 +45,7 @@ async fn rmcps_client_lists_and_calls_the_tools() {
     let client = ().serve(client_end).await.unwrap();
 
     let listed = client.list_all_tools().await.unwrap();
-    assert_eq!(listed.len(), 11);
+    assert_eq!(listed.len(), 12);
     let run = listed.iter().find(|t| t.name == "run_command").unwrap();
     let required = run.input_schema.get("required").unwrap();
     assert_eq!(required, &serde_json::json!(["session", "command"]));

@@ -10,6 +10,7 @@ import os
 import shutil
 import sys
 import tempfile
+import traceback
 import uuid
 
 OUT = os.fdopen(os.dup(1), "w", buffering=1)
@@ -19,11 +20,14 @@ os.dup2(2, 1)
 # Kernels talk over Unix sockets in a directory of this helper's own, not over TCP
 # ports anything on the network namespace could reach; their state files go there too
 # when the home directory is not writable.
-RUNTIME = tempfile.mkdtemp(prefix="k")
-# A socket's path has at most 107 bytes: its names are short, and past that (a sandbox
-# root far down the host's tree) kernels fall back to loopback TCP, whose messages are
-# still signed with a key only this helper and its kernels know.
-SOCKET_ROOM = 100
+RUNTIME = tempfile.mkdtemp(prefix="sandcell-kernels-")
+# A socket's path has at most 107 bytes, and a sandbox's directories may lie far down
+# the host's tree: the helper works in RUNTIME and names sockets relative to it, and so
+# do kernels, started there and moved to their context's directory once up (in
+# CHDIR's languages; any other falls back to loopback TCP, whose messages are still
+# signed with a key only this helper and its kernels know).
+WORKSPACE = os.getcwd()
+os.chdir(RUNTIME)
 os.environ["JUPYTER_RUNTIME_DIR"] = RUNTIME
 if not os.access(os.path.expanduser("~"), os.W_OK):
     os.environ.setdefault("IPYTHONDIR", os.path.join(RUNTIME, "ipython"))
@@ -82,16 +86,17 @@ async def start_kernel(cid, language, cwd):
         raise Refused("unsupported", f"this sandbox has no Jupyter kernel for {language}: {install}")
     if not os.path.isdir(cwd):
         raise Refused("not_found", f"no directory {cwd}")
-    sockets = os.path.join(RUNTIME, cid[:8])
-    if len(sockets) + len("-65535") <= SOCKET_ROOM:
-        manager = AsyncKernelManager(kernel_name=name, transport="ipc", ip=sockets)
+    if language in CHDIR:
+        manager = AsyncKernelManager(kernel_name=name, transport="ipc", ip=cid[:8])
+        start_in = RUNTIME
     else:
         manager = AsyncKernelManager(kernel_name=name)
+        start_in = cwd
     # What the kernel says goes to a log of its own (kept open: a restart starts the
     # kernel again with it), whose end a failed start reports.
     log_path = os.path.join(RUNTIME, cid[:8] + ".log")
     log = open(log_path, "w")
-    await manager.start_kernel(cwd=cwd, stdout=log, stderr=log)
+    await manager.start_kernel(cwd=start_in, stdout=log, stderr=log)
     client = manager.client()
     client.start_channels()
     try:
@@ -103,7 +108,24 @@ async def start_kernel(cid, language, cwd):
         with open(log_path, errors="replace") as said:
             said = said.read()[-2000:].strip()
         raise Refused("backend", f"the {language} kernel did not start: {said or 'it said nothing'}")
+    await enter(client, language, cwd)
     return manager, client, log
+
+
+# How each language's kernel moves to its context's directory.
+CHDIR = {
+    "python": lambda path: f"import os as __sc_os; __sc_os.chdir({path!r}); del __sc_os",
+    "bash": lambda path: "cd '" + path.replace("'", "'\\''") + "'",
+    "r": lambda path: f"setwd({json.dumps(path)})",
+    "javascript": lambda path: f"process.chdir({json.dumps(path)})",
+    "typescript": lambda path: f"process.chdir({json.dumps(path)})",
+}
+
+
+async def enter(client, language, cwd):
+    """Moves a kernel started in RUNTIME to its context's directory."""
+    if language in CHDIR:
+        await quietly(client, CHDIR[language](cwd))
 
 
 def env_code(language, env):
@@ -130,11 +152,11 @@ def env_code(language, env):
     raise Refused("unsupported", f"per-run environment variables are not supported for {language}")
 
 
-async def quietly(context, code):
-    """Runs `code` in the context's kernel, its output discarded."""
-    msg_id = context.client.execute(code, silent=True, store_history=False)
+async def quietly(client, code):
+    """Runs `code` in a kernel, its output discarded."""
+    msg_id = client.execute(code, silent=True, store_history=False)
     while True:
-        reply = await context.client.get_shell_msg(timeout=60)
+        reply = await client.get_shell_msg(timeout=60)
         if reply["parent_header"].get("msg_id") == msg_id:
             return
 
@@ -145,7 +167,7 @@ async def execute(rid, context, code, env, timeout):
         context.running = rid
         try:
             if setup:
-                await quietly(context, setup)
+                await quietly(context.client, setup)
             msg_id = context.client.execute(code, store_history=True, allow_stdin=False)
             try:
                 await asyncio.wait_for(relay(rid, context, msg_id), timeout)
@@ -160,7 +182,7 @@ async def execute(rid, context, code, env, timeout):
                 raise
             finally:
                 if restore:
-                    await quietly(context, restore)
+                    await quietly(context.client, restore)
             send({"id": rid, "type": "end"})
         finally:
             context.running = None
@@ -212,6 +234,7 @@ async def handle(request):
             async with context.lock:
                 await context.manager.restart_kernel(now=True)
                 await context.client.wait_for_ready(timeout=60)
+                await enter(context.client, context.language, context.cwd)
             send({"id": rid, "type": "ok"})
         elif op == "remove":
             context = CONTEXTS.pop(request.get("context"), None)
@@ -236,13 +259,14 @@ async def handle(request):
     except asyncio.CancelledError:
         send({"id": rid, "type": "failed", "kind": "cancelled", "message": "interrupted"})
     except Exception as error:
-        send({"id": rid, "type": "failed", "kind": "backend", "message": f"{type(error).__name__}: {error}"})
+        where = traceback.extract_tb(error.__traceback__)[-1]
+        send({"id": rid, "type": "failed", "kind": "backend", "message": f"{type(error).__name__}: {error} (at {os.path.basename(where.filename)}:{where.lineno}, {where.name})"})
     finally:
         RUNS.pop(rid, None)
 
 
 async def create(language, cwd):
-    cwd = os.path.join(os.getcwd(), cwd or "")
+    cwd = os.path.normpath(os.path.join(WORKSPACE, cwd or ""))
     cid = uuid.uuid4().hex
     context = Context(cid, language, cwd, await start_kernel(cid, language, cwd))
     CONTEXTS[cid] = context

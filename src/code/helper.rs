@@ -110,8 +110,8 @@ impl CodeInterpreter {
     /// `Unsupported` when the backend has no interactive exec; `Unsupported` naming
     /// what to install when the sandbox's Python lacks `jupyter_client`; `Timeout`
     /// when the helper does not start within the options' `start_timeout`.
-    pub async fn start(
-        backend: Arc<dyn SandboxBackend>,
+    pub async fn start<B: SandboxBackend + ?Sized>(
+        backend: &B,
         id: &SandboxId,
         options: CodeInterpreterOptions,
     ) -> Result<Self> {
@@ -239,6 +239,13 @@ impl CodeInterpreter {
             output.add(event?);
         }
         Ok(output)
+    }
+
+    /// Whether the helper still runs: once it has ended (its sandbox destroyed or
+    /// restarted, or killed), every call answers `Unavailable` and a new interpreter is
+    /// needed.
+    pub fn is_running(&self) -> bool {
+        routes(&self.inner.routes).ended.is_none()
     }
 
     /// Sends one request and waits for its one answer.

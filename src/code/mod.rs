@@ -30,7 +30,7 @@
 //! # async fn demo(backend: std::sync::Arc<dyn sandcell::SandboxBackend>, id: sandcell::SandboxId) -> sandcell::Result<()> {
 //! use sandcell::code::{CodeInterpreter, CodeInterpreterOptions, RunCode};
 //!
-//! let interpreter = CodeInterpreter::start(backend, &id, CodeInterpreterOptions::new()).await?;
+//! let interpreter = CodeInterpreter::start(&*backend, &id, CodeInterpreterOptions::new()).await?;
 //! interpreter.run_to_end("x = 41", RunCode::new()).await?;
 //! let out = interpreter.run_to_end("x + 1", RunCode::new()).await?;
 //! assert_eq!(out.main_result().and_then(|r| r.text()), Some("42"));
