@@ -102,11 +102,7 @@ async fn a_context_keeps_its_state_and_reports_output_results_and_errors() {
         .iter()
         .find(|c| c.language == CodeLanguage::Python)
         .unwrap();
-    let cwd = bounded("getcwd", run("import os; os.getcwd()"))
-        .await
-        .unwrap();
-    let told = cwd.main_result().and_then(|r| r.text()).unwrap().to_owned();
-    assert_eq!(told, format!("'{}'", python.cwd));
+    assert_eq!(python.cwd, "", "{python:?}");
     let files = f
         .interpreter
         .run_to_end("open('made-here', 'w').close()", RunCode::new());
@@ -283,5 +279,79 @@ async fn a_run_left_midway_is_interrupted_and_a_dropped_interpreter_leaves_no_pr
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+/// FINDINGS11 F3/F4: a helper the sandbox stopped (a kernel sends its parent SIGSTOP)
+/// does not hold the host: a run with a timeout ends with `Timeout` soon after it, the
+/// helper is given up and killed with its kernels, and later calls say so at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_helper_the_sandbox_stops_is_given_up_within_the_run_s_timeout() {
+    let Some(f) = fixture().await else { return };
+    let before = f.backend.metrics(&f.id).await.unwrap().processes;
+    let i = &f.interpreter;
+    i.run_to_end("1", RunCode::new()).await.unwrap();
+    let started = Instant::now();
+    let stop = "import os, signal; os.kill(os.getppid(), signal.SIGSTOP)";
+    let run = i.run_to_end(stop, RunCode::new().timeout(Duration::from_secs(1)));
+    let stopped = bounded("a run of a stopped helper", run).await.unwrap_err();
+    assert_eq!(stopped.kind(), ErrorKind::Timeout, "{stopped}");
+    assert!(started.elapsed() < Duration::from_secs(40));
+    assert!(!i.is_running());
+    let after = i.contexts().await.unwrap_err();
+    assert_eq!(after.kind(), ErrorKind::Unavailable, "{after}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while f.backend.metrics(&f.id).await.unwrap().processes > before {
+        assert!(
+            Instant::now() < deadline,
+            "the stopped helper was left running"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    drop(f.interpreter);
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+/// FINDINGS11 F2, F6: what a run gathers is capped, and a module the workspace holds
+/// does not stand in for one the helper imports.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_s_gathered_output_is_capped_and_workspace_modules_are_not_imported() {
+    let Some(f) = fixture().await else { return };
+    let mut options =
+        CodeInterpreterOptions::new().python(kernel_python().unwrap().to_str().unwrap());
+    options.max_output = 1 << 20;
+    let capped = CodeInterpreter::start(&*f.backend, &f.id, options)
+        .await
+        .unwrap();
+    let big = capped.run_to_end("print('x' * (2 << 20))", RunCode::new());
+    let refused = bounded("a large run", big).await.unwrap_err();
+    assert_eq!(refused.kind(), ErrorKind::LimitExceeded, "{refused}");
+    // The kernel was interrupted, not lost: the next cell runs.
+    let next = bounded("the next cell", capped.run_to_end("6 * 7", RunCode::new()))
+        .await
+        .unwrap();
+    assert_eq!(next.main_result().and_then(|r| r.text()), Some("42"));
+    drop(capped);
+    for module in ["uuid", "json", "asyncio"] {
+        f.backend
+            .write(
+                &f.id,
+                &format!("{module}.py").parse().unwrap(),
+                "raise SystemExit('the workspace took over the helper')".into(),
+            )
+            .await
+            .unwrap();
+    }
+    let options = CodeInterpreterOptions::new().python(kernel_python().unwrap().to_str().unwrap());
+    let fresh = CodeInterpreter::start(&*f.backend, &f.id, options)
+        .await
+        .unwrap();
+    let made = fresh
+        .create_context(CodeLanguage::Python, None)
+        .await
+        .unwrap();
+    assert_eq!(made.cwd, "");
+    drop(fresh);
+    drop(f.interpreter);
     f.backend.destroy(&f.id).await.unwrap();
 }

@@ -61,7 +61,11 @@ class Context:
         self.running = None
 
     def describe(self):
-        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+        # Its directory as the workspace's path: where the workspace lies on the host
+        # is no business of whoever asks.
+        inside = os.path.relpath(self.cwd, WORKSPACE)
+        cwd = "" if inside == "." else inside if not inside.startswith("..") else self.cwd
+        return {"id": self.id, "language": self.language, "cwd": cwd}
 
 
 CONTEXTS = {}

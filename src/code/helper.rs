@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -25,6 +26,14 @@ use crate::sandbox::SandboxId;
 
 const HELPER: &str = include_str!("helper.py");
 
+/// How long writing a request may take: a helper that stopped reading (its pipe full)
+/// is given up, or a caller, and the interrupt a dropped run sends, would wait for ever.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long past its own timeout a run may go before the host gives up on the helper:
+/// the helper interrupts it at the timeout and waits a while for the kernel.
+const RUN_GRACE: Duration = Duration::from_secs(20);
+
 /// Answer lines waiting for one request before the helper's reader waits for them.
 /// Lines are the sandbox's to write (its programs can reach the helper's pipe), so
 /// what one run holds is bounded: at most this many lines of at most `max_line`.
@@ -38,6 +47,14 @@ pub struct CodeInterpreterOptions {
     pub python: String,
     /// How long the helper may take to start (default 60 s).
     pub start_timeout: Duration,
+    /// How long a call other than a run may take (default 90 s: creating or restarting
+    /// a context starts a kernel, which the helper waits 60 s for). Past it the helper
+    /// is given up (`Timeout`; later calls `Unavailable`).
+    pub call_timeout: Duration,
+    /// The most [`CodeInterpreter::run_to_end`] gathers, in bytes of text and results
+    /// (default 32 MiB); past it the run is interrupted and the call is
+    /// `LimitExceeded`. A streamed run ([`CodeInterpreter::run`]) holds a few lines only.
+    pub max_output: usize,
     /// The longest answer line accepted, in bytes (default 16 MiB: images are inline,
     /// base64). A longer one ends the helper with `LimitExceeded`'s message.
     pub max_line: usize,
@@ -48,6 +65,8 @@ impl Default for CodeInterpreterOptions {
         CodeInterpreterOptions {
             python: "python3".into(),
             start_timeout: Duration::from_secs(60),
+            call_timeout: Duration::from_secs(90),
+            max_output: 32 << 20,
             max_line: 16 << 20,
         }
     }
@@ -82,6 +101,7 @@ fn routes(shared: &SharedRoutes) -> std::sync::MutexGuard<'_, Routes> {
 }
 
 struct Inner {
+    options: CodeInterpreterOptions,
     stdin: tokio::sync::Mutex<Option<ProcessStdin>>,
     routes: SharedRoutes,
     next_id: AtomicU64,
@@ -121,7 +141,10 @@ impl CodeInterpreter {
                 backend.name()
             )));
         }
-        let request = ExecRequest::new([options.python.as_str(), "-c", HELPER]);
+        // Isolated mode: the workspace (its working directory) is not on its import
+        // path, nor are PYTHON* variables heeded, so no module of the sandbox's stands in
+        // for one the helper imports (FINDINGS11 F6).
+        let request = ExecRequest::new([options.python.as_str(), "-I", "-c", HELPER]);
         let mut process = backend.exec(id, request).await?;
         let (Some(stdin), Some(stdout), Some(stderr)) = (
             process.take_stdin(),
@@ -147,6 +170,7 @@ impl CodeInterpreter {
         ));
         let interpreter = CodeInterpreter {
             inner: Arc::new(Inner {
+                options: options.clone(),
                 stdin: tokio::sync::Mutex::new(Some(stdin)),
                 routes,
                 next_id: AtomicU64::new(1),
@@ -223,10 +247,12 @@ impl CodeInterpreter {
             "timeout": timeout.map(|t| t.as_secs_f64()),
         });
         let (id, answers) = self.send(request).await?;
+        let deadline = timeout.map(|t| Box::pin(tokio::time::sleep(t + RUN_GRACE)));
         Ok(CodeRun {
             interpreter: self.clone(),
             id,
             answers,
+            deadline,
             done: false,
         })
     }
@@ -235,8 +261,18 @@ impl CodeInterpreter {
     pub async fn run_to_end(&self, code: &str, options: RunCode) -> Result<CodeOutput> {
         let mut run = self.run(code, options).await?;
         let mut output = CodeOutput::default();
+        let mut gathered = 0;
         while let Some(event) = run.next().await {
-            output.add(event?);
+            let event = event?;
+            gathered += event.size();
+            if gathered > self.inner.options.max_output {
+                // Dropping the run interrupts it.
+                return Err(Error::limit_exceeded(format!(
+                    "the run produced more than {} bytes; stream it with run() instead",
+                    self.inner.options.max_output
+                )));
+            }
+            output.add(event);
         }
         Ok(output)
     }
@@ -251,11 +287,22 @@ impl CodeInterpreter {
     /// Sends one request and waits for its one answer.
     async fn ask(&self, request: Value) -> Result<Value> {
         let (id, mut answers) = self.send(request).await?;
-        let answer = answers.recv().await;
+        let answer = tokio::time::timeout(self.inner.options.call_timeout, answers.recv()).await;
         routes(&self.inner.routes).open.remove(&id);
         match answer {
-            Some(answer) => failure(&answer).map_or(Ok(answer), Err),
-            None => Err(self.ended()),
+            Ok(Some(answer)) => failure(&answer).map_or(Ok(answer), Err),
+            Ok(None) => Err(self.ended()),
+            Err(_) => {
+                let why = format!(
+                    "it did not answer within {:?}",
+                    self.inner.options.call_timeout
+                );
+                self.abandon(&why);
+                Err(Error::new(
+                    ErrorKind::Timeout,
+                    format!("the code helper: {why}"),
+                ))
+            }
         }
     }
 
@@ -274,16 +321,46 @@ impl CodeInterpreter {
         let mut line = serde_json::to_vec(&request)
             .map_err(|e| Error::invalid_input(format!("encoding a code request: {e}")))?;
         line.push(b'\n');
-        let mut stdin = self.inner.stdin.lock().await;
-        let written = match stdin.as_mut() {
-            Some(stdin) => stdin.write_all(&line).await.and(stdin.flush().await),
-            None => Err(std::io::ErrorKind::BrokenPipe.into()),
-        };
-        if written.is_err() {
-            routes(&self.inner.routes).open.remove(&id);
-            return Err(self.ended());
+        let written = tokio::time::timeout(WRITE_TIMEOUT, async {
+            let mut stdin = self.inner.stdin.lock().await;
+            match stdin.as_mut() {
+                Some(stdin) => stdin.write_all(&line).await.and(stdin.flush().await),
+                None => Err(std::io::ErrorKind::BrokenPipe.into()),
+            }
+        })
+        .await;
+        match written {
+            Ok(Ok(())) => Ok((id, rx)),
+            Ok(Err(_)) => {
+                routes(&self.inner.routes).open.remove(&id);
+                Err(self.ended())
+            }
+            Err(_) => {
+                self.abandon("it stopped reading its requests");
+                Err(self.ended())
+            }
         }
-        Ok((id, rx))
+    }
+
+    /// Gives the helper up: every waiting request learns `why`, later ones are
+    /// `Unavailable`, and the helper is killed with its kernels.
+    fn abandon(&self, why: &str) {
+        {
+            let mut routes = routes(&self.inner.routes);
+            routes.ended.get_or_insert_with(|| why.to_owned());
+            routes.open.clear();
+        }
+        let process = self
+            .inner
+            .process
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let (Some(mut process), Ok(runtime)) = (process, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                let _ = process.kill().await;
+            });
+        }
     }
 
     /// Why requests can no longer be answered.
@@ -328,6 +405,8 @@ pub struct CodeRun {
     interpreter: CodeInterpreter,
     id: u64,
     answers: mpsc::Receiver<Value>,
+    /// The run's timeout and a grace: past it the helper has failed to end the run.
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
 }
 
@@ -345,8 +424,23 @@ impl Stream for CodeRun {
             return Poll::Ready(None);
         }
         let answer = match self.answers.poll_recv(cx) {
-            Poll::Pending => return Poll::Pending,
             Poll::Ready(answer) => answer,
+            Poll::Pending => {
+                let late = self
+                    .deadline
+                    .as_mut()
+                    .is_some_and(|deadline| deadline.as_mut().poll(cx).is_ready());
+                if !late {
+                    return Poll::Pending;
+                }
+                self.done = true;
+                self.interpreter
+                    .abandon("it did not end a run past the run's timeout");
+                return Poll::Ready(Some(Err(Error::new(
+                    ErrorKind::Timeout,
+                    "the code helper did not end the run past its timeout; it was stopped",
+                ))));
+            }
         };
         let item = match answer {
             None => Err(self.interpreter.ended()),

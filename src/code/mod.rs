@@ -38,7 +38,9 @@
 //! ```
 
 mod helper;
+mod interpreters;
 mod types;
 
 pub use helper::{CodeInterpreter, CodeInterpreterOptions, CodeRun};
+pub use interpreters::Interpreters;
 pub use types::{CodeContext, CodeError, CodeEvent, CodeLanguage, CodeOutput, CodeResult, RunCode};

@@ -78,7 +78,8 @@ pub struct CodeContext {
     pub id: String,
     /// What it runs.
     pub language: CodeLanguage,
-    /// Its working directory, as a path inside the sandbox.
+    /// Its working directory: a workspace path (`""` for the workspace itself), or an
+    /// absolute path in the sandbox when outside the workspace.
     pub cwd: String,
 }
 
@@ -205,6 +206,26 @@ pub struct CodeOutput {
     pub results: Vec<CodeResult>,
     /// The error the cell raised, if it did.
     pub error: Option<CodeError>,
+}
+
+impl CodeEvent {
+    /// About how many bytes it holds (its texts and results' values).
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            CodeEvent::Stdout { text } | CodeEvent::Stderr { text } => text.len(),
+            CodeEvent::Result(result) => result
+                .data
+                .iter()
+                .map(|(mime, value)| mime.len() + value.to_string().len())
+                .sum(),
+            CodeEvent::Error(error) => {
+                error.name.len()
+                    + error.value.len()
+                    + error.traceback.iter().map(String::len).sum::<usize>()
+            }
+            CodeEvent::ExecutionCount { .. } | CodeEvent::End => 8,
+        }
+    }
 }
 
 impl CodeOutput {
