@@ -6,7 +6,7 @@ use std::sync::Arc;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-use crate::tools::{call_slots, Interpreters};
+use crate::tools::{call_slots, interpreters};
 use crate::{Manager, SandboxTools, ToolSettings};
 
 /// The largest request body the service reads: a `write_file` of the default 10 MiB,
@@ -40,7 +40,7 @@ fn sessions(
     settings: ToolSettings,
 ) -> impl Fn() -> Result<SandboxTools, std::io::Error> + Send + Sync + 'static {
     let calls = Arc::new(call_slots(settings.max_calls_per_tenant));
-    let interpreters = Arc::new(Interpreters::default());
+    let interpreters = Arc::new(interpreters(&settings));
     let settings = Arc::new(settings);
     move || {
         Ok(SandboxTools::per_request_tenant_sharing(

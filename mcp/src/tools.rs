@@ -15,6 +15,8 @@ use sandcell::{
     SandboxPath, SessionKey,
 };
 
+use sandcell::code::{CodeInterpreterOptions, Interpreters};
+
 use crate::args::{
     EditFile, Encoding, Glob, Grep, ListDirectory, Nothing, ReadFile, Release, ReleaseSession,
     Restore, RunCommand, SessionOnly, WriteFile,
@@ -39,8 +41,9 @@ pub struct SandboxTools {
     settings: Arc<ToolSettings>,
     /// Each tenant's calls in flight ([`ToolSettings::max_calls_per_tenant`]).
     calls: Arc<sandcell::raw::TenantSlots>,
-    /// `run_code`'s interpreters, by sandbox.
-    interpreters: Arc<code::Interpreters>,
+    /// `run_code`'s interpreters, by sandbox (so by tenant: a sandbox is reached
+    /// through its tenant's sessions only).
+    interpreters: Arc<Interpreters>,
     tool_router: ToolRouter<Self>,
 }
 
@@ -58,7 +61,11 @@ mod code;
 mod command;
 pub(crate) use calls::call_slots;
 use calls::{text, Answer};
-pub(crate) use code::Interpreters;
+
+/// `run_code`'s interpreters, started with the settings' Python.
+pub(crate) fn interpreters(settings: &ToolSettings) -> Interpreters {
+    Interpreters::new(CodeInterpreterOptions::new().python(&settings.code_python))
+}
 
 fn path(raw: &str) -> sandcell::Result<SandboxPath> {
     SandboxPath::new(raw.trim_start_matches("./"))
@@ -72,7 +79,7 @@ impl SandboxTools {
             manager,
             tenant: Some(tenant.into()),
             calls: Arc::new(call_slots(settings.max_calls_per_tenant)),
-            interpreters: Arc::default(),
+            interpreters: Arc::new(interpreters(&settings)),
             settings,
             tool_router: Self::tool_router() + Self::code_router(),
         }
@@ -83,7 +90,8 @@ impl SandboxTools {
     /// refused.
     pub fn per_request_tenant(manager: Arc<Manager>, settings: ToolSettings) -> Self {
         let calls = Arc::new(call_slots(settings.max_calls_per_tenant));
-        Self::per_request_tenant_sharing(manager, settings, calls, Arc::default())
+        let interpreters = Arc::new(interpreters(&settings));
+        Self::per_request_tenant_sharing(manager, settings, calls, interpreters)
     }
 
     /// As [`per_request_tenant`](Self::per_request_tenant), counting calls in `calls`,

@@ -14,6 +14,7 @@ pytestmark = pytest.mark.anyio
 
 TOOLS = {
     "run_command",
+    "run_code",
     "read_file",
     "write_file",
     "edit_file",

@@ -2,51 +2,19 @@
 //! interpreter per sandbox, kept between calls (and across the MCP sessions of a
 //! server) so variables, imports and loaded data stay.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock};
 use rmcp::service::RequestContext;
 use rmcp::{tool, tool_router, RoleServer};
-use sandcell::code::{
-    CodeInterpreter, CodeInterpreterOptions, CodeLanguage, CodeOutput, RunCode as Run,
-};
-use sandcell::{ErrorKind, SandboxId};
+use sandcell::code::{CodeLanguage, CodeOutput, RunCode as Run};
+use sandcell::ErrorKind;
 
 use super::calls::Answer;
 use super::SandboxTools;
 use crate::args::RunCode;
 use crate::output::HeadTail;
-
-/// The interpreters of the sandboxes `run_code` ran in, by sandbox (so by tenant: a
-/// sandbox is reached through its tenant's session only).
-#[derive(Default)]
-pub(crate) struct Interpreters {
-    by_sandbox: Mutex<HashMap<SandboxId, CodeInterpreter>>,
-}
-
-impl Interpreters {
-    fn get(&self, id: &SandboxId) -> Option<CodeInterpreter> {
-        let by_sandbox = self
-            .by_sandbox
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        by_sandbox.get(id).filter(|i| i.is_running()).cloned()
-    }
-
-    /// Keeps `interpreter` for `id`, forgetting those whose helper has ended (their
-    /// sandbox was destroyed, suspended or reset).
-    fn keep(&self, id: SandboxId, interpreter: CodeInterpreter) {
-        let mut by_sandbox = self
-            .by_sandbox
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        by_sandbox.retain(|_, i| i.is_running());
-        by_sandbox.insert(id, interpreter);
-    }
-}
 
 #[tool_router(router = code_router, vis = "pub(super)")]
 impl SandboxTools {
@@ -88,15 +56,10 @@ impl SandboxTools {
         let timeout = Duration::from_secs(args.timeout_secs.unwrap_or(120).clamp(1, 3600));
         let handle = self.open(ctx, &args.session).await?;
         let id = handle.id().clone();
-        let interpreter = match self.interpreters.get(&id) {
-            Some(interpreter) => interpreter,
-            None => {
-                let options = CodeInterpreterOptions::new().python(&self.settings.code_python);
-                let started = CodeInterpreter::start(self.manager.backend(), &id, options).await?;
-                self.interpreters.keep(id, started.clone());
-                started
-            }
-        };
+        let interpreter = self
+            .interpreters
+            .get_or_start(self.manager.backend(), &id)
+            .await?;
         let run = Run::new().language(language).timeout(timeout);
         let output = interpreter.run_to_end(&args.code, run).await;
         // A cell is activity: the session is not idle while a model works in it.
