@@ -152,6 +152,11 @@ struct Args {
     /// with bash, which E2B's SDKs run every command with).
     #[arg(long, value_name = "TEMPLATE", default_value = "default")]
     e2b_base_template: String,
+    /// The Python inside sandboxes that runs the code interpreter's Jupyter kernels
+    /// (E2B's `run_code`): it needs jupyter-client and ipykernel; on the local
+    /// backend a virtual environment under /opt, which sandboxes see.
+    #[arg(long, value_name = "PYTHON", default_value = "python3")]
+    code_python: String,
     /// A host directory clients may mount from, read-only; `DIR:rw` allows read-write
     /// mounts too. Repeatable. Without it every host mount in a client's spec is refused.
     #[arg(long = "allow-host-path", value_name = "DIR[:rw]")]
@@ -353,6 +358,7 @@ async fn run(args: Args) -> sandcell::Result<()> {
         false => args.faces.iter().copied().collect(),
     };
     config.e2b_base_template = args.e2b_base_template.clone();
+    config.code_python = args.code_python.clone();
     for arg in &args.allow_host_paths {
         config = config.allow_host_path(host_path(arg)?);
     }

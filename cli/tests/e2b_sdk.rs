@@ -4,7 +4,7 @@
 //! `E2B_API_URL` and `E2B_SANDBOX_URL` pointing at it.
 //!
 //! The interpreter is `SANDCELL_E2B_PYTHON` (`.ci/run` makes a virtual environment
-//! with `e2b==2.63.0` and `pytest`), else `python3`; without the SDK the tests skip,
+//! with `e2b==2.63.0`, `e2b-code-interpreter==2.11.5` and `pytest`), else `python3`; without the SDK the tests skip,
 //! and fail instead under `SANDCELL_REQUIRE_E2B_SDK=1`.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -120,6 +120,57 @@ async fn the_e2b_sdk_drives_the_local_backend() {
     let root = work.path().join("root");
     let (server, url) = start(work.path(), &["--root".into(), root.display().to_string()]).await;
     run_suite(&python, &url, work.path());
+    drop(server);
+    let left: Vec<_> = std::fs::read_dir(root.join("sandboxes")).unwrap().collect();
+    assert!(left.is_empty(), "sandboxes left behind: {left:?}");
+}
+
+/// E2B's Code Interpreter SDK (`e2b-code-interpreter`, in the same environment) runs
+/// cells against the server, whose kernels come from `SANDCELL_KERNEL_PYTHON` (a
+/// virtual environment under `/opt` with jupyter-client, ipykernel and bash_kernel).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_code_interpreter_sdk_runs_cells() {
+    let Some(python) = sdk() else {
+        return;
+    };
+    let kernels = match std::env::var("SANDCELL_KERNEL_PYTHON") {
+        Ok(kernels) => kernels,
+        Err(_) if std::env::var("SANDCELL_REQUIRE_KERNELS").as_deref() == Ok("1") => {
+            panic!("SANDCELL_REQUIRE_KERNELS=1 but SANDCELL_KERNEL_PYTHON is not set")
+        }
+        Err(_) => return,
+    };
+    let work = tempfile::tempdir().unwrap();
+    let root = work.path().join("root");
+    let args = [
+        "--root".into(),
+        root.display().to_string(),
+        "--code-python".into(),
+        kernels,
+    ];
+    let (server, url) = start(work.path(), &args).await;
+    let suite = Path::new(env!("CARGO_MANIFEST_DIR")).join("../server/tests/e2b_code_interpreter");
+    let output = Command::new(&python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(suite)
+        .env("E2B_API_KEY", KEY)
+        .env("E2B_API_URL", &url)
+        .env("E2B_SANDBOX_URL", &url)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let log = std::fs::read_to_string(work.path().join("server.log")).unwrap_or_default();
+    assert!(
+        output.status.success(),
+        "the Code Interpreter SDK suite failed:\n{stdout}\n{}\nserver log:\n{log}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        stdout.contains(" passed") && !stdout.contains(" skipped"),
+        "{stdout}"
+    );
     drop(server);
     let left: Vec<_> = std::fs::read_dir(root.join("sandboxes")).unwrap().collect();
     assert!(left.is_empty(), "sandboxes left behind: {left:?}");

@@ -112,6 +112,11 @@ pub struct ServerConfig {
     /// `"default"`, the local backend's; on Docker, an image with `bash`, which E2B's
     /// SDKs run every command with).
     pub e2b_base_template: String,
+    /// The Python inside a sandbox that runs the code interpreter's kernels (E2B's
+    /// `/execute`): it needs `jupyter-client` and a kernel per language (default
+    /// `python3`). E2B's code-interpreter templates (`code-interpreter-v1`) stand for
+    /// the base template: the kernels come from this Python.
+    pub code_python: String,
     /// The session manager whose sessions MCP's tools act on at `/mcp` (feature `mcp`;
     /// default none: no MCP route).
     #[cfg(feature = "mcp")]
@@ -233,6 +238,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("host_paths", &self.host_paths)
             .field("private_paths", &self.private_paths)
             .field("e2b_base_template", &self.e2b_base_template)
+            .field("code_python", &self.code_python)
             .finish()
     }
 }
@@ -278,6 +284,7 @@ impl ServerConfig {
             host_paths: Vec::new(),
             private_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
+            code_python: "python3".to_owned(),
             #[cfg(feature = "mcp")]
             mcp: None,
         }

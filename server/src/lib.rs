@@ -92,6 +92,9 @@ pub(crate) struct Shared {
     watches: sandcell::raw::TenantSlots,
     /// What the E2B face keeps: processes, watchers, lifetimes.
     pub(crate) e2b: e2b::E2bState,
+    /// The code interpreters of the sandboxes code ran in
+    /// ([`ServerConfig::code_python`]).
+    pub(crate) code: sandcell::code::Interpreters,
     /// The labels no client may set or filter on.
     pub(crate) reserved: labels::Reserved,
     /// Lifecycle changes of one sandbox do not interleave.
@@ -194,6 +197,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let transfer_bytes = (config.max_file_bytes as u64).max(config.max_transfer_bytes_per_tenant);
     let streams = config.max_archive_streams_per_tenant;
     let watches = config.max_watches_per_tenant;
+    let code_python = config.code_python.clone();
     let state = Arc::new(Shared {
         backend,
         config,
@@ -212,6 +216,9 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
             "end one first",
         ),
         watches: sandcell::raw::TenantSlots::new(watches, "file watches", "end one first"),
+        code: sandcell::code::Interpreters::new(
+            sandcell::code::CodeInterpreterOptions::new().python(&code_python),
+        ),
         tenants,
         reserved,
         lifecycle: Default::default(),

@@ -28,6 +28,7 @@ pub(super) fn routes(state: &AppState, manager: Arc<sandcell_mcp::Manager>) -> R
     let mut settings = sandcell_mcp::ToolSettings::default();
     settings.default_limits = state.config.default_limits.clone();
     settings.max_read_bytes = state.config.max_file_bytes as u64;
+    settings.code_python = state.config.code_python.clone();
     // A model is told what a client of any other face is: no host path, and a backend's
     // own failure as a reference to the server's log.
     settings.public_errors = sandcell::raw::wire::PublicErrors::new(|e| {

@@ -182,7 +182,9 @@ pub(super) async fn create(
     } else {
         request.template_id.clone()
     };
-    let template = if asked == "base" {
+    // The code interpreter's kernels come from `code_python`: its sandbox is the base.
+    const BASE: [&str; 3] = ["base", "code-interpreter-v1", "code-interpreter"];
+    let template = if BASE.contains(&asked.as_str()) {
         state.config.e2b_base_template.clone()
     } else {
         asked.clone()

@@ -9,6 +9,7 @@
 //! | `POST /sandboxes/{id}/timeout`, `.../pause`, `.../connect`, `.../resume`, `/v2/sandboxes/{id}/connect` | lifetime, pause, resume |
 //! | `GET /sandboxes/{id}/metrics` | one reading of CPU, memory and disk |
 //! | `POST /process.Process/*`, `POST /filesystem.Filesystem/*`, `GET`/`POST /files`, `GET /health` | envd, for the sandbox the `E2b-Sandbox-Id` header names |
+//! | `POST /execute`, `GET`/`POST /contexts`, `DELETE /contexts/{id}`, `POST /contexts/{id}/restart` | the code interpreter (E2B's port 49999), for the same sandbox: [`code`] |
 //!
 //! Control-plane calls authenticate with a tenant's token as `X-API-KEY` (or
 //! `Authorization: Bearer`). envd calls carry the `envdAccessToken` the create
@@ -22,6 +23,7 @@
 //! (`Authorization: Basic`) is accepted and not switched to: every command runs as the
 //! sandbox's user.
 
+mod code;
 mod control;
 mod filesystem;
 mod paths;
@@ -84,6 +86,16 @@ pub(super) fn routes(state: &AppState) -> Router<AppState> {
             ),
         )
         .route("/health", get(|| async { StatusCode::NO_CONTENT }))
+        .route("/execute", post(code::execute))
+        .route(
+            "/contexts",
+            post(code::create_context).get(code::list_contexts),
+        )
+        .route(
+            "/contexts/{id}",
+            axum::routing::delete(code::remove_context),
+        )
+        .route("/contexts/{id}/restart", post(code::restart_context))
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(state),
             authorize_envd,
