@@ -43,21 +43,17 @@ impl Interpreters {
                 .by_sandbox
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            // Those that ended go: what is kept is bounded by the sandboxes in use.
-            by_sandbox.retain(|_, cell| cell.get().is_none_or(CodeInterpreter::is_running));
+            // Those that ended go, and those whose start failed with no one starting
+            // them now: what is kept is bounded by the sandboxes in use.
+            by_sandbox.retain(|_, cell| match cell.get() {
+                Some(interpreter) => interpreter.is_running(),
+                None => Arc::strong_count(cell) > 1,
+            });
             Arc::clone(by_sandbox.entry(id.clone()).or_default())
         };
         let interpreter = cell
             .get_or_try_init(|| CodeInterpreter::start(backend, id, self.options.clone()))
             .await?;
         Ok(interpreter.clone())
-    }
-
-    /// Stops sandbox `id`'s interpreter (once no run of it is left) and forgets it.
-    pub fn forget(&self, id: &SandboxId) {
-        self.by_sandbox
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(id);
     }
 }
