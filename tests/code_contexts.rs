@@ -11,7 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use sandcell::code::{CodeEvent, CodeInterpreter, CodeInterpreterOptions, CodeLanguage, RunCode};
+use sandcell::code::{
+    CodeEvent, CodeInterpreter, CodeInterpreterOptions, CodeLanguage, Interpreters, RunCode,
+};
 use sandcell::{ErrorKind, SandboxBackend, SandboxId, SandboxSpec};
 use sandcell_local::{Isolation, LocalBackend};
 
@@ -352,6 +354,38 @@ async fn a_run_s_gathered_output_is_capped_and_workspace_modules_are_not_importe
         .unwrap();
     assert_eq!(made.cwd, "");
     drop(fresh);
+    drop(f.interpreter);
+    f.backend.destroy(&f.id).await.unwrap();
+}
+
+/// `Interpreters` gives one interpreter per sandbox, and a new one once it has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interpreters_keep_one_per_sandbox_and_replace_one_that_ended() {
+    let Some(f) = fixture().await else { return };
+    let python = kernel_python().unwrap();
+    let cache = Interpreters::new(CodeInterpreterOptions::new().python(python.to_str().unwrap()));
+    let first = cache.get_or_start(&*f.backend, &f.id).await.unwrap();
+    first.run_to_end("kept = 1", RunCode::new()).await.unwrap();
+    let again = cache.get_or_start(&*f.backend, &f.id).await.unwrap();
+    let kept = again.run_to_end("kept", RunCode::new()).await.unwrap();
+    assert_eq!(kept.main_result().and_then(|r| r.text()), Some("1"));
+    // The helper dies (its kernel kills it): the next use starts another.
+    let killed = "import os, signal; os.kill(os.getppid(), signal.SIGKILL)";
+    let _ = bounded(
+        "a run killing its helper",
+        again.run_to_end(killed, RunCode::new()),
+    )
+    .await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while first.is_running() {
+        assert!(Instant::now() < deadline, "the helper's end went unnoticed");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let fresh = cache.get_or_start(&*f.backend, &f.id).await.unwrap();
+    assert!(fresh.is_running());
+    let gone = fresh.run_to_end("kept", RunCode::new()).await.unwrap();
+    assert_eq!(gone.error.map(|e| e.name).as_deref(), Some("NameError"));
+    drop((first, again, fresh, cache));
     drop(f.interpreter);
     f.backend.destroy(&f.id).await.unwrap();
 }
