@@ -117,6 +117,11 @@ pub struct ServerConfig {
     /// `python3`). E2B's code-interpreter templates (`code-interpreter-v1`) stand for
     /// the base template: the kernels come from this Python.
     pub code_python: String,
+    /// Most code runs (E2B's `/execute`) a tenant streams at once (default 8). Each
+    /// holds up to a few MiB of its sandbox's output on this host while its client
+    /// reads: counted, a tenant's unread streams cannot run the server out of memory
+    /// (FINDINGS12 H1).
+    pub max_code_runs_per_tenant: usize,
     /// The session manager whose sessions MCP's tools act on at `/mcp` (feature `mcp`;
     /// default none: no MCP route).
     #[cfg(feature = "mcp")]
@@ -239,6 +244,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("private_paths", &self.private_paths)
             .field("e2b_base_template", &self.e2b_base_template)
             .field("code_python", &self.code_python)
+            .field("max_code_runs_per_tenant", &self.max_code_runs_per_tenant)
             .finish()
     }
 }
@@ -285,6 +291,7 @@ impl ServerConfig {
             private_paths: Vec::new(),
             e2b_base_template: "default".to_owned(),
             code_python: "python3".to_owned(),
+            max_code_runs_per_tenant: 8,
             #[cfg(feature = "mcp")]
             mcp: None,
         }

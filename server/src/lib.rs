@@ -95,6 +95,8 @@ pub(crate) struct Shared {
     /// The code interpreters of the sandboxes code ran in
     /// ([`ServerConfig::code_python`]).
     pub(crate) code: sandcell::code::Interpreters,
+    /// Each tenant's streaming code runs ([`ServerConfig::max_code_runs_per_tenant`]).
+    pub(crate) code_runs: sandcell::raw::TenantSlots,
     /// The labels no client may set or filter on.
     pub(crate) reserved: labels::Reserved,
     /// Lifecycle changes of one sandbox do not interleave.
@@ -198,6 +200,7 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
     let streams = config.max_archive_streams_per_tenant;
     let watches = config.max_watches_per_tenant;
     let code_python = config.code_python.clone();
+    let code_runs = config.max_code_runs_per_tenant;
     let state = Arc::new(Shared {
         backend,
         config,
@@ -218,6 +221,11 @@ pub fn router(backend: Arc<dyn SandboxBackend>, config: ServerConfig) -> Router 
         watches: sandcell::raw::TenantSlots::new(watches, "file watches", "end one first"),
         code: sandcell::code::Interpreters::new(
             sandcell::code::CodeInterpreterOptions::new().python(&code_python),
+        ),
+        code_runs: sandcell::raw::TenantSlots::new(
+            code_runs,
+            "code runs streaming",
+            "wait for one to end",
         ),
         tenants,
         reserved,

@@ -89,7 +89,9 @@ async def start_kernel(cid, language, cwd):
     except NoSuchKernel:
         raise Refused("unsupported", f"this sandbox has no Jupyter kernel for {language}: {install}")
     if not os.path.isdir(cwd):
-        raise Refused("not_found", f"no directory {cwd}")
+        # Named as the workspace path asked for: where the workspace lies is not told.
+        shown = os.path.relpath(cwd, WORKSPACE)
+        raise Refused("not_found", f"no directory {shown!r} in the workspace")
     if language in CHDIR:
         manager = AsyncKernelManager(kernel_name=name, transport="ipc", ip=cid[:8])
         start_in = RUNTIME

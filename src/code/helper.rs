@@ -1,7 +1,6 @@
 //! The interpreter handle: starts the helper in the sandbox, routes its answer lines
 //! to the requests that wait for them, and stops it (and its kernels) when dropped.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -12,7 +11,6 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use serde_json::{json, Value};
-use tokio::io::AsyncWriteExt;
 use tokio::sync::mpsc;
 
 use super::types::{CodeContext, CodeEvent, CodeLanguage, CodeOutput, RunCode};
@@ -21,14 +19,14 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::exec::ExecRequest;
 use crate::json_lines::Lines;
 use crate::path::SandboxPath;
-use crate::process::{Process, ProcessStdin};
 use crate::sandbox::SandboxId;
 
-const HELPER: &str = include_str!("helper.py");
+use super::pipe::{
+    failure, give_up, last_words, read_answers, routes, write_requests, Queued, Route,
+    SharedProcess, SharedRoutes, WRITE_TIMEOUT,
+};
 
-/// How long writing a request may take: a helper that stopped reading (its pipe full)
-/// is given up, or a caller, and the interrupt a dropped run sends, would wait for ever.
-const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+const HELPER: &str = include_str!("helper.py");
 
 /// How long past its own timeout a run may go before the host gives up on the helper:
 /// the helper interrupts it at the timeout and waits a while for the kernel.
@@ -55,9 +53,14 @@ pub struct CodeInterpreterOptions {
     /// (default 32 MiB); past it the run is interrupted and the call is
     /// `LimitExceeded`. A streamed run ([`CodeInterpreter::run`]) holds a few lines only.
     pub max_output: usize,
-    /// The longest answer line accepted, in bytes (default 16 MiB: images are inline,
+    /// The longest answer line accepted, in bytes (default 4 MiB: images are inline,
     /// base64). A longer one ends the helper with `LimitExceeded`'s message.
     pub max_line: usize,
+    /// The answer lines waiting for their callers, in bytes, across every run of the
+    /// interpreter (default 16 MiB): past it the helper waits (its pipe fills) until a
+    /// caller reads. The lines are the sandbox's to write, so this bounds what one
+    /// sandbox holds of its host's memory however many runs it leaves unread.
+    pub max_queued: usize,
 }
 
 impl Default for CodeInterpreterOptions {
@@ -67,7 +70,8 @@ impl Default for CodeInterpreterOptions {
             start_timeout: Duration::from_secs(60),
             call_timeout: Duration::from_secs(90),
             max_output: 32 << 20,
-            max_line: 16 << 20,
+            max_line: 4 << 20,
+            max_queued: 16 << 20,
         }
     }
 }
@@ -85,27 +89,15 @@ impl CodeInterpreterOptions {
     }
 }
 
-/// Who waits for which answer, and why the helper ended once it has.
-#[derive(Default)]
-struct Routes {
-    open: HashMap<u64, mpsc::Sender<Value>>,
-    ended: Option<String>,
-}
-
-type SharedRoutes = Arc<Mutex<Routes>>;
-
-fn routes(shared: &SharedRoutes) -> std::sync::MutexGuard<'_, Routes> {
-    shared
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 struct Inner {
     options: CodeInterpreterOptions,
-    stdin: tokio::sync::Mutex<Option<ProcessStdin>>,
+    /// Whole request lines for the writer task: a caller that goes away mid-send
+    /// leaves no half line in the helper's input. Dropped with `Inner`, which closes
+    /// that input and so ends the helper.
+    writes: mpsc::Sender<Vec<u8>>,
     routes: SharedRoutes,
     next_id: AtomicU64,
-    process: Mutex<Option<Process>>,
+    process: SharedProcess,
 }
 
 /// Code contexts in one sandbox; see the [module docs](super).
@@ -158,6 +150,16 @@ impl CodeInterpreter {
             ));
         };
         let routes = SharedRoutes::default();
+        let process = SharedProcess::new(Mutex::new(Some(process)));
+        let (writes, to_write) = mpsc::channel(16);
+        tokio::spawn(write_requests(
+            stdin,
+            to_write,
+            Arc::clone(&routes),
+            Arc::clone(&process),
+        ));
+        let queued_cap = options.max_queued.clamp(1, u32::MAX as usize);
+        let queued = Arc::new(tokio::sync::Semaphore::new(queued_cap));
         // Kernels log to it: read, or the helper would block on a full pipe; its last
         // line says why, should the helper die.
         let said = tokio::spawn(last_words(stderr));
@@ -165,16 +167,18 @@ impl CodeInterpreter {
         tokio::spawn(read_answers(
             Lines::new(stdout, options.max_line),
             Arc::clone(&routes),
+            queued,
+            queued_cap,
             ready_tx,
             said,
         ));
         let interpreter = CodeInterpreter {
             inner: Arc::new(Inner {
                 options: options.clone(),
-                stdin: tokio::sync::Mutex::new(Some(stdin)),
+                writes,
                 routes,
                 next_id: AtomicU64::new(1),
-                process: Mutex::new(Some(process)),
+                process,
             }),
         };
         match tokio::time::timeout(options.start_timeout, ready).await {
@@ -246,11 +250,12 @@ impl CodeInterpreter {
             "env": env,
             "timeout": timeout.map(|t| t.as_secs_f64()),
         });
-        let (id, answers) = self.send(request).await?;
+        let (route, answers) = self.send(request).await?;
         let deadline = timeout.map(|t| Box::pin(tokio::time::sleep(t + RUN_GRACE)));
         Ok(CodeRun {
             interpreter: self.clone(),
-            id,
+            id: route.id,
+            route: Some(route),
             answers,
             deadline,
             done: false,
@@ -286,11 +291,21 @@ impl CodeInterpreter {
 
     /// Sends one request and waits for its one answer.
     async fn ask(&self, request: Value) -> Result<Value> {
-        let (id, mut answers) = self.send(request).await?;
+        let (route, mut answers) = self.send(request).await?;
         let answer = tokio::time::timeout(self.inner.options.call_timeout, answers.recv()).await;
-        routes(&self.inner.routes).open.remove(&id);
+        drop(route);
         match answer {
-            Ok(Some(answer)) => failure(&answer).map_or(Ok(answer), Err),
+            Ok(Some(answer)) => match failure(&answer.line) {
+                Some(error) => Err(error),
+                None => serde_json::from_slice(&answer.line).map_err(|e| {
+                    Error::new(
+                        ErrorKind::Backend,
+                        format!(
+                            "the code helper answered something this library does not read: {e}"
+                        ),
+                    )
+                }),
+            },
             Ok(None) => Err(self.ended()),
             Err(_) => {
                 let why = format!(
@@ -306,7 +321,7 @@ impl CodeInterpreter {
         }
     }
 
-    async fn send(&self, mut request: Value) -> Result<(u64, mpsc::Receiver<Value>)> {
+    async fn send(&self, mut request: Value) -> Result<(Route, mpsc::Receiver<Queued>)> {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         request["id"] = id.into();
         let (tx, rx) = mpsc::channel(ANSWER_BACKLOG);
@@ -318,23 +333,16 @@ impl CodeInterpreter {
             }
             routes.open.insert(id, tx);
         }
+        let route = Route {
+            routes: Arc::clone(&self.inner.routes),
+            id,
+        };
         let mut line = serde_json::to_vec(&request)
             .map_err(|e| Error::invalid_input(format!("encoding a code request: {e}")))?;
         line.push(b'\n');
-        let written = tokio::time::timeout(WRITE_TIMEOUT, async {
-            let mut stdin = self.inner.stdin.lock().await;
-            match stdin.as_mut() {
-                Some(stdin) => stdin.write_all(&line).await.and(stdin.flush().await),
-                None => Err(std::io::ErrorKind::BrokenPipe.into()),
-            }
-        })
-        .await;
-        match written {
-            Ok(Ok(())) => Ok((id, rx)),
-            Ok(Err(_)) => {
-                routes(&self.inner.routes).open.remove(&id);
-                Err(self.ended())
-            }
+        match tokio::time::timeout(WRITE_TIMEOUT, self.inner.writes.send(line)).await {
+            Ok(Ok(())) => Ok((route, rx)),
+            Ok(Err(_)) => Err(self.ended()),
             Err(_) => {
                 self.abandon("it stopped reading its requests");
                 Err(self.ended())
@@ -342,25 +350,9 @@ impl CodeInterpreter {
         }
     }
 
-    /// Gives the helper up: every waiting request learns `why`, later ones are
-    /// `Unavailable`, and the helper is killed with its kernels.
+    /// Gives the helper up (see [`give_up`]).
     fn abandon(&self, why: &str) {
-        {
-            let mut routes = routes(&self.inner.routes);
-            routes.ended.get_or_insert_with(|| why.to_owned());
-            routes.open.clear();
-        }
-        let process = self
-            .inner
-            .process
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        if let (Some(mut process), Ok(runtime)) = (process, tokio::runtime::Handle::try_current()) {
-            runtime.spawn(async move {
-                let _ = process.kill().await;
-            });
-        }
+        give_up(&self.inner.routes, &self.inner.process, why);
     }
 
     /// Why requests can no longer be answered.
@@ -378,17 +370,15 @@ impl CodeInterpreter {
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        // Its stdin closing ends the helper, which stops its kernels; killed if it
-        // has not ended a while later.
-        let stdin = self.stdin.get_mut().take();
+        // `writes` going with it closes the helper's input, which ends the helper and
+        // its kernels; killed if it has not ended a while later.
         let process = self
             .process
-            .get_mut()
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         if let (Some(mut process), Ok(runtime)) = (process, tokio::runtime::Handle::try_current()) {
             runtime.spawn(async move {
-                drop(stdin);
                 if tokio::time::timeout(Duration::from_secs(10), process.wait())
                     .await
                     .is_err()
@@ -404,7 +394,9 @@ impl Drop for Inner {
 pub struct CodeRun {
     interpreter: CodeInterpreter,
     id: u64,
-    answers: mpsc::Receiver<Value>,
+    /// Its place among the routes, until its end.
+    route: Option<Route>,
+    answers: mpsc::Receiver<Queued>,
     /// The run's timeout and a grace: past it the helper has failed to end the run.
     deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     done: bool,
@@ -444,9 +436,9 @@ impl Stream for CodeRun {
         };
         let item = match answer {
             None => Err(self.interpreter.ended()),
-            Some(answer) => match failure(&answer) {
+            Some(answer) => match failure(&answer.line) {
                 Some(error) => Err(error),
-                None => serde_json::from_value::<CodeEvent>(answer).map_err(|e| {
+                None => serde_json::from_slice::<CodeEvent>(&answer.line).map_err(|e| {
                     Error::new(
                         ErrorKind::Backend,
                         format!("the code helper sent an event this library does not know: {e}"),
@@ -456,7 +448,7 @@ impl Stream for CodeRun {
         };
         if matches!(item, Ok(CodeEvent::End) | Err(_)) {
             self.done = true;
-            routes(&self.interpreter.inner.routes).open.remove(&self.id);
+            self.route = None;
         }
         Poll::Ready(Some(item))
     }
@@ -467,44 +459,17 @@ impl Drop for CodeRun {
         if self.done {
             return;
         }
-        routes(&self.interpreter.inner.routes).open.remove(&self.id);
+        self.route = None;
         // Left before its end: the kernel stops working on it.
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             let interpreter = self.interpreter.clone();
             let run = self.id;
             runtime.spawn(async move {
-                if let Ok((id, _)) = interpreter
+                let _ = interpreter
                     .send(json!({"op": "interrupt", "run": run}))
-                    .await
-                {
-                    routes(&interpreter.inner.routes).open.remove(&id);
-                }
+                    .await;
             });
         }
-    }
-}
-
-/// The error an answer reports, if it is one (`failed`, `timeout`).
-fn failure(answer: &Value) -> Option<Error> {
-    let text = |key: &str| {
-        answer
-            .get(key)
-            .and_then(Value::as_str)
-            .unwrap_or_default()
-            .to_owned()
-    };
-    match answer.get("type").and_then(Value::as_str) {
-        Some("timeout") => Some(Error::new(ErrorKind::Timeout, text("message"))),
-        Some("failed") => {
-            let kind = match text("kind").as_str() {
-                "unsupported" => ErrorKind::Unsupported,
-                "not_found" => ErrorKind::NotFound,
-                "invalid_input" => ErrorKind::InvalidInput,
-                _ => ErrorKind::Backend,
-            };
-            Some(Error::new(kind, text("message")))
-        }
-        _ => None,
     }
 }
 
@@ -515,76 +480,4 @@ fn decode<T: serde::de::DeserializeOwned>(value: Option<&Value>) -> Result<T> {
             format!("the code helper answered in a shape this library does not know: {e}"),
         )
     })
-}
-
-/// Reads the helper's lines and hands each to the request it answers; when the
-/// helper ends, every open request learns why.
-async fn read_answers(
-    mut lines: Lines,
-    shared: SharedRoutes,
-    ready: tokio::sync::oneshot::Sender<std::result::Result<(), String>>,
-    said: tokio::task::JoinHandle<Option<String>>,
-) {
-    let mut ready = Some(ready);
-    let why = loop {
-        let line = match lines.next().await {
-            Ok(Some(line)) => line,
-            Ok(None) => break "its output closed".to_owned(),
-            Err(e) => break e.to_string(),
-        };
-        let Ok(answer) = serde_json::from_slice::<Value>(&line) else {
-            continue;
-        };
-        match answer.get("type").and_then(Value::as_str) {
-            Some("ready") => {
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(Ok(()));
-                }
-                continue;
-            }
-            Some("fatal") => {
-                let message = answer
-                    .get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("the code helper failed")
-                    .to_owned();
-                if let Some(ready) = ready.take() {
-                    let _ = ready.send(Err(message.clone()));
-                }
-                break message;
-            }
-            _ => {}
-        }
-        let Some(id) = answer.get("id").and_then(Value::as_u64) else {
-            continue;
-        };
-        let route = routes(&shared).open.get(&id).cloned();
-        if let Some(route) = route {
-            // A reader slower than the kernel holds the pipe: memory stays bounded.
-            let _ = route.send(answer).await;
-        }
-    };
-    let why = match tokio::time::timeout(Duration::from_secs(1), said).await {
-        Ok(Ok(Some(said))) => format!("{why}; it last said: {said}"),
-        _ => why,
-    };
-    let mut routes = routes(&shared);
-    routes.ended = Some(why);
-    routes.open.clear();
-}
-
-/// Reads the helper's stderr to its end; answers the last line it said.
-async fn last_words(mut stderr: crate::backend::ByteStream) -> Option<String> {
-    let mut last = Vec::new();
-    while let Some(Ok(chunk)) = stderr.next().await {
-        last.extend_from_slice(&chunk);
-        if last.len() > 4096 {
-            last.drain(..last.len() - 4096);
-        }
-    }
-    let said = String::from_utf8_lossy(&last);
-    said.lines()
-        .rev()
-        .find(|l| !l.trim().is_empty())
-        .map(|l| l.trim().to_owned())
 }

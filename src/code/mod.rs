@@ -39,6 +39,7 @@
 
 mod helper;
 mod interpreters;
+mod pipe;
 mod types;
 
 pub use helper::{CodeInterpreter, CodeInterpreterOptions, CodeRun};

@@ -68,6 +68,10 @@ pub(crate) async fn execute(
         return Err(Error::invalid_input("give a context or a language, not both").into());
     }
     run.env = body.env_vars.unwrap_or_default();
+    // Each streaming run holds a place among its tenant's, until its stream ends:
+    // an unread stream holds a line or two of the sandbox's output on this host.
+    let tenant = envd.info.labels.get(crate::tenants::TENANT_LABEL);
+    let slot = state.code_runs.slot(tenant.map_or("", String::as_str))?;
     let interpreter = interpreter(&state, &envd).await?;
     let mut events = interpreter.run(&body.code, run).await?;
     // A run refused outright (an unknown context, a language without its kernel) is
@@ -76,21 +80,24 @@ pub(crate) async fn execute(
         Some(Err(e)) => return Err(e.into()),
         first => first,
     };
-    let lines = futures::stream::iter(first).chain(events).map(|event| {
-        let line = match event {
-            Ok(event) => e2b_event(event),
-            // Mid-stream, an error is the SDK's error event: it ends the run.
-            Err(e) => json!({
-                "type": "error",
-                "name": format!("{:?}", e.kind()),
-                "value": crate::public_message(&e),
-                "traceback": "",
-            }),
-        };
-        let mut line = serde_json::to_vec(&line).unwrap_or_default();
-        line.push(b'\n');
-        Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line))
-    });
+    let lines = futures::stream::iter(first)
+        .chain(events)
+        .map(move |event| {
+            let _held = &slot;
+            let line = match event {
+                Ok(event) => e2b_event(event),
+                // Mid-stream, an error is the SDK's error event: it ends the run.
+                Err(e) => json!({
+                    "type": "error",
+                    "name": format!("{:?}", e.kind()),
+                    "value": crate::public_message(&e),
+                    "traceback": "",
+                }),
+            };
+            let mut line = serde_json::to_vec(&line).unwrap_or_default();
+            line.push(b'\n');
+            Ok::<_, std::convert::Infallible>(bytes::Bytes::from(line))
+        });
     Ok((
         [(header::CONTENT_TYPE, "application/x-ndjson")],
         Body::from_stream(lines),

@@ -84,3 +84,41 @@ def test_a_client_without_the_sandbox_s_token_runs_nothing(sandbox):
     )
     assert answer.status_code == 401
     assert not sandbox.files.exists("pwned")
+
+
+def test_a_tenant_streams_a_bounded_number_of_runs(sandbox):
+    """FINDINGS12 H1: unread streams each hold some of the sandbox's output on the
+    server, so a tenant streams at most 8 runs at once; runs whose clients left give
+    their places back."""
+    import asyncio
+    import time
+
+    import httpx
+
+    url = sandbox.connection_config.get_sandbox_url(sandbox.sandbox_id, sandbox.sandbox_domain, 49999)
+    headers = {"E2b-Sandbox-Id": sandbox.sandbox_id, "X-Access-Token": sandbox._envd_access_token}
+
+    async def attempt():
+        async with httpx.AsyncClient(timeout=60) as client:
+            async def run_long():
+                await client.post(url + "/execute", json={"code": "import time; time.sleep(60)"}, headers=headers)
+
+            held = [asyncio.create_task(run_long()) for _ in range(8)]
+            await asyncio.sleep(3)
+            refused = await client.post(url + "/execute", json={"code": "1"}, headers=headers)
+            for task in held:
+                task.cancel()
+            await asyncio.gather(*held, return_exceptions=True)
+            return refused
+
+    refused = asyncio.run(attempt())
+    assert refused.status_code == 429, refused.text
+    assert "8 code runs" in refused.text
+    deadline = time.time() + 60
+    while True:
+        try:
+            assert sandbox.run_code("6 * 7").text == "42"
+            break
+        except Exception:
+            assert time.time() < deadline
+            time.sleep(0.5)
