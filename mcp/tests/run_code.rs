@@ -111,6 +111,20 @@ async fn run_code_keeps_state_and_answers_values_images_and_errors() {
         "{}",
         text(&unknown)
     );
+    // The session goes with its sandbox: nothing is left mounted or running.
+    let release = serde_json::json!({"session": "nb", "mode": "destroy"});
+    let released = client
+        .call_tool(
+            CallToolRequestParams::new("release")
+                .with_arguments(release.as_object().unwrap().clone()),
+        )
+        .await
+        .unwrap();
+    assert_eq!(released.is_error, Some(false), "{}", text(&released));
+    let left = std::fs::read_dir(dir.path().join("local/sandboxes"))
+        .unwrap()
+        .count();
+    assert_eq!(left, 0, "sandboxes left behind");
     client.cancel().await.unwrap();
     server.await.unwrap();
 }
