@@ -284,7 +284,7 @@ async fn a_run_left_midway_is_interrupted_and_a_dropped_interpreter_leaves_no_pr
     f.backend.destroy(&f.id).await.unwrap();
 }
 
-/// FINDINGS11 F3/F4: a helper the sandbox stopped (a kernel sends its parent SIGSTOP)
+/// ADVERSARIAL 35, FINDINGS11 F3/F4: a helper the sandbox stopped (a kernel sends its parent SIGSTOP)
 /// does not hold the host: a run with a timeout ends with `Timeout` soon after it, the
 /// helper is given up and killed with its kernels, and later calls say so at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -314,7 +314,7 @@ async fn a_helper_the_sandbox_stops_is_given_up_within_the_run_s_timeout() {
     f.backend.destroy(&f.id).await.unwrap();
 }
 
-/// FINDINGS11 F2, F6: what a run gathers is capped, and a module the workspace holds
+/// ADVERSARIAL 40, FINDINGS11 F2, F6: what a run gathers is capped, and a module the workspace holds
 /// does not stand in for one the helper imports.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_run_s_gathered_output_is_capped_and_workspace_modules_are_not_imported() {

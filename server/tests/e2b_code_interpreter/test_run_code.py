@@ -74,6 +74,7 @@ def test_other_languages_run_in_their_own_kernels(sandbox):
 
 
 def test_a_client_without_the_sandbox_s_token_runs_nothing(sandbox):
+    """ADVERSARIAL 41: without the sandbox's access token, nothing runs."""
     import httpx
 
     answer = httpx.post(
@@ -87,7 +88,7 @@ def test_a_client_without_the_sandbox_s_token_runs_nothing(sandbox):
 
 
 def test_a_tenant_streams_a_bounded_number_of_runs(sandbox):
-    """FINDINGS12 H1: unread streams each hold some of the sandbox's output on the
+    """ADVERSARIAL 35, FINDINGS12 H1: unread streams each hold some of the sandbox's output on the
     server, so a tenant streams at most 8 runs at once; runs whose clients left give
     their places back."""
     import asyncio
